@@ -1,0 +1,643 @@
+"""The catalogue: every event of a session's life, as frozen payload models.
+
+Each payload is the CloudEvents `data` of one event type. The `type` field is the permanent
+CloudEvents type string; it discriminates the union and is carried once, in the envelope.
+Type strings never change; a breaking change bumps `SCHEMA_VERSION` and adds an upcaster.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, JsonValue
+
+from helmline.contracts._plans import PlanStep, Playbook
+from helmline.contracts._values import (
+    Actor,
+    Arguments,
+    Contract,
+    LimitHit,
+    ResourceUsage,
+    Risk,
+    SandboxLimits,
+    SessionId,
+    StepId,
+    ToolError,
+    ToolName,
+)
+
+
+class Payload(Contract):
+    """Base of every event payload."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+    type: str
+
+
+# --- session ------------------------------------------------------------------------------
+
+
+class ForkOrigin(Contract):
+    """Where a forked session came from."""
+
+    session_id: SessionId
+    """The session that was forked."""
+    at_seq: int = Field(ge=1)
+    """Stream sequence of the origin session's last event included in the fork."""
+
+
+class SessionStarted(Payload):
+    """A session was asked for: a goal, and optionally the playbook that achieves it."""
+
+    type: Literal["session.started"] = "session.started"
+    goal: str = Field(min_length=1)
+    """The goal in plain language."""
+    mode: Literal["playbook", "plan", "act"] = "playbook"
+    """How the planner works: a declared playbook, plan-then-execute, or one call at a time."""
+    playbook: Playbook | None = None
+    """The declared plan, for playbook sessions."""
+    requested_by: Actor
+    """Who started the session."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Free-form labels for filtering."""
+    fork_of: ForkOrigin | None = None
+    """Set when this session is a fork of another."""
+
+
+class SessionPauseRequested(Payload):
+    """Someone asked that no new step start until the session is resumed."""
+
+    type: Literal["session.pause_requested"] = "session.pause_requested"
+    requested_by: Actor
+    """Who asked."""
+    reason: str = ""
+    """Why, if they said."""
+
+
+class SessionPaused(Payload):
+    """The planner stopped starting new steps; running steps finish."""
+
+    type: Literal["session.paused"] = "session.paused"
+
+
+class SessionResumeRequested(Payload):
+    """Someone asked a paused session to continue."""
+
+    type: Literal["session.resume_requested"] = "session.resume_requested"
+    requested_by: Actor
+    """Who asked."""
+
+
+class SessionResumed(Payload):
+    """The planner continues scheduling steps."""
+
+    type: Literal["session.resumed"] = "session.resumed"
+
+
+class SessionCancelRequested(Payload):
+    """Someone asked to stop the session for good; running commands are killed."""
+
+    type: Literal["session.cancel_requested"] = "session.cancel_requested"
+    requested_by: Actor
+    """Who asked."""
+    reason: str = ""
+    """Why, if they said."""
+
+
+class SessionCancelled(Payload):
+    """The session ended because it was cancelled."""
+
+    type: Literal["session.cancelled"] = "session.cancelled"
+    reason: str = ""
+    """Why it was cancelled."""
+
+
+class SessionCompleted(Payload):
+    """The session reached its goal."""
+
+    type: Literal["session.completed"] = "session.completed"
+    summary: str = ""
+    """What was achieved."""
+    partial: bool = False
+    """True when the session stopped with only some completion criteria met."""
+
+
+class SessionFailed(Payload):
+    """The session ended without reaching its goal."""
+
+    type: Literal["session.failed"] = "session.failed"
+    reason: str
+    """Why it failed."""
+    step_id: StepId | None = None
+    """The step whose failure ended the session, if one did."""
+
+
+# --- thoughts and plans -------------------------------------------------------------------
+
+
+class ThoughtRecorded(Payload):
+    """The planner's reasoning, streamed for people to follow."""
+
+    type: Literal["thought.recorded"] = "thought.recorded"
+    kind: Literal["observation", "reasoning", "decision", "action", "reflection"]
+    """What sort of thought this is."""
+    text: str
+    """The thought itself."""
+    confidence: float | None = Field(default=None, ge=0, le=1)
+    """How sure the planner is, from 0 to 1."""
+    alternatives: tuple[str, ...] = ()
+    """Options the planner considered and set aside."""
+    step_id: StepId | None = None
+    """The step the thought is about, if any."""
+
+
+class PlanProposed(Payload):
+    """The planner proposed a plan (or a new revision of it after a replan)."""
+
+    type: Literal["plan.proposed"] = "plan.proposed"
+    revision: int = Field(ge=1)
+    """1 for the first plan, then one more for each replan."""
+    steps: tuple[PlanStep, ...]
+    """The plan's steps."""
+    reasoning: str = ""
+    """Why this plan."""
+    confidence: float | None = Field(default=None, ge=0, le=1)
+    """How likely the planner thinks the plan is to succeed."""
+    estimated_duration_s: float | None = Field(default=None, ge=0)
+    """Expected duration of the whole plan."""
+    permissions: tuple[str, ...] = ()
+    """Permissions the plan needs, shown up front."""
+
+
+class PlanApproved(Payload):
+    """A plan revision may be executed, by policy or by a person."""
+
+    type: Literal["plan.approved"] = "plan.approved"
+    revision: int = Field(ge=1)
+    """The approved revision."""
+    approved_by: Actor
+    """The policy rule or person that approved it."""
+    policy_hash: str | None = None
+    """Hash of the policy in force when deciding."""
+
+
+class PlanRejected(Payload):
+    """A plan revision may not be executed."""
+
+    type: Literal["plan.rejected"] = "plan.rejected"
+    revision: int = Field(ge=1)
+    """The rejected revision."""
+    reason: str
+    """Why, shown to the planner."""
+    rejected_by: Actor
+    """The policy rule or person that rejected it."""
+    policy_hash: str | None = None
+    """Hash of the policy in force when deciding."""
+
+
+# --- approvals ----------------------------------------------------------------------------
+
+
+class ApprovalRequested(Payload):
+    """A person must decide before something runs."""
+
+    type: Literal["approval.requested"] = "approval.requested"
+    request_id: str = Field(min_length=1, max_length=128)
+    """Identifies the request in decisions."""
+    scope: Literal["plan", "step"]
+    """Whether a whole plan revision or one step waits."""
+    revision: int | None = None
+    """The plan revision, for plan approvals."""
+    step_id: StepId | None = None
+    """The step, for step approvals."""
+    call_id: str | None = None
+    """The tool call that waits, for step approvals."""
+    tool: ToolName | None = None
+    """The tool to be called."""
+    arguments: Arguments | None = None
+    """The arguments it would be called with."""
+    risk: Risk
+    """The risk that made approval necessary."""
+    reason: str
+    """Why approval is needed, in words."""
+    rule: str | None = None
+    """The policy rule that asked for approval."""
+    policy_hash: str | None = None
+    """Hash of the policy in force when asking."""
+    agent_reason: str | None = None
+    """The agent's stated reason for the action."""
+    approver_roles: tuple[str, ...] = ("approver",)
+    """Roles allowed to decide."""
+    quorum: int = Field(default=1, ge=1)
+    """How many distinct approvers must grant."""
+    expires_at: datetime
+    """When the request becomes a denial if nobody decided."""
+
+
+class ApprovalDecisionSubmitted(Payload):
+    """A person decided on an approval request (an intent, checked by the approval service)."""
+
+    type: Literal["approval.decision_submitted"] = "approval.decision_submitted"
+    request_id: str = Field(min_length=1, max_length=128)
+    """The request decided on."""
+    decision: Literal["grant", "deny"]
+    """The decision."""
+    decided_by: Actor
+    """Who decided, with their roles."""
+    comment: str = ""
+    """Why, in their words."""
+    modified_arguments: Arguments | None = None
+    """Arguments to use instead of the requested ones, when granting with changes."""
+
+
+class ApprovalGranted(Payload):
+    """An approval request was granted."""
+
+    type: Literal["approval.granted"] = "approval.granted"
+    request_id: str = Field(min_length=1, max_length=128)
+    """The request granted."""
+    decided_by: tuple[Actor, ...]
+    """Everyone whose grant made the quorum."""
+    comment: str = ""
+    """The deciding comment."""
+    modified_arguments: Arguments | None = None
+    """Arguments the approvers substituted, if any."""
+
+
+class ApprovalDenied(Payload):
+    """An approval request was denied by a person."""
+
+    type: Literal["approval.denied"] = "approval.denied"
+    request_id: str = Field(min_length=1, max_length=128)
+    """The request denied."""
+    decided_by: Actor
+    """Who denied it."""
+    comment: str = ""
+    """Why."""
+
+
+class ApprovalExpired(Payload):
+    """Nobody decided in time; an expired request counts as a denial."""
+
+    type: Literal["approval.expired"] = "approval.expired"
+    request_id: str = Field(min_length=1, max_length=128)
+    """The request that expired."""
+
+
+# --- steps and tool calls -----------------------------------------------------------------
+
+
+class StepScheduled(Payload):
+    """The planner wants a step to run now; it becomes a tool call."""
+
+    type: Literal["step.scheduled"] = "step.scheduled"
+    step_id: StepId
+    """The step."""
+    call_id: str = Field(min_length=1, max_length=128)
+    """The tool call this attempt makes; unique within the session."""
+    attempt: int = Field(default=1, ge=1)
+    """1 for the first try, then one more per retry."""
+    tool: ToolName
+    """The tool to call."""
+    arguments: Arguments = Field(default_factory=dict)
+    """The arguments."""
+    risk: Risk | None = None
+    """Risk declared by the plan, if any."""
+
+
+class StepSkipped(Payload):
+    """A step will not run (it was denied and the plan continues, or a dependency failed)."""
+
+    type: Literal["step.skipped"] = "step.skipped"
+    step_id: StepId
+    """The step."""
+    reason: str
+    """Why it will not run."""
+
+
+class ToolCallAuthorized(Payload):
+    """Policy (and a person where needed) allowed a tool call."""
+
+    type: Literal["tool.call.authorized"] = "tool.call.authorized"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The tool."""
+    arguments: Arguments = Field(default_factory=dict)
+    """The arguments to run with (modified by an approver, if they did)."""
+    risk: Risk
+    """The risk the decision was made at."""
+    rule: str | None = None
+    """The policy rule that allowed it."""
+    policy_hash: str | None = None
+    """Hash of the policy in force."""
+    approval_request_id: str | None = None
+    """The approval that allowed it, when a person did."""
+    sandbox_profile: str | None = None
+    """Sandbox profile granted by policy."""
+    network: bool = False
+    """Whether the call may use the network."""
+
+
+class ToolCallDenied(Payload):
+    """Policy or a person refused a tool call; it will not run."""
+
+    type: Literal["tool.call.denied"] = "tool.call.denied"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The tool."""
+    reason: str
+    """Why, shown to the planner."""
+    rule: str | None = None
+    """The policy rule that denied it."""
+    policy_hash: str | None = None
+    """Hash of the policy in force."""
+    approval_request_id: str | None = None
+    """The approval that was denied or expired, when a person was asked."""
+
+
+class ToolCallStarted(Payload):
+    """A tool call began executing."""
+
+    type: Literal["tool.call.started"] = "tool.call.started"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The tool."""
+    server: str = "builtin"
+    """What serves the tool: `builtin` or an MCP server id."""
+
+
+class ToolCallCompleted(Payload):
+    """A tool call returned a result."""
+
+    type: Literal["tool.call.completed"] = "tool.call.completed"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The tool."""
+    output: JsonValue = None
+    """The result, after size caps and redaction."""
+    duration_ms: float = Field(default=0.0, ge=0)
+    """How long the call took."""
+    truncated: bool = False
+    """Whether the output was cut to its size cap."""
+    redactions: int = Field(default=0, ge=0)
+    """How many secrets or sensitive values were redacted from the output."""
+
+
+class ToolCallFailed(Payload):
+    """A tool call ended with an error."""
+
+    type: Literal["tool.call.failed"] = "tool.call.failed"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The tool."""
+    error: ToolError
+    """What went wrong and whether retrying can help."""
+    duration_ms: float = Field(default=0.0, ge=0)
+    """How long the call took before failing."""
+
+
+# --- sandbox ------------------------------------------------------------------------------
+
+
+class SandboxExecutionRequested(Payload):
+    """The tool gateway hands an authorised built-in call to the sandbox."""
+
+    type: Literal["sandbox.execution.requested"] = "sandbox.execution.requested"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The built-in tool."""
+    arguments: Arguments = Field(default_factory=dict)
+    """Validated arguments."""
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    """Resource limits for the call."""
+    network: bool = False
+    """Whether the sandbox gets a network."""
+    profile: str | None = None
+    """Sandbox profile (backend, image) to use."""
+
+
+class SandboxLimitExceeded(Payload):
+    """A sandboxed call hit a resource limit and was stopped."""
+
+    type: Literal["sandbox.limit_exceeded"] = "sandbox.limit_exceeded"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    hit: LimitHit
+    """Which limit, its value and the command."""
+    usage: ResourceUsage = Field(default_factory=ResourceUsage)
+    """What the call had used when stopped."""
+
+
+class WorkspaceSnapshotted(Payload):
+    """The sandbox stored a snapshot of the session workspace."""
+
+    type: Literal["workspace.snapshotted"] = "workspace.snapshotted"
+    snapshot_id: str = Field(min_length=1, max_length=128)
+    """Names the snapshot in the object store."""
+    call_id: str | None = None
+    """The call after which it was taken."""
+    files: int = Field(default=0, ge=0)
+    """Number of files in the workspace."""
+    bytes: int = Field(default=0, ge=0)
+    """Total size of the workspace."""
+    digest: str = ""
+    """Digest of the workspace manifest."""
+
+
+class WorkspaceRestored(Payload):
+    """The sandbox restored the session workspace to a snapshot."""
+
+    type: Literal["workspace.restored"] = "workspace.restored"
+    snapshot_id: str = Field(min_length=1, max_length=128)
+    """The snapshot restored."""
+    compensation_id: str | None = None
+    """The compensation this restore carries out, during a rollback."""
+
+
+# --- checkpoints and rollback -------------------------------------------------------------
+
+
+class CheckpointCreated(Payload):
+    """A point the session can be rolled back to, after a completed step."""
+
+    type: Literal["checkpoint.created"] = "checkpoint.created"
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    """Identifies the checkpoint."""
+    step_id: StepId
+    """The step just completed."""
+    call_id: str | None = None
+    """The call that completed it."""
+    at_seq: int = Field(ge=1)
+    """Stream sequence of the event the checkpoint captures the state at."""
+    snapshot_id: str | None = None
+    """Workspace snapshot taken at that point, if any."""
+    reversible: bool = True
+    """Whether everything since the previous checkpoint can be undone."""
+    compensation: str | None = None
+    """How the step is undone (restore the workspace, an inverse tool), or why it cannot be."""
+
+
+class RollbackRequested(Payload):
+    """Someone asked to roll the session back to a checkpoint."""
+
+    type: Literal["rollback.requested"] = "rollback.requested"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """Identifies this rollback."""
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    """The checkpoint to return to."""
+    requested_by: Actor
+    """Who asked."""
+    accept_partial: bool = False
+    """Roll back what can be undone even if some steps are irreversible."""
+    reason: str = ""
+    """Why."""
+
+
+class RollbackRefused(Payload):
+    """A rollback was refused up front; nothing was undone."""
+
+    type: Literal["rollback.refused"] = "rollback.refused"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """The rollback refused."""
+    reason: str
+    """Why."""
+    blocking_steps: tuple[StepId, ...] = ()
+    """Irreversible steps that stand in the way."""
+
+
+class CompensationScheduled(Payload):
+    """One undo action of a rollback is to run."""
+
+    type: Literal["compensation.scheduled"] = "compensation.scheduled"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """The rollback it belongs to."""
+    compensation_id: str = Field(min_length=1, max_length=128)
+    """Identifies this compensation."""
+    step_id: StepId
+    """The step it undoes."""
+    kind: Literal["restore_workspace", "inverse_tool"]
+    """Restore a workspace snapshot, or call the tool's declared inverse."""
+    snapshot_id: str | None = None
+    """The snapshot to restore, for `restore_workspace`."""
+    tool: ToolName | None = None
+    """The inverse tool, for `inverse_tool`."""
+    arguments: Arguments | None = None
+    """The inverse tool's arguments."""
+
+
+class CompensationCompleted(Payload):
+    """An undo action finished."""
+
+    type: Literal["compensation.completed"] = "compensation.completed"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """The rollback it belongs to."""
+    compensation_id: str = Field(min_length=1, max_length=128)
+    """The compensation."""
+    step_id: StepId
+    """The step undone."""
+
+
+class CompensationFailed(Payload):
+    """An undo action failed."""
+
+    type: Literal["compensation.failed"] = "compensation.failed"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """The rollback it belongs to."""
+    compensation_id: str = Field(min_length=1, max_length=128)
+    """The compensation."""
+    step_id: StepId
+    """The step that could not be undone."""
+    error: ToolError
+    """What went wrong."""
+
+
+class RollbackCompleted(Payload):
+    """The session is back at the checkpoint (plus the record of the rollback)."""
+
+    type: Literal["rollback.completed"] = "rollback.completed"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """The rollback."""
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    """The checkpoint returned to."""
+    undone_steps: tuple[StepId, ...] = ()
+    """Steps undone, in the order they were undone."""
+
+
+class RollbackFailed(Payload):
+    """A rollback stopped before reaching its checkpoint."""
+
+    type: Literal["rollback.failed"] = "rollback.failed"
+    rollback_id: str = Field(min_length=1, max_length=128)
+    """The rollback."""
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    """The checkpoint it aimed for."""
+    reason: str
+    """Why it stopped."""
+    undone_steps: tuple[StepId, ...] = ()
+    """Steps that were undone."""
+    not_undone_steps: tuple[StepId, ...] = ()
+    """Steps that were not."""
+
+
+EventData = Annotated[
+    SessionStarted
+    | SessionPauseRequested
+    | SessionPaused
+    | SessionResumeRequested
+    | SessionResumed
+    | SessionCancelRequested
+    | SessionCancelled
+    | SessionCompleted
+    | SessionFailed
+    | ThoughtRecorded
+    | PlanProposed
+    | PlanApproved
+    | PlanRejected
+    | ApprovalRequested
+    | ApprovalDecisionSubmitted
+    | ApprovalGranted
+    | ApprovalDenied
+    | ApprovalExpired
+    | StepScheduled
+    | StepSkipped
+    | ToolCallAuthorized
+    | ToolCallDenied
+    | ToolCallStarted
+    | ToolCallCompleted
+    | ToolCallFailed
+    | SandboxExecutionRequested
+    | SandboxLimitExceeded
+    | WorkspaceSnapshotted
+    | WorkspaceRestored
+    | CheckpointCreated
+    | RollbackRequested
+    | RollbackRefused
+    | CompensationScheduled
+    | CompensationCompleted
+    | CompensationFailed
+    | RollbackCompleted
+    | RollbackFailed,
+    Field(discriminator="type"),
+]
+"""Every event payload, discriminated by its CloudEvents type."""

@@ -1,0 +1,75 @@
+"""Plans and playbooks: what a session intends to do, step by step."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from helmline.contracts._values import Arguments, Contract, Risk, StepId, ToolName
+
+
+class PlanStep(Contract):
+    """One step of a plan: a single tool call with its dependencies."""
+
+    id: StepId
+    """Unique within the plan; other steps name it in `depends_on`."""
+    description: str = ""
+    """What the step is for, in plain words."""
+    tool: ToolName
+    """The tool to call."""
+    arguments: Arguments = Field(default_factory=dict)
+    """The tool's arguments."""
+    depends_on: tuple[StepId, ...] = ()
+    """Steps that must complete before this one may start."""
+    risk: Risk | None = None
+    """Risk declared by the plan; when absent the tool's default risk applies."""
+    requires_approval: bool = False
+    """Whether the plan itself asks for a person to approve this step."""
+    estimated_duration_s: float | None = Field(default=None, ge=0)
+    """Expected duration, shown up front."""
+    on_denied: Literal["fail", "continue"] | None = None
+    """What happens when policy or a person denies this step; defaults to the plan's."""
+
+
+def find_dependency_problem(steps: tuple[PlanStep, ...]) -> str | None:
+    """Say what is wrong with the steps' ids and dependencies, or None when they form a DAG."""
+    ids = [step.id for step in steps]
+    seen: set[str] = set()
+    for step_id in ids:
+        if step_id in seen:
+            return f"step id {step_id!r} is used twice"
+        seen.add(step_id)
+    for step in steps:
+        for dependency in step.depends_on:
+            if dependency not in seen:
+                return f"step {step.id!r} depends on unknown step {dependency!r}"
+    remaining = {step.id: set(step.depends_on) for step in steps}
+    while remaining:
+        ready = [step_id for step_id, deps in remaining.items() if not deps]
+        if not ready:
+            cycle = " -> ".join(sorted(remaining))
+            return f"dependency cycle among steps: {cycle}"
+        for step_id in ready:
+            del remaining[step_id]
+        for deps in remaining.values():
+            deps.difference_update(ready)
+    return None
+
+
+class Playbook(Contract):
+    """A declared plan: a goal and its steps, run without a model."""
+
+    goal: str = Field(min_length=1)
+    """What the playbook achieves."""
+    steps: tuple[PlanStep, ...] = Field(min_length=1)
+    """The steps; independent ones may run in parallel."""
+    on_denied: Literal["fail", "continue"] = "fail"
+    """Default for steps that are denied: fail the session, or skip the step and its dependants."""
+
+    @model_validator(mode="after")
+    def _steps_form_a_dag(self) -> Playbook:
+        problem = find_dependency_problem(self.steps)
+        if problem is not None:
+            raise ValueError(problem)
+        return self

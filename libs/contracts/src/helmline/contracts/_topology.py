@@ -1,0 +1,178 @@
+"""Subjects, headers, streams, consumers and buckets, as data.
+
+This is the only module that spells a subject or a header name. Deployment provisions
+streams, consumers and buckets from these definitions, and services subscribe through them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from pydantic import Field
+
+from helmline.contracts._values import Contract
+
+EVENTS_SUBJECT_PREFIX = "helmline.events"
+DEAD_LETTER_SUBJECT_PREFIX = "helmline.deadletter"
+
+
+class EventSubject(NamedTuple):
+    """The parts of an event subject."""
+
+    tenant: str
+    session_id: str
+    event_type: str
+
+
+def event_subject(tenant: str, session_id: str, event_type: str) -> str:
+    """`helmline.events.<tenant>.<session_id>.<event.type>` — where an event is published."""
+    return f"{EVENTS_SUBJECT_PREFIX}.{tenant}.{session_id}.{event_type}"
+
+
+def session_filter(tenant: str, session_id: str) -> str:
+    """Every event of one session."""
+    return f"{EVENTS_SUBJECT_PREFIX}.{tenant}.{session_id}.>"
+
+
+def tenant_filter(tenant: str) -> str:
+    """Every event of one tenant."""
+    return f"{EVENTS_SUBJECT_PREFIX}.{tenant}.>"
+
+
+def event_type_filter(event_type: str, tenant: str = "*") -> str:
+    """Every event of one type (a type may end in `*`, e.g. `tool.call.*`), for one or all tenants."""
+    return f"{EVENTS_SUBJECT_PREFIX}.{tenant}.*.{event_type}"
+
+
+ALL_EVENTS = f"{EVENTS_SUBJECT_PREFIX}.>"
+"""Every session event of every tenant."""
+
+
+def parse_event_subject(subject: str) -> EventSubject:
+    """Split an event subject into tenant, session id and event type."""
+    prefix = EVENTS_SUBJECT_PREFIX + "."
+    if not subject.startswith(prefix):
+        raise ValueError(f"not an event subject: {subject!r}")
+    parts = subject[len(prefix) :].split(".", 2)
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"not an event subject: {subject!r}")
+    return EventSubject(parts[0], parts[1], parts[2])
+
+
+def dead_letter_subject(consumer: str) -> str:
+    """Where a consumer's poison messages are parked, with the reason."""
+    return f"{DEAD_LETTER_SUBJECT_PREFIX}.{consumer}"
+
+
+class Headers:
+    """NATS header names used on event messages."""
+
+    MSG_ID = "Nats-Msg-Id"
+    EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+    EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+    TRACEPARENT = "traceparent"
+    EVENT_TYPE = "ce-type"
+    DEAD_LETTER_REASON = "Helmline-Dead-Letter-Reason"
+
+
+class StreamSpec(Contract):
+    """A JetStream stream."""
+
+    name: str
+    """Stream name."""
+    subjects: tuple[str, ...]
+    """Subjects the stream captures."""
+    description: str
+    """What the stream holds."""
+    duplicate_window_s: float = 120.0
+    """How long JetStream remembers message ids to drop re-published duplicates."""
+    max_age_s: float | None = None
+    """How long messages are kept; None keeps them for ever."""
+    max_msg_size: int = 1024 * 1024
+    """Largest message accepted, in bytes."""
+    append_only: bool = True
+    """Deny deleting messages and purging: the log is never rewritten."""
+
+
+class ConsumerSpec(Contract):
+    """A durable consumer shared by every replica of a service."""
+
+    durable: str
+    """Consumer name; replicas share it and split the messages between them."""
+    stream: str
+    """The stream consumed."""
+    filter_subjects: tuple[str, ...]
+    """Subjects delivered to the service."""
+    description: str
+    """What the service does with them."""
+    ack_wait_s: float = 30.0
+    """Seconds before an unacknowledged message is delivered again."""
+    max_deliver: int = Field(default=5, ge=1)
+    """Deliveries before a message is dead-lettered."""
+    max_ack_pending: int = Field(default=1000, ge=1)
+    """Messages in flight at once across all replicas."""
+
+
+class KeyValueSpec(Contract):
+    """A JetStream key-value bucket."""
+
+    bucket: str
+    """Bucket name."""
+    description: str
+    """What it holds."""
+    history: int = 1
+    """Values kept per key."""
+    ttl_s: float | None = None
+    """How long a value lives; None keeps it."""
+
+
+class ObjectStoreSpec(Contract):
+    """A JetStream object store."""
+
+    bucket: str
+    """Bucket name."""
+    description: str
+    """What it holds."""
+
+
+EVENTS_STREAM = StreamSpec(
+    name="HELMLINE_EVENTS",
+    subjects=(ALL_EVENTS,),
+    description="Every session's events: the append-only log all state is derived from.",
+)
+
+DEAD_LETTER_STREAM = StreamSpec(
+    name="HELMLINE_DEADLETTER",
+    subjects=(f"{DEAD_LETTER_SUBJECT_PREFIX}.>",),
+    description="Messages a consumer could not process, with the reason; kept for 30 days.",
+    max_age_s=30 * 24 * 3600.0,
+    max_msg_size=2 * 1024 * 1024,
+    append_only=False,
+)
+
+STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
+
+RATE_LIMITS_BUCKET = KeyValueSpec(
+    bucket="helmline_rate_limits",
+    description="Rate-limit counters per tool and tenant, shared by gateway replicas.",
+    ttl_s=3600.0,
+)
+
+WORKSPACES_BUCKET = ObjectStoreSpec(
+    bucket="helmline_workspaces",
+    description="Workspace snapshots that checkpoints refer to.",
+)
+
+KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (RATE_LIMITS_BUCKET,)
+OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET,)
+
+
+def consumer_for(service: str, event_types: Iterable[str], description: str) -> ConsumerSpec:
+    """The durable consumer of a service that reacts to the given event types."""
+    return ConsumerSpec(
+        durable=f"helmline-{service}",
+        stream=EVENTS_STREAM.name,
+        filter_subjects=tuple(event_type_filter(event_type) for event_type in event_types),
+        description=description,
+    )

@@ -1,0 +1,112 @@
+"""Value objects shared by events: identifiers, risk, actors, tool errors, sandbox limits."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+
+# Identifiers end up as NATS subject tokens, so they must never contain dots, wildcards
+# or whitespace; the patterns below are the single definition of what is allowed.
+TenantId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
+SessionId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+StepId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+Traceparent = Annotated[
+    str, StringConstraints(pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+]
+
+Risk = Literal["low", "medium", "high", "critical"]
+"""How much harm a tool call could do; policy decides what each level needs."""
+
+Arguments = dict[str, JsonValue]
+"""Tool arguments as JSON, validated by the tool gateway against the tool's JSON Schema."""
+
+
+class Contract(BaseModel):
+    """Base of every contract model: immutable, strict about unknown fields, documented."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+
+class Actor(Contract):
+    """Who caused an event: a person, a service, a policy rule or the system itself."""
+
+    id: str = Field(min_length=1, max_length=256)
+    """Stable identifier: a user name, a service name or a rule id."""
+    kind: Literal["user", "service", "policy", "system"] = "user"
+    """What sort of actor this is."""
+    roles: tuple[str, ...] = ()
+    """Roles the actor held when acting (for example `approver`, `sre`)."""
+
+
+class ToolError(Contract):
+    """A structured tool failure that a planner (or a model) can act on."""
+
+    kind: Literal[
+        "validation",
+        "permission",
+        "not_found",
+        "timeout",
+        "limit",
+        "rate_limited",
+        "unavailable",
+        "execution",
+        "cancelled",
+        "internal",
+    ]
+    """Class of the failure; decides whether retrying can help."""
+    message: str
+    """What went wrong, in words a person understands."""
+    retryable: bool = False
+    """Whether the same call may succeed if retried unchanged."""
+    suggestion: str | None = None
+    """A concrete hint for recovering (another path, smaller input, ask a person)."""
+    field: str | None = None
+    """The argument at fault, for validation errors (a JSON pointer such as `/path`)."""
+
+
+class SandboxLimits(Contract):
+    """Resource limits for one sandboxed call."""
+
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Wall-clock limit in seconds."""
+    cpu_s: float | None = Field(default=None, gt=0)
+    """CPU seconds the call may use."""
+    memory_mb: int | None = Field(default=None, gt=0)
+    """Resident memory in MiB."""
+    max_processes: int | None = Field(default=None, gt=0)
+    """How many processes the call may have at once."""
+    max_file_mb: int | None = Field(default=None, gt=0)
+    """Largest file the call may write, in MiB."""
+    max_output_bytes: int = Field(default=65536, gt=0)
+    """Bytes of stdout and stderr kept each; the rest is cut with a marker."""
+
+
+class ResourceUsage(Contract):
+    """What a sandboxed call used."""
+
+    wall_ms: float = 0.0
+    """Elapsed wall-clock time in milliseconds."""
+    cpu_ms: float | None = None
+    """CPU time in milliseconds, where measured."""
+    peak_memory_mb: float | None = None
+    """Peak resident memory in MiB, where measured."""
+
+
+class LimitHit(Contract):
+    """A resource limit that stopped a sandboxed call."""
+
+    limit: Literal["timeout", "cpu", "memory", "processes", "file_size", "output"]
+    """Which limit was reached."""
+    value: float
+    """The configured value of that limit (seconds, MiB, count or bytes)."""
+    command: str | None = None
+    """The command that hit it, for run_command."""
