@@ -1,0 +1,60 @@
+# Helmline developer tasks. `make` alone lists them.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.9
+# Never let uv fetch its own Python: the environment uses the machine's python3.
+UV := UV_PYTHON_DOWNLOADS=never UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv
+# Re-synchronise only when the lock or a member's dependencies change.
+INSTALLED := $(VENV)/.installed
+PROJECT_FILES := uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml cli/pyproject.toml)
+
+.DEFAULT_GOAL := help
+.PHONY: help install up down status test lint typecheck schema bench clean
+
+help: ## List the tasks
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(BIN)/uv: | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(INSTALLED): $(BIN)/uv $(PROJECT_FILES)
+	$(UV) sync --all-packages --frozen --python $(BIN)/python
+	@touch $@
+
+install: $(INSTALLED) ## Create .venv and install every package of the workspace (incremental)
+
+up: install ## Start the embedded stack in the background (data in .helmline/)
+	$(BIN)/helmline up
+
+down: install ## Stop the stack `make up` started
+	$(BIN)/helmline down
+
+status: install ## Show the health of each part of the stack
+	$(BIN)/helmline status
+
+test: install ## Run the whole test suite (real nats-server and PostgreSQL)
+	$(BIN)/pytest
+
+lint: install ## ruff, formatting, mypy strict and the import-linter contracts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy libs services cli
+	$(BIN)/lint-imports
+
+typecheck: install ## mypy strict over libs, services and cli
+	$(BIN)/mypy libs services cli
+
+schema: install ## Re-export the event contracts' JSON Schemas to libs/contracts/schema
+	$(BIN)/helmline schema export
+
+bench: install ## Run the benchmarks (JSON lines on stdout)
+	$(BIN)/python benchmarks/run.py
+
+clean: ## Remove the virtual environment and caches (stop the stack first: `make down`)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,164 @@
+"""The `helmline` Typer app: options in, settings built once, the work done elsewhere.
+
+`helmline serve` runs a whole service inside this process, so the modules behind the
+other commands (process management, rich, the schema exporter) are imported only by the
+command that uses them, and a service does not carry them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from helmline.cli._catalogue import ServiceName
+from helmline.cli._errors import CliError
+
+app = typer.Typer(
+    name="helmline",
+    help="Helmline: an event-sourced control plane for tool-using AI agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_help=True)
+app.add_typer(schema_app, name="schema")
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="The stack's data folder [env: HELMLINE_DATA_DIR; default: .helmline]",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+
+# Exit status of `status` when the data folder has no stack (systemctl's "inactive").
+NOT_RUNNING = 3
+
+
+@app.command()
+def up(
+    data_dir: DataDir = None,
+    api_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="[env: HELMLINE_API_PORT; default: free]")
+    ] = None,
+    nats_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="[env: HELMLINE_NATS_PORT; default: free]")
+    ] = None,
+    pg_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="[env: HELMLINE_PG_PORT; default: free]")
+    ] = None,
+) -> None:
+    """Start NATS, PostgreSQL and every service in the background, and wait until all are ready.
+
+    With HELMLINE_NATS_URL or HELMLINE_DATABASE_URL set, those servers are used instead of
+    starting embedded ones.
+    """
+    from helmline.cli._display import StartupProgress, render_status, stderr, stdout
+    from helmline.cli._settings import load_settings
+    from helmline.cli._stack import up as start_stack
+
+    settings = load_settings(
+        data_dir=data_dir, api_port=api_port, nats_port=nats_port, pg_port=pg_port
+    )
+    try:
+        with StartupProgress(stderr()) as progress:
+            result = start_stack(settings, dict(os.environ), progress)
+    except CliError as error:
+        _fail(error)
+    if result.already_running:
+        stdout().print(f"A stack is already running from {result.status.data_dir}.")
+        render_status(stdout(), result.status, title="helmline (already running)")
+        return
+    render_status(stdout(), result.status, title=f"helmline is up ({result.seconds:.1f} s)")
+
+
+@app.command()
+def down(data_dir: DataDir = None) -> None:
+    """Stop every process the data folder's stack started."""
+    from helmline.cli._display import stdout
+    from helmline.cli._settings import load_settings
+    from helmline.cli._stack import down as stop_stack
+
+    settings = load_settings(data_dir=data_dir)
+    try:
+        record = stop_stack(settings)
+    except CliError as error:
+        _fail(error)
+    if record is None:
+        stdout().print(f"Nothing is running from {settings.resolved_data_dir()}.")
+    else:
+        stopped = sum(1 for c in record.components if c.process is not None)
+        stdout().print(f"Stopped {stopped} processes of the stack in {record.data_dir}.")
+
+
+@app.command()
+def status(
+    data_dir: DataDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each component's state: healthy, unhealthy or stopped.
+
+    Exits 1 when anything is unhealthy or stopped, 3 when no stack is running.
+    """
+    from helmline.cli._display import render_status, status_json, stdout
+    from helmline.cli._settings import load_settings
+    from helmline.cli._stack import stack_status
+
+    settings = load_settings(data_dir=data_dir)
+    try:
+        current = stack_status(settings)
+    except CliError as error:
+        _fail(error)
+    if as_json:
+        typer.echo(status_json(current))
+    elif not current.running:
+        stdout().print(f"Nothing is running from {current.data_dir}.")
+    else:
+        render_status(stdout(), current, title="helmline")
+    if not current.running:
+        raise typer.Exit(NOT_RUNNING)
+    if not current.healthy:
+        raise typer.Exit(1)
+
+
+@app.command()
+def serve(service: Annotated[ServiceName, typer.Argument(help="The service to run.")]) -> None:
+    """Run one service in the foreground (what `up` starts, and what a container runs)."""
+    from helmline.cli._serve import serve as run_service
+
+    try:
+        code = run_service(service)
+    except CliError as error:
+        _fail(error)
+    raise typer.Exit(code)
+
+
+@schema_app.command("export")
+def schema_export(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder to write to [default: libs/contracts/schema]", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Write every event's JSON Schema, removing stale schema files there."""
+    from helmline.cli._display import stdout
+    from helmline.cli._schema import default_schema_dir, export_schemas
+
+    try:
+        target = out if out is not None else default_schema_dir()
+        count = export_schemas(target)
+    except CliError as error:
+        _fail(error)
+    stdout().print(f"Wrote {count} schemas to {target}.")
+
+
+def _fail(error: CliError) -> NoReturn:
+    typer.echo(f"error: {error}", err=True)
+    raise typer.Exit(error.exit_code)
