@@ -40,4 +40,8 @@ def export_schemas(out: Path) -> int:
     for stale in out.rglob("*.json"):
         if stale.resolve() not in written:
             stale.unlink()
+    # Deepest first, so a folder emptied by the removals above goes too.
+    for folder in sorted((p for p in out.rglob("*") if p.is_dir()), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
     return len(written)
