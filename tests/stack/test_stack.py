@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -209,3 +210,19 @@ def test_two_stacks_side_by_side_and_racing_ups(new_stack: Callable[[], Stack]) 
 
 def states(status: dict[str, Any]) -> dict[str, str]:
     return {c["name"]: c["state"] for c in status["components"]}
+
+
+def test_a_service_that_cannot_start_fails_up_and_leaves_nothing(
+    new_stack: Callable[[], Stack],
+) -> None:
+    stack = new_stack()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = stack.run("up", "--api-port", str(taken.getsockname()[1]))
+
+    assert result.returncode == 1, result.stdout
+    assert "api" in result.stderr
+    assert "api.log" in result.stderr
+    assert not (stack.data_dir / "stack.json").exists()
+    assert processes_inside(stack.data_dir) == []
