@@ -5,6 +5,7 @@ I/O; services never share code with each other, only these contracts.
 """
 
 from helmline.contracts._catalogue import (
+    PAYLOAD_CLASSES,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
@@ -14,7 +15,6 @@ from helmline.contracts._catalogue import (
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
-    EventData,
     ForkOrigin,
     Payload,
     PlanApproved,
@@ -47,7 +47,13 @@ from helmline.contracts._catalogue import (
     WorkspaceSnapshotted,
 )
 from helmline.contracts._deadletters import DeadLetter
-from helmline.contracts._envelope import Event, decode_event, encode_event, new_event
+from helmline.contracts._envelope import (
+    EVENT_CLASSES,
+    Event,
+    decode_event,
+    encode_event,
+    new_event,
+)
 from helmline.contracts._errors import (
     ContractError,
     UndecodableEvent,
@@ -86,6 +92,7 @@ from helmline.contracts._topology import (
     StreamSpec,
     consumer_for,
     dead_letter_subject,
+    deliver_subject,
     event_subject,
     event_type_filter,
     parse_event_subject,
@@ -105,16 +112,16 @@ from helmline.contracts._versions import (
     UPCASTERS,
     Upcaster,
     UpcasterRegistry,
-    event_type_of,
-    payload_classes,
 )
 
 __all__ = [
     "ALL_EVENTS",
     "DEAD_LETTER_STREAM",
     "EVENTS_STREAM",
+    "EVENT_CLASSES",
     "KEY_VALUE_BUCKETS",
     "OBJECT_STORES",
+    "PAYLOAD_CLASSES",
     "RATE_LIMITS_BUCKET",
     "STREAMS",
     "TERMINAL_STATUSES",
@@ -137,7 +144,6 @@ __all__ = [
     "ContractError",
     "DeadLetter",
     "Event",
-    "EventData",
     "EventSubject",
     "ForkOrigin",
     "Headers",
@@ -194,18 +200,17 @@ __all__ = [
     "consumer_for",
     "dead_letter_subject",
     "decode_event",
+    "deliver_subject",
     "encode_event",
     "event_schema",
     "event_subject",
     "event_type_filter",
-    "event_type_of",
     "evolve",
     "export_schemas",
     "find_dependency_problem",
     "fold",
     "new_event",
     "parse_event_subject",
-    "payload_classes",
     "session_filter",
     "tenant_filter",
 ]

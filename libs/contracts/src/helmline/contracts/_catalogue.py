@@ -1,14 +1,14 @@
 """The catalogue: every event of a session's life, as frozen payload models.
 
-Each payload is the CloudEvents `data` of one event type. The `type` field is the permanent
-CloudEvents type string; it discriminates the union and is carried once, in the envelope.
-Type strings never change; a breaking change bumps `SCHEMA_VERSION` and adds an upcaster.
+Each payload is the CloudEvents `data` of one event type; its `TYPE` is the permanent CloudEvents
+type string, carried in the envelope. Type strings never change; a breaking change bumps
+`SCHEMA_VERSION` and registers an upcaster.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, JsonValue
 
@@ -29,10 +29,12 @@ from helmline.contracts._values import (
 
 
 class Payload(Contract):
-    """Base of every event payload."""
+    """Base of every event payload: the CloudEvents `data` of one event type."""
 
+    TYPE: ClassVar[str]
+    """The permanent CloudEvents type string; it never changes once published."""
     SCHEMA_VERSION: ClassVar[int] = 1
-    type: str
+    """Bumped on a breaking change, with an upcaster from the previous version."""
 
 
 # --- session ------------------------------------------------------------------------------
@@ -50,7 +52,7 @@ class ForkOrigin(Contract):
 class SessionStarted(Payload):
     """A session was asked for: a goal, and optionally the playbook that achieves it."""
 
-    type: Literal["session.started"] = "session.started"
+    TYPE = "session.started"
     goal: str = Field(min_length=1)
     """The goal in plain language."""
     mode: Literal["playbook", "plan", "act"] = "playbook"
@@ -68,7 +70,7 @@ class SessionStarted(Payload):
 class SessionPauseRequested(Payload):
     """Someone asked that no new step start until the session is resumed."""
 
-    type: Literal["session.pause_requested"] = "session.pause_requested"
+    TYPE = "session.pause_requested"
     requested_by: Actor
     """Who asked."""
     reason: str = ""
@@ -78,13 +80,13 @@ class SessionPauseRequested(Payload):
 class SessionPaused(Payload):
     """The planner stopped starting new steps; running steps finish."""
 
-    type: Literal["session.paused"] = "session.paused"
+    TYPE = "session.paused"
 
 
 class SessionResumeRequested(Payload):
     """Someone asked a paused session to continue."""
 
-    type: Literal["session.resume_requested"] = "session.resume_requested"
+    TYPE = "session.resume_requested"
     requested_by: Actor
     """Who asked."""
 
@@ -92,13 +94,13 @@ class SessionResumeRequested(Payload):
 class SessionResumed(Payload):
     """The planner continues scheduling steps."""
 
-    type: Literal["session.resumed"] = "session.resumed"
+    TYPE = "session.resumed"
 
 
 class SessionCancelRequested(Payload):
     """Someone asked to stop the session for good; running commands are killed."""
 
-    type: Literal["session.cancel_requested"] = "session.cancel_requested"
+    TYPE = "session.cancel_requested"
     requested_by: Actor
     """Who asked."""
     reason: str = ""
@@ -108,7 +110,7 @@ class SessionCancelRequested(Payload):
 class SessionCancelled(Payload):
     """The session ended because it was cancelled."""
 
-    type: Literal["session.cancelled"] = "session.cancelled"
+    TYPE = "session.cancelled"
     reason: str = ""
     """Why it was cancelled."""
 
@@ -116,7 +118,7 @@ class SessionCancelled(Payload):
 class SessionCompleted(Payload):
     """The session reached its goal."""
 
-    type: Literal["session.completed"] = "session.completed"
+    TYPE = "session.completed"
     summary: str = ""
     """What was achieved."""
     partial: bool = False
@@ -126,7 +128,7 @@ class SessionCompleted(Payload):
 class SessionFailed(Payload):
     """The session ended without reaching its goal."""
 
-    type: Literal["session.failed"] = "session.failed"
+    TYPE = "session.failed"
     reason: str
     """Why it failed."""
     step_id: StepId | None = None
@@ -139,7 +141,7 @@ class SessionFailed(Payload):
 class ThoughtRecorded(Payload):
     """The planner's reasoning, streamed for people to follow."""
 
-    type: Literal["thought.recorded"] = "thought.recorded"
+    TYPE = "thought.recorded"
     kind: Literal["observation", "reasoning", "decision", "action", "reflection"]
     """What sort of thought this is."""
     text: str
@@ -155,7 +157,7 @@ class ThoughtRecorded(Payload):
 class PlanProposed(Payload):
     """The planner proposed a plan (or a new revision of it after a replan)."""
 
-    type: Literal["plan.proposed"] = "plan.proposed"
+    TYPE = "plan.proposed"
     revision: int = Field(ge=1)
     """1 for the first plan, then one more for each replan."""
     steps: tuple[PlanStep, ...]
@@ -173,7 +175,7 @@ class PlanProposed(Payload):
 class PlanApproved(Payload):
     """A plan revision may be executed, by policy or by a person."""
 
-    type: Literal["plan.approved"] = "plan.approved"
+    TYPE = "plan.approved"
     revision: int = Field(ge=1)
     """The approved revision."""
     approved_by: Actor
@@ -185,7 +187,7 @@ class PlanApproved(Payload):
 class PlanRejected(Payload):
     """A plan revision may not be executed."""
 
-    type: Literal["plan.rejected"] = "plan.rejected"
+    TYPE = "plan.rejected"
     revision: int = Field(ge=1)
     """The rejected revision."""
     reason: str
@@ -202,7 +204,7 @@ class PlanRejected(Payload):
 class ApprovalRequested(Payload):
     """A person must decide before something runs."""
 
-    type: Literal["approval.requested"] = "approval.requested"
+    TYPE = "approval.requested"
     request_id: str = Field(min_length=1, max_length=128)
     """Identifies the request in decisions."""
     scope: Literal["plan", "step"]
@@ -238,7 +240,7 @@ class ApprovalRequested(Payload):
 class ApprovalDecisionSubmitted(Payload):
     """A person decided on an approval request (an intent, checked by the approval service)."""
 
-    type: Literal["approval.decision_submitted"] = "approval.decision_submitted"
+    TYPE = "approval.decision_submitted"
     request_id: str = Field(min_length=1, max_length=128)
     """The request decided on."""
     decision: Literal["grant", "deny"]
@@ -254,7 +256,7 @@ class ApprovalDecisionSubmitted(Payload):
 class ApprovalGranted(Payload):
     """An approval request was granted."""
 
-    type: Literal["approval.granted"] = "approval.granted"
+    TYPE = "approval.granted"
     request_id: str = Field(min_length=1, max_length=128)
     """The request granted."""
     decided_by: tuple[Actor, ...]
@@ -268,7 +270,7 @@ class ApprovalGranted(Payload):
 class ApprovalDenied(Payload):
     """An approval request was denied by a person."""
 
-    type: Literal["approval.denied"] = "approval.denied"
+    TYPE = "approval.denied"
     request_id: str = Field(min_length=1, max_length=128)
     """The request denied."""
     decided_by: Actor
@@ -280,7 +282,7 @@ class ApprovalDenied(Payload):
 class ApprovalExpired(Payload):
     """Nobody decided in time; an expired request counts as a denial."""
 
-    type: Literal["approval.expired"] = "approval.expired"
+    TYPE = "approval.expired"
     request_id: str = Field(min_length=1, max_length=128)
     """The request that expired."""
 
@@ -291,7 +293,7 @@ class ApprovalExpired(Payload):
 class StepScheduled(Payload):
     """The planner wants a step to run now; it becomes a tool call."""
 
-    type: Literal["step.scheduled"] = "step.scheduled"
+    TYPE = "step.scheduled"
     step_id: StepId
     """The step."""
     call_id: str = Field(min_length=1, max_length=128)
@@ -309,7 +311,7 @@ class StepScheduled(Payload):
 class StepSkipped(Payload):
     """A step will not run (it was denied and the plan continues, or a dependency failed)."""
 
-    type: Literal["step.skipped"] = "step.skipped"
+    TYPE = "step.skipped"
     step_id: StepId
     """The step."""
     reason: str
@@ -319,7 +321,7 @@ class StepSkipped(Payload):
 class ToolCallAuthorized(Payload):
     """Policy (and a person where needed) allowed a tool call."""
 
-    type: Literal["tool.call.authorized"] = "tool.call.authorized"
+    TYPE = "tool.call.authorized"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -345,7 +347,7 @@ class ToolCallAuthorized(Payload):
 class ToolCallDenied(Payload):
     """Policy or a person refused a tool call; it will not run."""
 
-    type: Literal["tool.call.denied"] = "tool.call.denied"
+    TYPE = "tool.call.denied"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -365,7 +367,7 @@ class ToolCallDenied(Payload):
 class ToolCallStarted(Payload):
     """A tool call began executing."""
 
-    type: Literal["tool.call.started"] = "tool.call.started"
+    TYPE = "tool.call.started"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -379,7 +381,7 @@ class ToolCallStarted(Payload):
 class ToolCallCompleted(Payload):
     """A tool call returned a result."""
 
-    type: Literal["tool.call.completed"] = "tool.call.completed"
+    TYPE = "tool.call.completed"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -399,7 +401,7 @@ class ToolCallCompleted(Payload):
 class ToolCallFailed(Payload):
     """A tool call ended with an error."""
 
-    type: Literal["tool.call.failed"] = "tool.call.failed"
+    TYPE = "tool.call.failed"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -418,7 +420,7 @@ class ToolCallFailed(Payload):
 class SandboxExecutionRequested(Payload):
     """The tool gateway hands an authorised built-in call to the sandbox."""
 
-    type: Literal["sandbox.execution.requested"] = "sandbox.execution.requested"
+    TYPE = "sandbox.execution.requested"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -438,7 +440,7 @@ class SandboxExecutionRequested(Payload):
 class SandboxLimitExceeded(Payload):
     """A sandboxed call hit a resource limit and was stopped."""
 
-    type: Literal["sandbox.limit_exceeded"] = "sandbox.limit_exceeded"
+    TYPE = "sandbox.limit_exceeded"
     call_id: str = Field(min_length=1, max_length=128)
     """The call."""
     step_id: StepId
@@ -452,7 +454,7 @@ class SandboxLimitExceeded(Payload):
 class WorkspaceSnapshotted(Payload):
     """The sandbox stored a snapshot of the session workspace."""
 
-    type: Literal["workspace.snapshotted"] = "workspace.snapshotted"
+    TYPE = "workspace.snapshotted"
     snapshot_id: str = Field(min_length=1, max_length=128)
     """Names the snapshot in the object store."""
     call_id: str | None = None
@@ -468,7 +470,7 @@ class WorkspaceSnapshotted(Payload):
 class WorkspaceRestored(Payload):
     """The sandbox restored the session workspace to a snapshot."""
 
-    type: Literal["workspace.restored"] = "workspace.restored"
+    TYPE = "workspace.restored"
     snapshot_id: str = Field(min_length=1, max_length=128)
     """The snapshot restored."""
     compensation_id: str | None = None
@@ -481,7 +483,7 @@ class WorkspaceRestored(Payload):
 class CheckpointCreated(Payload):
     """A point the session can be rolled back to, after a completed step."""
 
-    type: Literal["checkpoint.created"] = "checkpoint.created"
+    TYPE = "checkpoint.created"
     checkpoint_id: str = Field(min_length=1, max_length=128)
     """Identifies the checkpoint."""
     step_id: StepId
@@ -501,7 +503,7 @@ class CheckpointCreated(Payload):
 class RollbackRequested(Payload):
     """Someone asked to roll the session back to a checkpoint."""
 
-    type: Literal["rollback.requested"] = "rollback.requested"
+    TYPE = "rollback.requested"
     rollback_id: str = Field(min_length=1, max_length=128)
     """Identifies this rollback."""
     checkpoint_id: str = Field(min_length=1, max_length=128)
@@ -517,7 +519,7 @@ class RollbackRequested(Payload):
 class RollbackRefused(Payload):
     """A rollback was refused up front; nothing was undone."""
 
-    type: Literal["rollback.refused"] = "rollback.refused"
+    TYPE = "rollback.refused"
     rollback_id: str = Field(min_length=1, max_length=128)
     """The rollback refused."""
     reason: str
@@ -529,7 +531,7 @@ class RollbackRefused(Payload):
 class CompensationScheduled(Payload):
     """One undo action of a rollback is to run."""
 
-    type: Literal["compensation.scheduled"] = "compensation.scheduled"
+    TYPE = "compensation.scheduled"
     rollback_id: str = Field(min_length=1, max_length=128)
     """The rollback it belongs to."""
     compensation_id: str = Field(min_length=1, max_length=128)
@@ -549,7 +551,7 @@ class CompensationScheduled(Payload):
 class CompensationCompleted(Payload):
     """An undo action finished."""
 
-    type: Literal["compensation.completed"] = "compensation.completed"
+    TYPE = "compensation.completed"
     rollback_id: str = Field(min_length=1, max_length=128)
     """The rollback it belongs to."""
     compensation_id: str = Field(min_length=1, max_length=128)
@@ -561,7 +563,7 @@ class CompensationCompleted(Payload):
 class CompensationFailed(Payload):
     """An undo action failed."""
 
-    type: Literal["compensation.failed"] = "compensation.failed"
+    TYPE = "compensation.failed"
     rollback_id: str = Field(min_length=1, max_length=128)
     """The rollback it belongs to."""
     compensation_id: str = Field(min_length=1, max_length=128)
@@ -575,7 +577,7 @@ class CompensationFailed(Payload):
 class RollbackCompleted(Payload):
     """The session is back at the checkpoint (plus the record of the rollback)."""
 
-    type: Literal["rollback.completed"] = "rollback.completed"
+    TYPE = "rollback.completed"
     rollback_id: str = Field(min_length=1, max_length=128)
     """The rollback."""
     checkpoint_id: str = Field(min_length=1, max_length=128)
@@ -587,7 +589,7 @@ class RollbackCompleted(Payload):
 class RollbackFailed(Payload):
     """A rollback stopped before reaching its checkpoint."""
 
-    type: Literal["rollback.failed"] = "rollback.failed"
+    TYPE = "rollback.failed"
     rollback_id: str = Field(min_length=1, max_length=128)
     """The rollback."""
     checkpoint_id: str = Field(min_length=1, max_length=128)
@@ -600,44 +602,43 @@ class RollbackFailed(Payload):
     """Steps that were not."""
 
 
-EventData = Annotated[
-    SessionStarted
-    | SessionPauseRequested
-    | SessionPaused
-    | SessionResumeRequested
-    | SessionResumed
-    | SessionCancelRequested
-    | SessionCancelled
-    | SessionCompleted
-    | SessionFailed
-    | ThoughtRecorded
-    | PlanProposed
-    | PlanApproved
-    | PlanRejected
-    | ApprovalRequested
-    | ApprovalDecisionSubmitted
-    | ApprovalGranted
-    | ApprovalDenied
-    | ApprovalExpired
-    | StepScheduled
-    | StepSkipped
-    | ToolCallAuthorized
-    | ToolCallDenied
-    | ToolCallStarted
-    | ToolCallCompleted
-    | ToolCallFailed
-    | SandboxExecutionRequested
-    | SandboxLimitExceeded
-    | WorkspaceSnapshotted
-    | WorkspaceRestored
-    | CheckpointCreated
-    | RollbackRequested
-    | RollbackRefused
-    | CompensationScheduled
-    | CompensationCompleted
-    | CompensationFailed
-    | RollbackCompleted
-    | RollbackFailed,
-    Field(discriminator="type"),
-]
-"""Every event payload, discriminated by its CloudEvents type."""
+PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
+    SessionStarted,
+    SessionPauseRequested,
+    SessionPaused,
+    SessionResumeRequested,
+    SessionResumed,
+    SessionCancelRequested,
+    SessionCancelled,
+    SessionCompleted,
+    SessionFailed,
+    ThoughtRecorded,
+    PlanProposed,
+    PlanApproved,
+    PlanRejected,
+    ApprovalRequested,
+    ApprovalDecisionSubmitted,
+    ApprovalGranted,
+    ApprovalDenied,
+    ApprovalExpired,
+    StepScheduled,
+    StepSkipped,
+    ToolCallAuthorized,
+    ToolCallDenied,
+    ToolCallStarted,
+    ToolCallCompleted,
+    ToolCallFailed,
+    SandboxExecutionRequested,
+    SandboxLimitExceeded,
+    WorkspaceSnapshotted,
+    WorkspaceRestored,
+    CheckpointCreated,
+    RollbackRequested,
+    RollbackRefused,
+    CompensationScheduled,
+    CompensationCompleted,
+    CompensationFailed,
+    RollbackCompleted,
+    RollbackFailed,
+)
+"""Every payload of the catalogue, in declaration order."""

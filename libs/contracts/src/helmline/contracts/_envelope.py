@@ -1,23 +1,21 @@
-"""The CloudEvents 1.0 envelope, and how events are encoded, decoded and derived."""
+"""The CloudEvents 1.0 envelope, and how events are encoded, decoded and derived.
+
+Every event type has its own envelope class, generated from its payload, whose `type` and
+`schemaversion` are literals. Their union is discriminated by `type`, so decoding the wire
+form is a single validation pass in pydantic-core; only events written with an older schema
+version take the slower path through the upcasters.
+"""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import (
-    AwareDatetime,
-    Field,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    computed_field,
-    field_serializer,
-    model_validator,
-)
+from pydantic import AwareDatetime, Field, TypeAdapter, ValidationError, create_model
+from pydantic_core import from_json
 
-from helmline.contracts._catalogue import EventData, Payload
+from helmline.contracts._catalogue import PAYLOAD_CLASSES, Payload
 from helmline.contracts._errors import UndecodableEvent
 from helmline.contracts._values import Contract, SessionId, TenantId, Traceparent
 from helmline.contracts._versions import UPCASTERS, UpcasterRegistry
@@ -28,7 +26,8 @@ class Event(Contract):
 
     On the wire this is CloudEvents structured JSON: the standard attributes, the
     extension attributes `tenant`, `sessionid`, `causationid`, `correlationid`,
-    `schemaversion` and `traceparent`, and the payload under `data`.
+    `schemaversion` and `traceparent`, and the payload under `data`. Build events with
+    `new_event` or `Event.derive`; decode them with `decode_event`.
     """
 
     specversion: Literal["1.0"] = "1.0"
@@ -37,6 +36,8 @@ class Event(Contract):
     """Unique event id; also the JetStream message id, so a re-published event is stored once."""
     source: str = Field(min_length=1, max_length=256)
     """What emitted the event, e.g. `helmline/planner` or `helmline/api`."""
+    type: str
+    """CloudEvents type: the permanent name of the event type, e.g. `tool.call.completed`."""
     time: AwareDatetime
     """When the event was emitted."""
     subject: str | None = None
@@ -48,51 +49,15 @@ class Event(Contract):
     session_id: SessionId = Field(alias="sessionid")
     """The session the event belongs to."""
     causation_id: uuid.UUID | None = Field(default=None, alias="causationid")
-    """The event that caused this one; empty for intents from people."""
+    """The event that caused this one; empty for intents from people and other systems."""
     correlation_id: uuid.UUID = Field(alias="correlationid")
     """The intent that started this chain of events."""
+    schema_version: int = Field(alias="schemaversion")
+    """Version of the payload's schema; older versions are upcast when read."""
     traceparent: Traceparent | None = None
     """W3C trace context of the span that emitted the event."""
-    data: EventData
+    data: Payload
     """The payload, whose model is chosen by `type`."""
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def type(self) -> str:
-        """CloudEvents type: the permanent name of the event type, e.g. `tool.call.completed`."""
-        return self.data.type
-
-    @computed_field(alias="schemaversion")  # type: ignore[prop-decorator]
-    @property
-    def schema_version(self) -> int:
-        """Version of the payload's schema; older versions are upcast when read."""
-        return type(self.data).SCHEMA_VERSION
-
-    @model_validator(mode="before")
-    @classmethod
-    def _move_type_into_data(cls, value: Any) -> Any:
-        # On the wire the type is an envelope attribute; in memory it discriminates `data`.
-        if not isinstance(value, dict) or "type" not in value:
-            return value
-        fields = dict(value)
-        event_type = fields.pop("type")
-        version = fields.pop("schemaversion", None)
-        payload = fields.get("data")
-        if isinstance(payload, dict):
-            fields["data"] = {**payload, "type": event_type}
-        current = UPCASTERS.current_version(event_type)
-        if version is not None and current is not None and version != current:
-            raise ValueError(
-                f"{event_type} schema version {version} must be upcast to {current} "
-                "before validation (decode it with decode_event)"
-            )
-        return fields
-
-    @field_serializer("data", mode="wrap")
-    def _drop_type_from_data(self, payload: Payload, handler: SerializerFunctionWrapHandler) -> Any:
-        dumped = handler(payload)
-        dumped.pop("type", None)
-        return dumped
 
     def derive(
         self,
@@ -109,8 +74,9 @@ class Event(Contract):
         handler that runs again after a redelivery emits the same id and JetStream stores
         the event once. Give a distinct `key` when one cause yields several events of one type.
         """
-        return Event(
-            id=uuid.uuid5(self.id, f"{source}/{data.type}/{key}"),
+        return _envelope(
+            data,
+            id=uuid.uuid5(self.id, f"{source}/{data.TYPE}/{key}"),
             source=source,
             time=at or datetime.now(UTC),
             subject=self.session_id,
@@ -119,8 +85,39 @@ class Event(Contract):
             causation_id=self.id,
             correlation_id=self.correlation_id,
             traceparent=traceparent or self.traceparent,
-            data=data,  # type: ignore[arg-type]
         )
+
+
+def _event_class(payload_class: type[Payload]) -> type[Event]:
+    type_literal: Any = Literal[payload_class.TYPE]
+    version_literal: Any = Literal[payload_class.SCHEMA_VERSION]
+    return create_model(
+        payload_class.__name__ + "Event",
+        __base__=Event,
+        __doc__=payload_class.__doc__,
+        type=(type_literal, payload_class.TYPE),
+        schema_version=(
+            version_literal,
+            Field(payload_class.SCHEMA_VERSION, alias="schemaversion"),
+        ),
+        data=(payload_class, ...),
+    )
+
+
+EVENT_CLASSES: dict[type[Payload], type[Event]] = {
+    payload_class: _event_class(payload_class) for payload_class in PAYLOAD_CLASSES
+}
+"""The envelope class of each payload class."""
+
+_any_event_type: Any = Annotated[
+    Union[tuple(EVENT_CLASSES.values())],  # noqa: UP007 - built from a tuple at run time
+    Field(discriminator="type"),
+]
+_ANY_EVENT: TypeAdapter[Event] = TypeAdapter(_any_event_type)
+
+
+def _envelope(data: Payload, **attributes: Any) -> Event:
+    return EVENT_CLASSES[type(data)](data=data, **attributes)
 
 
 def new_event(
@@ -135,7 +132,8 @@ def new_event(
 ) -> Event:
     """An event that starts a new chain: an intent from a person or another system."""
     event_id = event_id or uuid.uuid4()
-    return Event(
+    return _envelope(
+        data,
         id=event_id,
         source=source,
         time=at or datetime.now(UTC),
@@ -145,13 +143,12 @@ def new_event(
         causation_id=None,
         correlation_id=event_id,
         traceparent=traceparent,
-        data=data,  # type: ignore[arg-type]
     )
 
 
 def encode_event(event: Event) -> bytes:
     """CloudEvents structured JSON for an event."""
-    return event.model_dump_json().encode()
+    return event.__pydantic_serializer__.to_json(event, by_alias=True)
 
 
 def decode_event(raw: bytes | str, upcasters: UpcasterRegistry = UPCASTERS) -> Event:
@@ -160,14 +157,18 @@ def decode_event(raw: bytes | str, upcasters: UpcasterRegistry = UPCASTERS) -> E
     Raises `UndecodableEvent` (or a subclass) naming what is wrong; never anything else.
     """
     try:
-        document = json.loads(raw)
+        return _ANY_EVENT.validate_json(raw)
+    except ValidationError:
+        pass  # Not current: maybe an older version to upcast, or garbage to explain.
+    try:
+        document = from_json(raw)
     except ValueError as error:
         raise UndecodableEvent(f"not valid JSON: {error}") from error
     if not isinstance(document, dict):
         raise UndecodableEvent("an event must be a JSON object")
     document = upcasters.upcast(document)
     try:
-        return Event.model_validate(document)
+        return _ANY_EVENT.validate_python(document)
     except ValidationError as error:
         raise UndecodableEvent(_describe(error)) from error
 

@@ -1,19 +1,23 @@
 """The pure fold: a session's state is rebuilt from its events, and from nothing else.
 
-`evolve` is total over the catalogue (the `match` ends in `assert_never`) and never raises:
-an event that does not fit the state it meets (a result for a step never planned, a second
+`fold` is total over the catalogue (the `match` ends in `assert_never`) and never raises: an
+event that does not fit the state it meets (a result for a step never planned, a second
 terminal event) is absorbed as well as it can be, because the log is the truth and a fold
-that refuses part of it would hide facts. Every update copies; no state is ever mutated.
+that refuses part of it would hide facts.
+
+States are frozen and never change once returned. Folding many events works on one private
+working copy, so replaying a long session costs O(1) per event rather than a copy of the
+whole state per event; `evolve` is the same fold over a single event.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
-from functools import reduce
 from typing import Any, Literal, assert_never
 
-from pydantic import Field, JsonValue
+from pydantic import JsonValue
 
 from helmline.contracts._catalogue import (
     ApprovalDecisionSubmitted,
@@ -57,7 +61,7 @@ from helmline.contracts._catalogue import (
 )
 from helmline.contracts._envelope import Event
 from helmline.contracts._plans import PlanStep
-from helmline.contracts._values import Actor, Arguments, Contract, LimitHit, Risk, ToolError
+from helmline.contracts._values import Actor, Arguments, LimitHit, Risk, ToolError
 
 SessionStatus = Literal[
     "pending", "planning", "executing", "waiting", "paused", "completed", "failed", "cancelled"
@@ -78,10 +82,11 @@ StepStatus = Literal[
 """Where a step is in its life."""
 
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+"""Statuses a session never leaves (except through a rollback)."""
 
 
-
-class StepState(Contract):
+@dataclass(frozen=True, slots=True)
+class StepState:
     """One step of the session's plan and what became of it."""
 
     id: str
@@ -90,7 +95,7 @@ class StepState(Contract):
     """What the step is for."""
     tool: str = ""
     """The tool it calls."""
-    arguments: Arguments = Field(default_factory=dict)
+    arguments: Arguments = field(default_factory=dict)
     """The arguments of the latest attempt."""
     depends_on: tuple[str, ...] = ()
     """Steps it waits for."""
@@ -103,7 +108,7 @@ class StepState(Contract):
     call_id: str | None = None
     """The tool call of the latest attempt."""
     approval_request_id: str | None = None
-    """The approval request the step waits for or waited for."""
+    """The approval request the step waits or waited for."""
     output: JsonValue = None
     """The result of the latest successful call."""
     error: ToolError | None = None
@@ -120,13 +125,22 @@ class StepState(Contract):
     """How long the latest call ran."""
 
 
-class ApprovalState(Contract):
+@dataclass(frozen=True, slots=True)
+class ApprovalState:
     """An approval request and its outcome."""
 
     request_id: str
     """The request id."""
     scope: Literal["plan", "step"]
     """What waits: a plan revision or a step."""
+    risk: Risk
+    """The risk that made approval necessary."""
+    reason: str
+    """Why approval is needed."""
+    expires_at: datetime
+    """When it turns into a denial."""
+    requested_at: datetime
+    """When it was asked for."""
     step_id: str | None = None
     """The step, for step approvals."""
     call_id: str | None = None
@@ -135,18 +149,12 @@ class ApprovalState(Contract):
     """The tool to be called."""
     arguments: Arguments | None = None
     """The arguments requested."""
-    risk: Risk
-    """The risk that made approval necessary."""
-    reason: str
-    """Why approval is needed."""
     rule: str | None = None
     """The policy rule that asked."""
     approver_roles: tuple[str, ...] = ()
     """Roles allowed to decide."""
     quorum: int = 1
     """Distinct grants needed."""
-    expires_at: datetime
-    """When it turns into a denial."""
     status: Literal["pending", "granted", "denied", "expired"] = "pending"
     """The outcome so far."""
     votes: tuple[ApprovalDecisionSubmitted, ...] = ()
@@ -157,13 +165,12 @@ class ApprovalState(Contract):
     """The deciding comment."""
     modified_arguments: Arguments | None = None
     """Arguments the approvers substituted."""
-    requested_at: datetime
-    """When it was asked for."""
     decided_at: datetime | None = None
     """When it was decided or expired."""
 
 
-class CheckpointState(Contract):
+@dataclass(frozen=True, slots=True)
+class CheckpointState:
     """A point the session can be rolled back to."""
 
     checkpoint_id: str
@@ -172,30 +179,31 @@ class CheckpointState(Contract):
     """The step completed at that point."""
     at_seq: int
     """Stream sequence the checkpoint captures."""
+    created_at: datetime
+    """When the checkpoint was made."""
     snapshot_id: str | None = None
     """Workspace snapshot, if any."""
     reversible: bool = True
     """Whether the step can be undone."""
     compensation: str | None = None
     """How it is undone, or why it cannot be."""
-    created_at: datetime
-    """When the checkpoint was made."""
 
 
-class RollbackState(Contract):
+@dataclass(frozen=True, slots=True)
+class RollbackState:
     """A rollback and its progress."""
 
     rollback_id: str
     """The rollback id."""
     checkpoint_id: str
     """The checkpoint aimed for."""
-    status: Literal["requested", "refused", "running", "completed", "failed"] = "requested"
-    """Where the rollback is."""
     requested_by: Actor
     """Who asked."""
+    status: Literal["requested", "refused", "running", "completed", "failed"] = "requested"
+    """Where the rollback is."""
     accept_partial: bool = False
     """Whether irreversible steps may be left as they are."""
-    compensations: dict[str, Literal["scheduled", "completed", "failed"]] = Field(
+    compensations: dict[str, Literal["scheduled", "completed", "failed"]] = field(
         default_factory=dict
     )
     """Each compensation and its status."""
@@ -206,26 +214,28 @@ class RollbackState(Contract):
     blocking_steps: tuple[str, ...] = ()
     """Irreversible steps that refused the rollback."""
     reason: str = ""
-    """Why it was refused or failed."""
+    """Why it was requested, refused or failed."""
 
 
-class ThoughtState(Contract):
+@dataclass(frozen=True, slots=True)
+class ThoughtState:
     """A thought of the planner, as recorded."""
 
     kind: str
     """observation, reasoning, decision, action or reflection."""
     text: str
     """The thought."""
+    at: datetime
+    """When it was recorded."""
     confidence: float | None = None
     """How sure the planner was."""
     step_id: str | None = None
     """The step it concerns."""
-    at: datetime
-    """When it was recorded."""
 
 
-class SessionState(Contract):
-    """Everything known about a session, folded from its events."""
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """Everything known about a session, folded from its events. Never mutate its containers."""
 
     session_id: str = ""
     """The session id."""
@@ -239,7 +249,7 @@ class SessionState(Contract):
     """How it is planned."""
     requested_by: Actor | None = None
     """Who started it."""
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
     """Its labels."""
     fork_of: ForkOrigin | None = None
     """The session and sequence it was forked from."""
@@ -255,15 +265,15 @@ class SessionState(Contract):
     """Reasoning behind the latest plan."""
     plan_rejection: str | None = None
     """Why the latest plan was rejected, if it was."""
-    steps: dict[str, StepState] = Field(default_factory=dict)
+    steps: dict[str, StepState] = field(default_factory=dict)
     """Steps by id, in plan order."""
-    calls: dict[str, str] = Field(default_factory=dict)
+    calls: dict[str, str] = field(default_factory=dict)
     """Step id of every tool call ever scheduled, by call id."""
-    approvals: dict[str, ApprovalState] = Field(default_factory=dict)
+    approvals: dict[str, ApprovalState] = field(default_factory=dict)
     """Approval requests by id."""
     checkpoints: tuple[CheckpointState, ...] = ()
     """Checkpoints in the order they were made."""
-    rollbacks: dict[str, RollbackState] = Field(default_factory=dict)
+    rollbacks: dict[str, RollbackState] = field(default_factory=dict)
     """Rollbacks by id."""
     thoughts: tuple[ThoughtState, ...] = ()
     """The planner's thoughts in order."""
@@ -299,267 +309,364 @@ class SessionState(Contract):
 
 def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState:
     """The state after applying `events`, in order, to `state` (or to a new session)."""
-    return reduce(evolve, events, state or SessionState())
+    working = _WorkingState(state or SessionState())
+    for event in events:
+        working.apply(event)
+    return working.freeze()
 
 
 def evolve(state: SessionState, event: Event) -> SessionState:
     """The state after one more event. Pure, total and deterministic."""
-    changes = _changes(state, event)
-    changes["event_count"] = state.event_count + 1
-    changes["updated_at"] = event.time
-    if not state.session_id:
-        changes.setdefault("session_id", event.session_id)
-        changes.setdefault("tenant", event.tenant)
-    return state.model_copy(update=changes)
+    return fold((event,), state)
 
 
-def _changes(state: SessionState, event: Event) -> dict[str, Any]:  # noqa: C901 - one arm per type
-    data = event.data
-    match data:
-        case SessionStarted():
-            return {
-                "status": "planning" if state.status == "pending" else state.status,
-                "goal": data.goal,
-                "mode": data.mode,
-                "requested_by": data.requested_by,
-                "labels": data.labels,
-                "fork_of": data.fork_of,
-                "on_denied": data.playbook.on_denied if data.playbook else state.on_denied,
-                "started_at": state.started_at or event.time,
+_CONTAINERS = ("labels", "steps", "calls", "approvals", "rollbacks")
+_SEQUENCES = ("checkpoints", "thoughts")
+
+
+class _WorkingState:
+    """A private, mutable copy of a state that events are applied to, then frozen."""
+
+    __slots__ = ("approvals", "calls", "checkpoints", "rollbacks", "steps", "thoughts", "v")
+
+    def __init__(self, state: SessionState) -> None:
+        # Scalars live in `v`; containers are copied once so the input state stays untouched.
+        self.v: dict[str, Any] = {f.name: getattr(state, f.name) for f in fields(SessionState)}
+        self.steps: dict[str, StepState] = dict(state.steps)
+        self.calls: dict[str, str] = dict(state.calls)
+        self.approvals: dict[str, ApprovalState] = dict(state.approvals)
+        self.rollbacks: dict[str, RollbackState] = dict(state.rollbacks)
+        self.checkpoints: list[CheckpointState] = list(state.checkpoints)
+        self.thoughts: list[ThoughtState] = list(state.thoughts)
+
+    def freeze(self) -> SessionState:
+        return SessionState(
+            **{
+                **self.v,
+                "steps": self.steps,
+                "calls": self.calls,
+                "approvals": self.approvals,
+                "rollbacks": self.rollbacks,
+                "checkpoints": tuple(self.checkpoints),
+                "thoughts": tuple(self.thoughts),
             }
-        case SessionPauseRequested():
-            return {"pause_requested": True}
-        case SessionPaused():
-            return _status(state, "paused")
-        case SessionResumeRequested():
-            return {"pause_requested": False}
-        case SessionResumed():
-            return {"pause_requested": False, **_status(state, _active_status(state))}
-        case SessionCancelRequested():
-            return {"cancel_requested": True}
-        case SessionCancelled():
-            return {**_ended(state, event, "cancelled"), "outcome": data.reason}
-        case SessionCompleted():
-            return {**_ended(state, event, "completed"), "outcome": data.summary,
-                    "partial": data.partial}
-        case SessionFailed():
-            return {**_ended(state, event, "failed"), "outcome": data.reason}
-        case ThoughtRecorded():
-            thought = ThoughtState(kind=data.kind, text=data.text, confidence=data.confidence,
-                                   step_id=data.step_id, at=event.time)
-            return {"thoughts": (*state.thoughts, thought)}
-        case PlanProposed():
-            return {
-                "plan_revision": data.revision,
-                "plan_confidence": data.confidence,
-                "plan_reasoning": data.reasoning,
-                "plan_rejection": None,
-                "steps": _planned_steps(state.steps, data.steps),
-                **_status(state, "planning"),
-            }
-        case PlanApproved():
-            return {"plan_approved_revision": data.revision, **_status(state, "executing")}
-        case PlanRejected():
-            return {"plan_rejection": data.reason}
-        case ApprovalRequested():
-            approval = ApprovalState(
-                request_id=data.request_id, scope=data.scope, step_id=data.step_id,
-                call_id=data.call_id, tool=data.tool, arguments=data.arguments, risk=data.risk,
-                reason=data.reason, rule=data.rule, approver_roles=data.approver_roles,
-                quorum=data.quorum, expires_at=data.expires_at, requested_at=event.time,
-            )
-            changes = {"approvals": {**state.approvals, data.request_id: approval},
-                       **_status(state, "waiting")}
-            if data.step_id is not None:
-                changes["steps"] = _step(state, data.step_id,
-                                         approval_request_id=data.request_id)
-            return changes
-        case ApprovalDecisionSubmitted():
-            request = state.approvals.get(data.request_id)
-            if request is None:
-                return {}
-            updated = request.model_copy(update={"votes": (*request.votes, data)})
-            return {"approvals": {**state.approvals, data.request_id: updated}}
-        case ApprovalGranted():
-            return _decided(state, event, data.request_id, "granted", data.decided_by,
-                            data.comment, data.modified_arguments)
-        case ApprovalDenied():
-            return _decided(state, event, data.request_id, "denied", (data.decided_by,),
-                            data.comment, None)
-        case ApprovalExpired():
-            return _decided(state, event, data.request_id, "expired", (), "", None)
-        case StepScheduled():
-            previous = state.steps.get(data.step_id)
-            steps = _step(
-                state, data.step_id, tool=data.tool, arguments=data.arguments,
-                risk=data.risk if data.risk is not None else previous and previous.risk,
-                status="scheduled", attempts=data.attempt, call_id=data.call_id,
-                output=None, error=None, limit_hit=None, reason=None,
-                scheduled_at=event.time, finished_at=None, duration_ms=None,
-            )
-            return {"steps": steps, "calls": {**state.calls, data.call_id: data.step_id},
-                    **_status(state, "executing" if state.status == "planning"
-                              else state.status)}
-        case StepSkipped():
-            return {"steps": _step(state, data.step_id, status="skipped", reason=data.reason,
-                                   finished_at=event.time)}
-        case ToolCallAuthorized():
-            return _call(state, data.call_id, data.step_id, status="authorized",
-                         arguments=data.arguments, risk=data.risk)
-        case ToolCallDenied():
-            return _call(state, data.call_id, data.step_id, status="denied",
-                         reason=data.reason, finished_at=event.time)
-        case ToolCallStarted():
-            return _call(state, data.call_id, data.step_id, status="running")
-        case ToolCallCompleted():
-            return _call(state, data.call_id, data.step_id, status="succeeded",
-                         output=data.output, error=None, finished_at=event.time,
-                         duration_ms=data.duration_ms)
-        case ToolCallFailed():
-            return _call(state, data.call_id, data.step_id, status="failed",
-                         error=data.error, finished_at=event.time,
-                         duration_ms=data.duration_ms)
-        case SandboxExecutionRequested():
-            return {}
-        case SandboxLimitExceeded():
-            return _call(state, data.call_id, data.step_id, limit_hit=data.hit)
-        case WorkspaceSnapshotted():
-            return {"latest_snapshot_id": data.snapshot_id}
-        case WorkspaceRestored():
-            return {"latest_snapshot_id": data.snapshot_id}
-        case CheckpointCreated():
-            checkpoint = CheckpointState(
-                checkpoint_id=data.checkpoint_id, step_id=data.step_id, at_seq=data.at_seq,
-                snapshot_id=data.snapshot_id, reversible=data.reversible,
-                compensation=data.compensation, created_at=event.time,
-            )
-            return {"checkpoints": (*state.checkpoints, checkpoint)}
-        case RollbackRequested():
-            rollback = RollbackState(rollback_id=data.rollback_id,
-                                     checkpoint_id=data.checkpoint_id,
-                                     requested_by=data.requested_by,
-                                     accept_partial=data.accept_partial, reason=data.reason)
-            return {"rollbacks": {**state.rollbacks, data.rollback_id: rollback}}
-        case RollbackRefused():
-            return _rollback(state, data.rollback_id, status="refused", reason=data.reason,
-                             blocking_steps=data.blocking_steps)
-        case CompensationScheduled():
-            return _compensation(state, data.rollback_id, data.compensation_id, "scheduled")
-        case CompensationCompleted():
-            changes = _compensation(state, data.rollback_id, data.compensation_id, "completed")
-            changes["steps"] = _step(state, data.step_id, status="undone")
-            return changes
-        case CompensationFailed():
-            return _compensation(state, data.rollback_id, data.compensation_id, "failed")
-        case RollbackCompleted():
-            return {
-                **_rollback(state, data.rollback_id, status="completed",
-                            undone_steps=data.undone_steps),
-                "checkpoints": _checkpoints_up_to(state, data.checkpoint_id),
+        )
+
+    @property
+    def terminal(self) -> bool:
+        return self.v["status"] in TERMINAL_STATUSES
+
+    def set_status(self, status: SessionStatus) -> None:
+        # A terminal status is final; later events are recorded but do not reopen the session.
+        if not self.terminal:
+            self.v["status"] = status
+
+    def end(self, status: SessionStatus, event: Event) -> None:
+        if not self.terminal:
+            self.v["status"] = status
+            self.v["ended_at"] = event.time
+
+    def update_step(self, step_id: str, **changes: Any) -> None:
+        step = self.steps.get(step_id) or StepState(id=step_id)
+        self.steps[step_id] = replace(step, **changes)
+
+    def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
+        self.calls[call_id] = step_id
+        step = self.steps.get(step_id)
+        # Events of an attempt that a newer attempt replaced only update the record of calls.
+        if step is None or step.call_id in (None, call_id):
+            self.update_step(step_id, call_id=call_id, **changes)
+
+    def apply(self, event: Event) -> None:
+        v = self.v
+        v["event_count"] += 1
+        v["updated_at"] = event.time
+        if not v["session_id"]:
+            v["session_id"] = event.session_id
+            v["tenant"] = event.tenant
+        data = event.data
+        match data:
+            case StepScheduled():
+                previous = self.steps.get(data.step_id)
+                self.update_step(
+                    data.step_id,
+                    tool=data.tool,
+                    arguments=data.arguments,
+                    risk=data.risk if data.risk is not None else previous and previous.risk,
+                    status="scheduled",
+                    attempts=data.attempt,
+                    call_id=data.call_id,
+                    output=None,
+                    error=None,
+                    limit_hit=None,
+                    reason=None,
+                    scheduled_at=event.time,
+                    finished_at=None,
+                    duration_ms=None,
+                )
+                self.calls[data.call_id] = data.step_id
+                if v["status"] == "planning":
+                    self.set_status("executing")
+            case ToolCallAuthorized():
+                self.update_call(
+                    data.call_id,
+                    data.step_id,
+                    status="authorized",
+                    arguments=data.arguments,
+                    risk=data.risk,
+                )
+            case ToolCallStarted():
+                self.update_call(data.call_id, data.step_id, status="running")
+            case ToolCallCompleted():
+                self.update_call(
+                    data.call_id,
+                    data.step_id,
+                    status="succeeded",
+                    output=data.output,
+                    error=None,
+                    finished_at=event.time,
+                    duration_ms=data.duration_ms,
+                )
+            case ToolCallFailed():
+                self.update_call(
+                    data.call_id,
+                    data.step_id,
+                    status="failed",
+                    error=data.error,
+                    finished_at=event.time,
+                    duration_ms=data.duration_ms,
+                )
+            case ToolCallDenied():
+                self.update_call(
+                    data.call_id,
+                    data.step_id,
+                    status="denied",
+                    reason=data.reason,
+                    finished_at=event.time,
+                )
+            case CheckpointCreated():
+                self.checkpoints.append(
+                    CheckpointState(
+                        checkpoint_id=data.checkpoint_id,
+                        step_id=data.step_id,
+                        at_seq=data.at_seq,
+                        created_at=event.time,
+                        snapshot_id=data.snapshot_id,
+                        reversible=data.reversible,
+                        compensation=data.compensation,
+                    )
+                )
+            case SandboxExecutionRequested():
+                pass  # The call is already recorded as authorised; the sandbox takes it from here.
+            case SandboxLimitExceeded():
+                self.update_call(data.call_id, data.step_id, limit_hit=data.hit)
+            case WorkspaceSnapshotted() | WorkspaceRestored():
+                v["latest_snapshot_id"] = data.snapshot_id
+            case StepSkipped():
+                self.update_step(
+                    data.step_id, status="skipped", reason=data.reason, finished_at=event.time
+                )
+            case ThoughtRecorded():
+                self.thoughts.append(
+                    ThoughtState(
+                        kind=data.kind,
+                        text=data.text,
+                        at=event.time,
+                        confidence=data.confidence,
+                        step_id=data.step_id,
+                    )
+                )
+            case SessionStarted():
+                if v["status"] == "pending":
+                    v["status"] = "planning"
+                v["goal"] = data.goal
+                v["mode"] = data.mode
+                v["requested_by"] = data.requested_by
+                v["labels"] = dict(data.labels)
+                v["fork_of"] = data.fork_of
+                if data.playbook is not None:
+                    v["on_denied"] = data.playbook.on_denied
+                v["started_at"] = v["started_at"] or event.time
+            case SessionPauseRequested():
+                v["pause_requested"] = True
+            case SessionPaused():
+                self.set_status("paused")
+            case SessionResumeRequested():
+                v["pause_requested"] = False
+            case SessionResumed():
+                v["pause_requested"] = False
+                self.set_status("waiting" if self._any_pending_approval() else "executing")
+            case SessionCancelRequested():
+                v["cancel_requested"] = True
+            case SessionCancelled():
+                if not self.terminal:
+                    v["outcome"] = data.reason
+                self.end("cancelled", event)
+            case SessionCompleted():
+                if not self.terminal:
+                    v["outcome"] = data.summary
+                    v["partial"] = data.partial
+                self.end("completed", event)
+            case SessionFailed():
+                if not self.terminal:
+                    v["outcome"] = data.reason
+                self.end("failed", event)
+            case PlanProposed():
+                v["plan_revision"] = data.revision
+                v["plan_confidence"] = data.confidence
+                v["plan_reasoning"] = data.reasoning
+                v["plan_rejection"] = None
+                self._lay_out_plan(data.steps)
+                self.set_status("planning")
+            case PlanApproved():
+                v["plan_approved_revision"] = data.revision
+                self.set_status("executing")
+            case PlanRejected():
+                v["plan_rejection"] = data.reason
+            case ApprovalRequested():
+                self.approvals[data.request_id] = ApprovalState(
+                    request_id=data.request_id,
+                    scope=data.scope,
+                    risk=data.risk,
+                    reason=data.reason,
+                    expires_at=data.expires_at,
+                    requested_at=event.time,
+                    step_id=data.step_id,
+                    call_id=data.call_id,
+                    tool=data.tool,
+                    arguments=data.arguments,
+                    rule=data.rule,
+                    approver_roles=data.approver_roles,
+                    quorum=data.quorum,
+                )
+                if data.step_id is not None:
+                    self.update_step(data.step_id, approval_request_id=data.request_id)
+                self.set_status("waiting")
+            case ApprovalDecisionSubmitted():
+                request = self.approvals.get(data.request_id)
+                if request is not None:
+                    self.approvals[data.request_id] = replace(request, votes=(*request.votes, data))
+            case ApprovalGranted():
+                self._decide(
+                    event,
+                    data.request_id,
+                    "granted",
+                    data.decided_by,
+                    data.comment,
+                    data.modified_arguments,
+                )
+            case ApprovalDenied():
+                self._decide(
+                    event, data.request_id, "denied", (data.decided_by,), data.comment, None
+                )
+            case ApprovalExpired():
+                self._decide(event, data.request_id, "expired", (), "", None)
+            case RollbackRequested():
+                self.rollbacks[data.rollback_id] = RollbackState(
+                    rollback_id=data.rollback_id,
+                    checkpoint_id=data.checkpoint_id,
+                    requested_by=data.requested_by,
+                    accept_partial=data.accept_partial,
+                    reason=data.reason,
+                )
+            case RollbackRefused():
+                self._update_rollback(
+                    data.rollback_id,
+                    status="refused",
+                    reason=data.reason,
+                    blocking_steps=data.blocking_steps,
+                )
+            case CompensationScheduled():
+                self._compensation(data.rollback_id, data.compensation_id, "scheduled")
+            case CompensationCompleted():
+                self._compensation(data.rollback_id, data.compensation_id, "completed")
+                self.update_step(data.step_id, status="undone")
+            case CompensationFailed():
+                self._compensation(data.rollback_id, data.compensation_id, "failed")
+            case RollbackCompleted():
+                self._update_rollback(
+                    data.rollback_id, status="completed", undone_steps=data.undone_steps
+                )
+                self._keep_checkpoints_up_to(data.checkpoint_id)
                 # A rolled-back session waits for a person to resume or replan it.
-                "status": "paused", "ended_at": None, "outcome": "",
-            }
-        case RollbackFailed():
-            return _rollback(state, data.rollback_id, status="failed", reason=data.reason,
-                             undone_steps=data.undone_steps,
-                             not_undone_steps=data.not_undone_steps)
-        case _:
-            assert_never(data)
+                v["status"] = "paused"
+                v["ended_at"] = None
+                v["outcome"] = ""
+            case RollbackFailed():
+                self._update_rollback(
+                    data.rollback_id,
+                    status="failed",
+                    reason=data.reason,
+                    undone_steps=data.undone_steps,
+                    not_undone_steps=data.not_undone_steps,
+                )
+            case _:
+                assert_never(data)  # type: ignore[arg-type]
 
+    def _any_pending_approval(self) -> bool:
+        return any(a.status == "pending" for a in self.approvals.values())
 
-def _status(state: SessionState, status: SessionStatus) -> dict[str, Any]:
-    # A terminal status is final; later events are recorded but do not reopen the session.
-    return {} if state.is_terminal else {"status": status}
+    def _lay_out_plan(self, planned: tuple[PlanStep, ...]) -> None:
+        # A replan keeps what finished steps achieved and lays out the rest afresh.
+        steps: dict[str, StepState] = {}
+        for step in planned:
+            known = self.steps.get(step.id)
+            if known is not None and known.status == "succeeded":
+                steps[step.id] = known
+            else:
+                steps[step.id] = StepState(
+                    id=step.id,
+                    description=step.description,
+                    tool=step.tool,
+                    arguments=step.arguments,
+                    depends_on=step.depends_on,
+                    risk=step.risk,
+                )
+        for step_id, known in self.steps.items():
+            steps.setdefault(step_id, known)
+        self.steps = steps
 
+    def _decide(
+        self,
+        event: Event,
+        request_id: str,
+        status: Literal["granted", "denied", "expired"],
+        decided_by: tuple[Actor, ...],
+        comment: str,
+        modified_arguments: Arguments | None,
+    ) -> None:
+        request = self.approvals.get(request_id)
+        if request is None or request.status != "pending":
+            return
+        self.approvals[request_id] = replace(
+            request,
+            status=status,
+            decided_by=decided_by,
+            comment=comment,
+            modified_arguments=modified_arguments,
+            decided_at=event.time,
+        )
+        if self.v["status"] == "waiting" and not self._any_pending_approval():
+            self.v["status"] = "paused" if self.v["pause_requested"] else "executing"
 
-def _active_status(state: SessionState) -> SessionStatus:
-    return "waiting" if state.pending_approvals else "executing"
+    def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
+        rollback = self.rollbacks.get(rollback_id)
+        if rollback is not None:
+            self.rollbacks[rollback_id] = replace(rollback, **changes)
 
+    def _compensation(
+        self,
+        rollback_id: str,
+        compensation_id: str,
+        status: Literal["scheduled", "completed", "failed"],
+    ) -> None:
+        rollback = self.rollbacks.get(rollback_id)
+        if rollback is not None:
+            compensations = {**rollback.compensations, compensation_id: status}
+            self._update_rollback(rollback_id, status="running", compensations=compensations)
 
-def _ended(state: SessionState, event: Event, status: SessionStatus) -> dict[str, Any]:
-    if state.is_terminal:
-        return {}
-    return {"status": status, "ended_at": event.time}
-
-
-def _planned_steps(
-    current: dict[str, StepState], planned: tuple[PlanStep, ...]
-) -> dict[str, StepState]:
-    # A replan keeps what finished steps achieved and lays out the rest afresh.
-    steps: dict[str, StepState] = {}
-    for step in planned:
-        known = current.get(step.id)
-        if known is not None and known.status == "succeeded":
-            steps[step.id] = known
-            continue
-        steps[step.id] = StepState(id=step.id, description=step.description, tool=step.tool,
-                                   arguments=step.arguments, depends_on=step.depends_on,
-                                   risk=step.risk)
-    for step_id, known in current.items():
-        steps.setdefault(step_id, known)
-    return steps
-
-
-def _step(state: SessionState, step_id: str, **changes: Any) -> dict[str, StepState]:
-    step = state.steps.get(step_id) or StepState(id=step_id)
-    return {**state.steps, step_id: step.model_copy(update=changes)}
-
-
-def _call(state: SessionState, call_id: str, step_id: str, **changes: Any) -> dict[str, Any]:
-    step = state.steps.get(step_id)
-    # Events of an attempt that a newer attempt replaced only update the record of calls.
-    if step is not None and step.call_id not in (None, call_id):
-        return {"calls": {**state.calls, call_id: step_id}}
-    return {"steps": _step(state, step_id, call_id=call_id, **changes),
-            "calls": {**state.calls, call_id: step_id}}
-
-
-def _decided(
-    state: SessionState,
-    event: Event,
-    request_id: str,
-    status: Literal["granted", "denied", "expired"],
-    decided_by: tuple[Actor, ...],
-    comment: str,
-    modified_arguments: Arguments | None,
-) -> dict[str, Any]:
-    request = state.approvals.get(request_id)
-    if request is None or request.status != "pending":
-        return {}
-    decided = request.model_copy(update={
-        "status": status, "decided_by": decided_by, "comment": comment,
-        "modified_arguments": modified_arguments, "decided_at": event.time,
-    })
-    approvals = {**state.approvals, request_id: decided}
-    still_waiting = any(a.status == "pending" for a in approvals.values())
-    changes: dict[str, Any] = {"approvals": approvals}
-    if state.status == "waiting" and not still_waiting:
-        changes["status"] = "paused" if state.pause_requested else "executing"
-    return changes
-
-
-def _rollback(state: SessionState, rollback_id: str, **changes: Any) -> dict[str, Any]:
-    rollback = state.rollbacks.get(rollback_id)
-    if rollback is None:
-        return {}
-    return {"rollbacks": {**state.rollbacks, rollback_id: rollback.model_copy(update=changes)}}
-
-
-def _compensation(
-    state: SessionState,
-    rollback_id: str,
-    compensation_id: str,
-    status: Literal["scheduled", "completed", "failed"],
-) -> dict[str, Any]:
-    rollback = state.rollbacks.get(rollback_id)
-    if rollback is None:
-        return {}
-    compensations = {**rollback.compensations, compensation_id: status}
-    return _rollback(state, rollback_id, status="running", compensations=compensations)
-
-
-def _checkpoints_up_to(state: SessionState, checkpoint_id: str) -> tuple[CheckpointState, ...]:
-    for index, checkpoint in enumerate(state.checkpoints):
-        if checkpoint.checkpoint_id == checkpoint_id:
-            return state.checkpoints[: index + 1]
-    return state.checkpoints
+    def _keep_checkpoints_up_to(self, checkpoint_id: str) -> None:
+        for index, checkpoint in enumerate(self.checkpoints):
+            if checkpoint.checkpoint_id == checkpoint_id:
+                del self.checkpoints[index + 1 :]
+                return

@@ -15,6 +15,7 @@ from helmline.contracts._values import Contract
 
 EVENTS_SUBJECT_PREFIX = "helmline.events"
 DEAD_LETTER_SUBJECT_PREFIX = "helmline.deadletter"
+DELIVER_SUBJECT_PREFIX = "helmline.deliver"
 
 
 class EventSubject(NamedTuple):
@@ -41,7 +42,7 @@ def tenant_filter(tenant: str) -> str:
 
 
 def event_type_filter(event_type: str, tenant: str = "*") -> str:
-    """Every event of one type (a type may end in `*`, e.g. `tool.call.*`), for one or all tenants."""
+    """Every event of one type (which may end in `*`, as `tool.call.*`) of one or all tenants."""
     return f"{EVENTS_SUBJECT_PREFIX}.{tenant}.*.{event_type}"
 
 
@@ -58,6 +59,11 @@ def parse_event_subject(subject: str) -> EventSubject:
     if len(parts) != 3 or not all(parts):
         raise ValueError(f"not an event subject: {subject!r}")
     return EventSubject(parts[0], parts[1], parts[2])
+
+
+def deliver_subject(durable: str) -> str:
+    """Where JetStream pushes a durable consumer's messages to the service's replicas."""
+    return f"{DELIVER_SUBJECT_PREFIX}.{durable}"
 
 
 def dead_letter_subject(consumer: str) -> str:

@@ -7,26 +7,13 @@ of a type into version N + 1; decoding applies them in order up to the current v
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any
 
-from helmline.contracts._catalogue import EventData, Payload
+from helmline.contracts._catalogue import PAYLOAD_CLASSES
 from helmline.contracts._errors import UnknownEventType, UnknownSchemaVersion
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 """Turns a payload of one schema version into the next version."""
-
-
-def payload_classes() -> tuple[type[Payload], ...]:
-    """Every payload class of the catalogue, in declaration order."""
-    union = get_args(EventData)[0]
-    return tuple(get_args(union))
-
-
-def event_type_of(payload_class: type[Payload]) -> str:
-    """The permanent CloudEvents type string of a payload class."""
-    default = payload_class.model_fields["type"].default
-    assert isinstance(default, str)
-    return default
 
 
 class UpcasterRegistry:
@@ -82,7 +69,5 @@ class UpcasterRegistry:
         return {**document, "data": data, "schemaversion": version}
 
 
-UPCASTERS = UpcasterRegistry(
-    {event_type_of(payload): payload.SCHEMA_VERSION for payload in payload_classes()}
-)
+UPCASTERS = UpcasterRegistry({payload.TYPE: payload.SCHEMA_VERSION for payload in PAYLOAD_CLASSES})
 """The registry decoding uses by default; payload modules register their upcasters here."""

@@ -1,1 +1,46 @@
-"""Placeholder."""
+"""Helmline's event-log runtime: the event store on JetStream, consumers, service lifecycle.
+
+Every service stands on this package and `helmline.contracts`; it knows no service.
+"""
+
+from helmline.runtime._consumer import Delivery, EventConsumer, Handler, consumer_config
+from helmline.runtime._errors import (
+    ConcurrencyConflict,
+    HelmlineRuntimeError,
+    PermanentError,
+    RetryableError,
+)
+from helmline.runtime._provision import ensure_topology, provision, stream_config
+from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_service
+from helmline.runtime._settings import RuntimeSettings
+from helmline.runtime._store import (
+    Appended,
+    EventStore,
+    SessionSnapshot,
+    StoredEvent,
+    bulk_allocation,
+)
+
+__all__ = [
+    "Appended",
+    "ConcurrencyConflict",
+    "Delivery",
+    "EventConsumer",
+    "EventStore",
+    "Handler",
+    "HelmlineRuntimeError",
+    "HttpServer",
+    "PermanentError",
+    "RetryableError",
+    "RuntimeSettings",
+    "ServiceHost",
+    "SessionSnapshot",
+    "Setup",
+    "StoredEvent",
+    "bulk_allocation",
+    "consumer_config",
+    "ensure_topology",
+    "provision",
+    "run_service",
+    "stream_config",
+]

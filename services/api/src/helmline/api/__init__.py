@@ -1,1 +1,1 @@
-"""Placeholder."""
+"""Helmline API service: the HTTP API and web console; user intents become events."""

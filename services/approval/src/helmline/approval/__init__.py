@@ -1,1 +1,1 @@
-"""Placeholder."""
+"""Helmline approval service: policy decisions and human approvals."""

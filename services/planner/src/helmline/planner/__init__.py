@@ -1,1 +1,1 @@
-"""Placeholder."""
+"""Helmline planner service: turns goals into plans and schedules their steps."""

@@ -1,1 +1,1 @@
-"""Placeholder."""
+"""Helmline sandbox service: isolated execution of built-in tools."""

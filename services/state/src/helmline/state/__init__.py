@@ -1,1 +1,1 @@
-"""Placeholder."""
+"""Helmline state service: checkpoints, the read model and rollback."""

@@ -1,0 +1,226 @@
+"""Durable consumers shared by a service's replicas, with explicit acks and dead letters.
+
+Messages are pushed to a deliver subject that every replica subscribes to in one queue
+group, so a message reaches one replica as soon as it is stored, with no polling. Within a
+replica, events of one session are handled in stream order and sessions run concurrently.
+How a message ends is decided by how its handler ends: normally (ack), `RetryableError` or
+an unexpected exception (redelivered after a backoff, at most `max_deliver` times), or
+`PermanentError` / an undecodable body (dead-lettered with the reason, then terminated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from helmline.contracts import (
+    ConsumerSpec,
+    DeadLetter,
+    Event,
+    Headers,
+    UndecodableEvent,
+    dead_letter_subject,
+    decode_event,
+    deliver_subject,
+    parse_event_subject,
+)
+from helmline.runtime._errors import PermanentError, RetryableError
+
+logger = logging.getLogger(__name__)
+
+REDELIVERY_DELAYS_S = (0.1, 0.5, 2.0, 5.0, 15.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One event handed to a handler."""
+
+    event: Event
+    """The decoded event."""
+    seq: int
+    """Its stream sequence."""
+    deliveries: int
+    """1 on first delivery, more after redeliveries."""
+
+
+Handler = Callable[[Delivery], Awaitable[None]]
+
+
+def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    """The JetStream configuration of a durable push consumer definition."""
+    return ConsumerConfig(
+        durable_name=spec.durable,
+        description=spec.description,
+        deliver_subject=deliver_subject(spec.durable),
+        deliver_group=spec.durable,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+        filter_subjects=list(spec.filter_subjects),
+    )
+
+
+class EventConsumer:
+    """Feeds one durable consumer's events to a handler until stopped."""
+
+    def __init__(
+        self, nc: NATS, js: JetStreamContext, spec: ConsumerSpec, handler: Handler
+    ) -> None:
+        self._nc = nc
+        self._js = js
+        self._spec = spec
+        self._handler = handler
+        self._subscription: Subscription | None = None
+        self._tails: dict[str, asyncio.Task[None]] = {}
+        self._in_flight: dict[asyncio.Task[None], Msg] = {}
+        self._keepalive: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether messages are being received."""
+        return self._subscription is not None
+
+    async def start(self) -> None:
+        """Create or update the durable consumer and start receiving."""
+        # Without an explicit action JetStream creates the consumer or updates it in place.
+        await self._js.add_consumer(self._spec.stream, consumer_config(self._spec))
+        self._subscription = await self._nc.subscribe(
+            deliver_subject(self._spec.durable),
+            queue=self._spec.durable,
+            cb=self._receive,
+            pending_msgs_limit=self._spec.max_ack_pending * 2,
+        )
+        self._keepalive = asyncio.create_task(self._keep_in_flight_alive())
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop receiving, then give in-flight messages `grace_s` seconds to finish.
+
+        Messages still running after the grace period are left unacknowledged; JetStream
+        delivers them again (to another replica, or to this one after a restart).
+        """
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=grace_s)
+        for task in set(self._in_flight):
+            task.cancel()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+            self._keepalive = None
+
+    async def _receive(self, message: Msg) -> None:
+        # Returns at once so the next message is read; per-session order is kept by chaining
+        # each session's messages on the task of the one before.
+        key = _ordering_key(message.subject)
+        previous = self._tails.get(key)
+        task = asyncio.create_task(self._handle_after(previous, message))
+        self._tails[key] = task
+        self._in_flight[task] = message
+        task.add_done_callback(lambda done: self._forget(key, done))
+
+    def _forget(self, key: str, task: asyncio.Task[None]) -> None:
+        message = self._in_flight.pop(task, None)
+        if self._tails.get(key) is task:
+            del self._tails[key]
+        if not task.cancelled() and task.exception() is not None and message is not None:
+            # Acking or dead-lettering failed (NATS unreachable): the message stays
+            # unacknowledged and JetStream redelivers it after ack_wait.
+            logger.error("could not settle %s", message.subject, exc_info=task.exception())
+
+    async def _handle_after(self, previous: asyncio.Task[None] | None, message: Msg) -> None:
+        if previous is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(previous)
+        await self._handle(message)
+
+    async def _handle(self, message: Msg) -> None:
+        metadata = message.metadata
+        deliveries = metadata.num_delivered or 1
+        try:
+            event = decode_event(message.data)
+        except UndecodableEvent as error:
+            await self._dead_letter(message, f"undecodable: {error}", deliveries)
+            return
+        try:
+            await self._handler(Delivery(event, metadata.sequence.stream, deliveries))
+        except PermanentError as error:
+            await self._dead_letter(message, f"permanent error: {error}", deliveries)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # Any failure decides redelivery; none is skipped.
+            if deliveries >= self._spec.max_deliver:
+                await self._dead_letter(
+                    message, f"gave up after {deliveries} deliveries: {error!r}", deliveries
+                )
+                return
+            logger.warning(
+                "retrying %s (delivery %d): %r",
+                message.subject,
+                deliveries,
+                error,
+                exc_info=not isinstance(error, RetryableError),
+            )
+            delay = REDELIVERY_DELAYS_S[min(deliveries, len(REDELIVERY_DELAYS_S)) - 1]
+            await message.nak(delay=delay)
+        else:
+            await message.ack()
+
+    async def _dead_letter(self, message: Msg, reason: str, deliveries: int) -> None:
+        metadata = message.metadata
+        letter = DeadLetter(
+            consumer=self._spec.durable,
+            stream=metadata.stream,
+            stream_seq=metadata.sequence.stream,
+            subject=message.subject,
+            reason=reason,
+            deliveries=deliveries,
+            payload=message.data.decode("utf-8", errors="replace"),
+            headers=dict(message.headers or {}),
+            at=datetime.now(UTC),
+        )
+        logger.error("dead-lettered %s seq %d: %s", message.subject, letter.stream_seq, reason)
+        # Park the message before terminating it, so a crash in between redelivers it
+        # rather than losing it.
+        await self._js.publish(
+            dead_letter_subject(self._spec.durable),
+            letter.model_dump_json().encode(),
+            headers={
+                Headers.MSG_ID: f"{self._spec.durable}:{letter.stream_seq}",
+                Headers.DEAD_LETTER_REASON: reason[:200],
+            },
+        )
+        await message.term()
+
+    async def _keep_in_flight_alive(self) -> None:
+        # Long handlers (a sandboxed command, a model call) must not be redelivered while
+        # they still run, so their messages are marked in progress well before ack_wait.
+        interval = max(self._spec.ack_wait_s / 3, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            for message in list(self._in_flight.values()):
+                with contextlib.suppress(nats.errors.Error):
+                    await message.in_progress()
+
+
+def _ordering_key(subject: str) -> str:
+    try:
+        parts = parse_event_subject(subject)
+    except ValueError:
+        return subject
+    return f"{parts.tenant}/{parts.session_id}"

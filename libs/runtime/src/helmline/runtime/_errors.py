@@ -1,0 +1,25 @@
+"""Errors of the runtime, and the two that decide what happens to a message."""
+
+from __future__ import annotations
+
+
+class HelmlineRuntimeError(Exception):
+    """Root of every error raised by `helmline.runtime`."""
+
+
+class ConcurrencyConflict(HelmlineRuntimeError):
+    """Another writer appended to the session first; refold and decide again."""
+
+    def __init__(self, tenant: str, session_id: str, expected_last_seq: int) -> None:
+        super().__init__(f"session {tenant}/{session_id} moved past sequence {expected_last_seq}")
+        self.tenant = tenant
+        self.session_id = session_id
+        self.expected_last_seq = expected_last_seq
+
+
+class RetryableError(HelmlineRuntimeError):
+    """Handling failed for a passing reason; the message is delivered again after a delay."""
+
+
+class PermanentError(HelmlineRuntimeError):
+    """Handling can never succeed; the message is dead-lettered with this error as reason."""

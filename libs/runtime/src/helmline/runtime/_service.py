@@ -1,0 +1,231 @@
+"""The life of a service process: connect, consume, report health, shut down gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from types import TracebackType
+
+import nats
+import uvicorn
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from helmline.contracts import ConsumerSpec
+from helmline.runtime._consumer import EventConsumer, Handler
+from helmline.runtime._provision import ensure_topology
+from helmline.runtime._settings import RuntimeSettings
+from helmline.runtime._store import EventStore
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceHost:
+    """Runs one service: an async context manager around its connection and consumers.
+
+    ```
+    async with ServiceHost("planner", settings) as host:
+        await host.consume(PLANNER_CONSUMER, handle)
+        await host.run_until_stopped()
+    ```
+    SIGTERM or SIGINT ends `run_until_stopped`; leaving the block stops fetching, lets
+    in-flight messages finish within the grace period and drains the connection.
+    """
+
+    def __init__(self, name: str, settings: RuntimeSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self._stop = asyncio.Event()
+        self._nc: NATS | None = None
+        self._consumers: list[EventConsumer] = []
+        self._health: HttpServer | None = None
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []
+        self._closed = False
+
+    @property
+    def nc(self) -> NATS:
+        """The NATS connection."""
+        assert self._nc is not None, "the service host is not started"
+        return self._nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        """JetStream on that connection."""
+        return self.nc.jetstream()
+
+    @property
+    def store(self) -> EventStore:
+        """The event store."""
+        return EventStore(self.js)
+
+    @property
+    def ready(self) -> bool:
+        """Connected, and every consumer receiving."""
+        return (
+            self._nc is not None
+            and self._nc.is_connected
+            and all(consumer.running for consumer in self._consumers)
+            and not self._stop.is_set()
+        )
+
+    async def __aenter__(self) -> ServiceHost:
+        self._nc = await nats.connect(
+            self.settings.nats_url.split(","),
+            name=f"helmline-{self.name}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+        await ensure_topology(self.js)
+        self._health = HttpServer(
+            _health_app(self), self.settings.health_host, self.settings.health_port
+        )
+        await self._health.start()
+        logger.info("%s started (health on port %d)", self.name, self._health.port)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    async def consume(self, spec: ConsumerSpec, handler: Handler) -> None:
+        """Start feeding a durable consumer's events to `handler`."""
+        consumer = EventConsumer(self.nc, self.js, spec, handler)
+        await consumer.start()
+        self._consumers.append(consumer)
+
+    async def serve_http(self, app: ASGIApp, interface: str, port: int) -> HttpServer:
+        """Serve another ASGI app (the public API) for as long as the service runs."""
+        server = HttpServer(app, interface, port)
+        await server.start()
+        self._cleanups.append(server.stop)
+        return server
+
+    def request_stop(self) -> None:
+        """Ask the service to stop, as SIGTERM does."""
+        self._stop.set()
+
+    async def run_until_stopped(self) -> None:
+        """Serve until SIGTERM, SIGINT or `request_stop`."""
+        with _signals_set(self._stop):
+            await self._stop.wait()
+        logger.info("%s stopping", self.name)
+
+    async def shutdown(self) -> None:
+        """Stop consumers, finish in-flight work within the grace period, drain. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for cleanup in reversed(self._cleanups):
+            await cleanup()
+        for consumer in self._consumers:
+            await consumer.stop(self.settings.shutdown_grace_s)
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await self._nc.drain()
+        if self._health is not None:
+            await self._health.stop()
+        logger.info("%s stopped", self.name)
+
+
+@contextlib.contextmanager
+def _signals_set(stop: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    handled = (signal.SIGTERM, signal.SIGINT)
+    for signum in handled:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+
+
+class _QuietServer(uvicorn.Server):
+    # The service host owns SIGTERM and SIGINT; uvicorn must not take them over.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpServer:
+    """An ASGI app served by uvicorn inside the service's event loop."""
+
+    def __init__(self, app: ASGIApp, interface: str, port: int) -> None:
+        config = uvicorn.Config(
+            app, host=interface, port=port, log_level="warning", lifespan="off", access_log=False
+        )
+        self._server = _QuietServer(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (useful when 0 asked for a free one)."""
+        servers = self._server.servers
+        if not servers or not servers[0].sockets:
+            return 0
+        return int(servers[0].sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        """Listen, and return once connections are accepted."""
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                await self._task  # Raises why it could not start (port taken...).
+                raise RuntimeError("HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Stop listening and close connections."""
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+
+def _health_app(host: ServiceHost) -> Starlette:
+    """`/healthz`: the process is alive; `/readyz`: it can do its work."""
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"service": host.name, "status": "alive"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        ready = host.ready
+        return JSONResponse(
+            {"service": host.name, "status": "ready" if ready else "not ready"},
+            status_code=200 if ready else 503,
+        )
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz)])
+
+
+Setup = Callable[[ServiceHost], Awaitable[None]]
+"""Wires a service's consumers and tasks onto a started host."""
+
+
+def run_service(name: str, settings: RuntimeSettings, setup: Setup | None = None) -> None:
+    """The body of a service's `main()`: run it until SIGTERM, then shut down gracefully."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s {name} %(name)s: %(message)s",
+    )
+
+    async def serve() -> None:
+        async with ServiceHost(name, settings) as host:
+            if setup is not None:
+                await setup(host)
+            await host.run_until_stopped()
+
+    asyncio.run(serve())

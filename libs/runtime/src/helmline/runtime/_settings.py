@@ -1,0 +1,23 @@
+"""Typed settings shared by every service; each service extends them with its own."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RuntimeSettings(BaseSettings):
+    """What every Helmline process needs to know, from `HELMLINE_*` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="HELMLINE_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server(s) with JetStream, comma separated."""
+    health_host: str = "127.0.0.1"
+    """Interface the health endpoints listen on."""
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """Port of `/healthz` and `/readyz`; 0 picks a free port."""
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    """How long in-flight work may take to finish after SIGTERM."""
+    log_level: str = "INFO"
+    """Python logging level."""

@@ -1,0 +1,198 @@
+"""The event store: sessions' events appended to and replayed from JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError, NotFoundError
+
+from helmline.contracts import (
+    EVENTS_STREAM,
+    Event,
+    Headers,
+    SessionState,
+    decode_event,
+    encode_event,
+    event_subject,
+    fold,
+    session_filter,
+)
+from helmline.runtime._errors import ConcurrencyConflict
+
+WRONG_LAST_SEQUENCE = 10071
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event with its position in the stream."""
+
+    seq: int
+    """Stream sequence; orders a session's events and names a point in its history."""
+    event: Event
+    """The event."""
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where an appended event landed."""
+
+    seq: int
+    """Its stream sequence (the original's, for a duplicate)."""
+    duplicate: bool
+    """True when an event with the same id was already stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    """A session's state and the sequence of the last event folded into it."""
+
+    state: SessionState
+    """The folded state."""
+    last_seq: int
+    """Sequence of the last event folded; 0 for a session with no events."""
+
+
+class EventStore:
+    """Appends events with de-duplication and optimistic concurrency, and replays sessions."""
+
+    def __init__(self, js: JetStreamContext, *, timeout_s: float = 5.0) -> None:
+        self._js = js
+        self._stream = EVENTS_STREAM.name
+        self._timeout_s = timeout_s
+
+    async def append(self, event: Event, *, expected_last_seq: int | None = None) -> Appended:
+        """Append one event.
+
+        With `expected_last_seq`, the append succeeds only if the session's last event is
+        still at that sequence (0: the session has no events); otherwise `ConcurrencyConflict`
+        is raised and nothing is written. The event id is the JetStream message id, so
+        appending the same event twice within the duplicate window stores it once.
+        """
+        headers = {Headers.MSG_ID: str(event.id), Headers.EVENT_TYPE: event.type}
+        if event.traceparent is not None:
+            headers[Headers.TRACEPARENT] = event.traceparent
+        if expected_last_seq is not None:
+            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_seq)
+            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = session_filter(
+                event.tenant, event.session_id
+            )
+        subject = event_subject(event.tenant, event.session_id, event.type)
+        try:
+            ack = await self._js.publish(
+                subject, encode_event(event), timeout=self._timeout_s, headers=headers
+            )
+        except APIError as error:
+            if error.err_code == WRONG_LAST_SEQUENCE and expected_last_seq is not None:
+                raise ConcurrencyConflict(
+                    event.tenant, event.session_id, expected_last_seq
+                ) from error
+            raise
+        return Appended(seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def append_all(
+        self, events: Sequence[Event], *, expected_last_seq: int | None = None
+    ) -> list[Appended]:
+        """Append events of one session in order, each expecting the one before it.
+
+        A conflict can only happen on the first event: after it, each append expects the
+        sequence its predecessor landed at, so no other writer can slip in between unseen.
+        """
+        appended: list[Appended] = []
+        expected = expected_last_seq
+        for event in events:
+            result = await self.append(event, expected_last_seq=expected)
+            appended.append(result)
+            if expected is not None:
+                expected = result.seq
+        return appended
+
+    async def last_seq(self, tenant: str, session_id: str) -> int:
+        """Sequence of the session's last event; 0 when it has none."""
+        try:
+            message = await self._js.get_last_msg(self._stream, session_filter(tenant, session_id))
+        except NotFoundError:
+            return 0
+        return message.seq or 0
+
+    async def read(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        up_to_seq: int | None = None,
+    ) -> AsyncIterator[StoredEvent]:
+        """The session's events after `after_seq`, up to `up_to_seq` or its current last event.
+
+        Events appended while reading are not included: the end is fixed when reading starts.
+        """
+        last = await self.last_seq(tenant, session_id)
+        end = last if up_to_seq is None else min(up_to_seq, last)
+        if end <= after_seq:
+            return
+        batch: asyncio.Queue[Msg | None] = asyncio.Queue()
+
+        async def collect(message: Msg) -> None:
+            await batch.put(message)
+
+        subscription = await self._js.subscribe(
+            session_filter(tenant, session_id),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=after_seq + 1),
+            cb=collect,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1 << 30,
+        )
+        try:
+            while True:
+                message = await batch.get()
+                assert message is not None
+                seq = message.metadata.sequence.stream
+                if seq > end:
+                    return
+                yield StoredEvent(seq=seq, event=decode_event(message.data))
+                if seq >= end:
+                    return
+        finally:
+            await subscription.unsubscribe()
+
+    async def load(
+        self, tenant: str, session_id: str, *, up_to_seq: int | None = None
+    ) -> SessionSnapshot:
+        """The session's state folded from its whole log (or up to a sequence)."""
+        stored = [item async for item in self.read(tenant, session_id, up_to_seq=up_to_seq)]
+        with bulk_allocation():
+            state = fold(item.event for item in stored)
+        return SessionSnapshot(state=state, last_seq=stored[-1].seq if stored else 0)
+
+
+_gc_pauses = 0
+
+
+@contextmanager
+def bulk_allocation() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many short-lived objects.
+
+    Replaying a long session allocates millions of small objects that are all reachable;
+    the collector's generation scans over them halve replay speed and free nothing.
+    Reference counting still frees garbage meanwhile. Pauses nest.
+    """
+    global _gc_pauses
+    _gc_pauses += 1
+    was_enabled = gc.isenabled()
+    if _gc_pauses == 1 and was_enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        _gc_pauses -= 1
+        if _gc_pauses == 0 and was_enabled:
+            gc.enable()
