@@ -1,0 +1,186 @@
+"""Durable consumers: poison messages are dead-lettered, failures redelivered, order kept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from helmline.contracts import (
+    EVENTS_STREAM,
+    Actor,
+    ConsumerSpec,
+    DeadLetter,
+    Event,
+    SessionStarted,
+    ThoughtRecorded,
+    dead_letter_subject,
+    encode_event,
+    event_subject,
+    new_event,
+    tenant_filter,
+)
+from helmline.runtime import (
+    Delivery,
+    EventConsumer,
+    EventStore,
+    PermanentError,
+    RetryableError,
+)
+from helmline.runtime.testing import eventually
+
+
+def _spec(tenant: str, max_deliver: int = 3) -> ConsumerSpec:
+    return ConsumerSpec(
+        durable=f"test-{tenant}",
+        stream=EVENTS_STREAM.name,
+        filter_subjects=(tenant_filter(tenant),),
+        description="test consumer",
+        max_deliver=max_deliver,
+        ack_wait_s=5,
+    )
+
+
+def _started(tenant: str, session_id: str = "s1") -> Event:
+    return new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+
+
+def _thought(cause: Event, text: str) -> Event:
+    return cause.derive(ThoughtRecorded(kind="reasoning", text=text), source="test", key=text)
+
+
+class Recorder:
+    """A handler that records what it handled and fails where told to."""
+
+    def __init__(self) -> None:
+        self.handled: list[Delivery] = []
+        self.fail: dict[str, type[Exception]] = {}
+        self.fail_times: dict[str, int] = {}
+
+    async def __call__(self, delivery: Delivery) -> None:
+        data = delivery.event.data
+        text = data.text if isinstance(data, ThoughtRecorded) else ""
+        if text in self.fail and self.fail_times.get(text, 1) > 0:
+            self.fail_times[text] = self.fail_times.get(text, 1) - 1
+            raise self.fail[text](f"told to fail on {text}")
+        self.handled.append(delivery)
+
+    def texts(self) -> list[str]:
+        return [
+            d.event.data.text for d in self.handled if isinstance(d.event.data, ThoughtRecorded)
+        ]
+
+
+@pytest.fixture
+async def consumer(
+    nc: NATS, js: JetStreamContext, tenant: str
+) -> AsyncIterator[tuple[EventConsumer, Recorder]]:
+    recorder = Recorder()
+    running = EventConsumer(nc, js, _spec(tenant), recorder)
+    await running.start()
+    yield running, recorder
+    await running.stop(grace_s=1)
+
+
+async def _dead_letters(js: JetStreamContext, tenant: str, count: int) -> list[DeadLetter]:
+    letters: list[DeadLetter] = []
+    got_all = asyncio.Event()
+
+    async def collect(message: object) -> None:
+        letters.append(DeadLetter.model_validate_json(message.data))  # type: ignore[attr-defined]
+        if len(letters) >= count:
+            got_all.set()
+
+    subscription = await js.subscribe(
+        dead_letter_subject(f"test-{tenant}"), ordered_consumer=True, cb=collect
+    )
+    try:
+        await asyncio.wait_for(got_all.wait(), timeout=10)
+    finally:
+        await subscription.unsubscribe()
+    return letters
+
+
+async def test_poison_messages_are_dead_lettered_and_the_next_event_is_processed(
+    consumer: tuple[EventConsumer, Recorder],
+    js: JetStreamContext,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    _, recorder = consumer
+    started = _started(tenant)
+    wrong_version = json.loads(encode_event(started))
+    wrong_version["schemaversion"] = 99
+    subject = event_subject(tenant, "s1", "session.started")
+    await js.publish(subject, b"{this is not json")
+    await js.publish(
+        event_subject(tenant, "s1", "session.exploded"),
+        json.dumps({**wrong_version, "type": "session.exploded", "schemaversion": 1}).encode(),
+    )
+    await js.publish(subject, json.dumps(wrong_version).encode())
+    await store.append(started)
+
+    await eventually(lambda: recorder.handled, what="the valid event handled")
+    assert [d.event for d in recorder.handled] == [started]
+    letters = await _dead_letters(js, tenant, 3)
+    reasons = [letter.reason for letter in letters]
+    assert "not valid JSON" in reasons[0]
+    assert "unknown event type 'session.exploded'" in reasons[1]
+    assert "schema version 99 is newer" in reasons[2]
+    assert letters[0].payload == "{this is not json"
+    assert all(letter.consumer == f"test-{tenant}" for letter in letters)
+
+
+async def test_retryable_failures_are_redelivered_then_succeed(
+    consumer: tuple[EventConsumer, Recorder], store: EventStore, tenant: str
+) -> None:
+    _, recorder = consumer
+    recorder.fail["flaky"] = RetryableError
+    recorder.fail_times["flaky"] = 2
+    started = _started(tenant)
+    await store.append(_thought(started, "flaky"))
+
+    await eventually(lambda: recorder.texts() == ["flaky"], what="flaky handled")
+    assert recorder.handled[0].deliveries == 3
+
+
+async def test_permanent_failures_and_exhausted_retries_are_dead_lettered(
+    consumer: tuple[EventConsumer, Recorder],
+    js: JetStreamContext,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    _, recorder = consumer
+    recorder.fail["doomed"] = PermanentError
+    recorder.fail["broken"] = RuntimeError
+    recorder.fail_times["broken"] = 99
+    started = _started(tenant)
+    await store.append(_thought(started, "doomed"))
+    await store.append(_thought(_started(tenant, "s2"), "broken"))
+    await store.append(_thought(started, "fine"))
+
+    letters = await _dead_letters(js, tenant, 2)
+    reasons = sorted(letter.reason for letter in letters)
+    assert reasons[0].startswith("gave up after 3 deliveries: RuntimeError")
+    assert reasons[1] == "permanent error: told to fail on doomed"
+    await eventually(lambda: "fine" in recorder.texts(), what="the next event handled")
+
+
+async def test_one_session_is_handled_in_order(
+    consumer: tuple[EventConsumer, Recorder], store: EventStore, tenant: str
+) -> None:
+    _, recorder = consumer
+    started = _started(tenant)
+    texts = [f"n{i}" for i in range(50)]
+    await store.append_all([_thought(started, text) for text in texts])
+    await eventually(lambda: len(recorder.texts()) == 50, what="all handled")
+    assert recorder.texts() == texts

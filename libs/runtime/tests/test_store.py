@@ -1,0 +1,111 @@
+"""The event store against a real JetStream: concurrency, de-duplication, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from helmline.contracts import (
+    Actor,
+    Event,
+    PlanProposed,
+    PlanStep,
+    SessionStarted,
+    StepScheduled,
+    ThoughtRecorded,
+    new_event,
+)
+from helmline.runtime import ConcurrencyConflict, EventStore
+
+
+def _started(tenant: str, session_id: str = "s1") -> Event:
+    return new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+
+
+def _thought(cause: Event, text: str) -> Event:
+    return cause.derive(ThoughtRecorded(kind="reasoning", text=text), source="test", key=text)
+
+
+async def test_two_appends_expecting_the_same_sequence_one_wins(
+    store: EventStore, tenant: str
+) -> None:
+    started = _started(tenant)
+    first = await store.append(started, expected_last_seq=0)
+
+    results = await asyncio.gather(
+        store.append(_thought(started, "a"), expected_last_seq=first.seq),
+        store.append(_thought(started, "b"), expected_last_seq=first.seq),
+        return_exceptions=True,
+    )
+
+    conflicts = [r for r in results if isinstance(r, ConcurrencyConflict)]
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(conflicts) == 1
+    assert len(winners) == 1
+    assert conflicts[0].expected_last_seq == first.seq
+    assert await store.last_seq(tenant, "s1") == winners[0].seq
+
+
+async def test_a_new_session_must_expect_zero(store: EventStore, tenant: str) -> None:
+    await store.append(_started(tenant), expected_last_seq=0)
+    with pytest.raises(ConcurrencyConflict):
+        await store.append(_started(tenant), expected_last_seq=0)
+
+
+async def test_the_same_event_appended_twice_is_stored_once(store: EventStore, tenant: str) -> None:
+    started = _started(tenant)
+    first = await store.append(started)
+    again = await store.append(started)
+    assert again.duplicate
+    assert again.seq == first.seq
+    stored = [item async for item in store.read(tenant, "s1")]
+    assert [item.event for item in stored] == [started]
+
+
+async def test_other_sessions_do_not_move_a_session_sequence(
+    store: EventStore, tenant: str
+) -> None:
+    mine = await store.append(_started(tenant, "mine"), expected_last_seq=0)
+    await store.append(_started(tenant, "other"), expected_last_seq=0)
+    thought = _thought(_started(tenant, "mine"), "still mine")
+    appended = await store.append(thought, expected_last_seq=mine.seq)
+    assert appended.seq > mine.seq
+
+
+async def test_replay_from_any_sequence_and_fold(store: EventStore, tenant: str) -> None:
+    started = _started(tenant)
+    plan = started.derive(
+        PlanProposed(
+            revision=1,
+            steps=(PlanStep(id="a", tool="echo"), PlanStep(id="b", tool="echo", depends_on=("a",))),
+        ),
+        source="test",
+    )
+    scheduled = plan.derive(StepScheduled(step_id="a", call_id="c1", tool="echo"), source="test")
+    appended = await store.append_all([started, plan, scheduled], expected_last_seq=0)
+
+    everything = [item async for item in store.read(tenant, "s1")]
+    assert [item.seq for item in everything] == [a.seq for a in appended]
+    after_first = [item.event async for item in store.read(tenant, "s1", after_seq=appended[0].seq)]
+    assert after_first == [plan, scheduled]
+    up_to_plan = await store.load(tenant, "s1", up_to_seq=appended[1].seq)
+    assert up_to_plan.last_seq == appended[1].seq
+    assert up_to_plan.state.steps["a"].status == "pending"
+    now = await store.load(tenant, "s1")
+    assert now.state.steps["a"].status == "scheduled"
+    assert now.state.status == "executing"
+
+
+async def test_an_unknown_session_is_empty(store: EventStore, tenant: str) -> None:
+    missing = f"s{uuid.uuid4().hex[:8]}"
+    assert [item async for item in store.read(tenant, missing)] == []
+    snapshot = await store.load(tenant, missing)
+    assert snapshot.last_seq == 0
+    assert snapshot.state.event_count == 0
