@@ -1,0 +1,162 @@
+"""Replay a 10,000-event session from JetStream and fold it, against the raw read rate."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.msg import Msg
+
+from helmline.contracts import (
+    Actor,
+    CheckpointCreated,
+    Event,
+    PlanProposed,
+    PlanStep,
+    SessionStarted,
+    StepScheduled,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    ToolCallStarted,
+    encode_event,
+    event_subject,
+    new_event,
+    session_filter,
+)
+from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime.testing import NatsServer
+
+EVENTS = 10_000
+ROUNDS = 3
+
+
+def session_events(count: int) -> list[Event]:
+    """A session as the services write it: a plan, then five events per step."""
+    steps = -(-(count - 2) // 5)
+    started = new_event(
+        SessionStarted(goal="replay benchmark", requested_by=Actor(id="bench")),
+        tenant="bench",
+        session_id="replay",
+        source="bench",
+    )
+    plan = PlanProposed(
+        revision=1,
+        steps=tuple(
+            PlanStep(
+                id=f"s{i}",
+                tool="echo",
+                arguments={"message": f"step {i}"},
+                depends_on=(f"s{i - 1}",) if i else (),
+            )
+            for i in range(steps)
+        ),
+    )
+    events = [started, started.derive(plan, source="bench")]
+    for i in range(steps):
+        step, call = f"s{i}", f"c{i}"
+        arguments = {"message": f"step {i}"}
+        events += [
+            started.derive(
+                StepScheduled(step_id=step, call_id=call, tool="echo", arguments=arguments),
+                source="planner",
+                key=step,
+            ),
+            started.derive(
+                ToolCallAuthorized(
+                    call_id=call,
+                    step_id=step,
+                    tool="echo",
+                    arguments=arguments,
+                    risk="low",
+                    rule="allow-all",
+                ),
+                source="approval",
+                key=step,
+            ),
+            started.derive(
+                ToolCallStarted(call_id=call, step_id=step, tool="echo"), source="gateway", key=step
+            ),
+            started.derive(
+                ToolCallCompleted(
+                    call_id=call,
+                    step_id=step,
+                    tool="echo",
+                    output={"message": f"step {i}"},
+                    duration_ms=0.05,
+                ),
+                source="gateway",
+                key=step,
+            ),
+            started.derive(
+                CheckpointCreated(
+                    checkpoint_id=f"k{i}", step_id=step, call_id=call, at_seq=len(events) + 4
+                ),
+                source="state",
+                key=step,
+            ),
+        ]
+    return events[:count]
+
+
+async def raw_ordered_read(js: Any, subject: str, count: int) -> float:
+    """Messages per second of nats-py's ordered consumer, doing nothing with them."""
+    received = 0
+    done = asyncio.Event()
+
+    async def count_one(message: Msg) -> None:
+        nonlocal received
+        received += 1
+        if received == count:
+            done.set()
+
+    began = time.perf_counter()
+    subscription = await js.subscribe(
+        subject,
+        ordered_consumer=True,
+        cb=count_one,
+        pending_msgs_limit=1_000_000,
+        pending_bytes_limit=1 << 30,
+    )
+    await asyncio.wait_for(done.wait(), timeout=120)
+    elapsed = time.perf_counter() - began
+    await subscription.unsubscribe()
+    return count / elapsed
+
+
+async def run() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        connection = await nats.connect(server.url)
+        js = connection.jetstream()
+        await ensure_topology(js)
+        store = EventStore(js)
+        events = session_events(EVENTS)
+        for event in events:
+            await js.publish_async(
+                event_subject(event.tenant, event.session_id, event.type), encode_event(event)
+            )
+        await js.publish_async_completed()
+
+        raw_rates, fold_rates = [], []
+        for _ in range(ROUNDS):
+            raw_rates.append(await raw_ordered_read(js, session_filter("bench", "replay"), EVENTS))
+            began = time.perf_counter()
+            snapshot = await store.load("bench", "replay")
+            fold_rates.append(EVENTS / (time.perf_counter() - began))
+            assert snapshot.state.event_count == EVENTS
+        await connection.close()
+    raw, folded = statistics.median(raw_rates), statistics.median(fold_rates)
+    return [
+        {
+            "figure": "replay_fold_events_per_s",
+            "events": EVENTS,
+            "value": round(folded),
+            "raw_ordered_read_per_s": round(raw),
+            "raw_over_fold": round(raw / folded, 2),
+            "target": ">= 50000 events/s and raw_over_fold <= 3",
+        }
+    ]

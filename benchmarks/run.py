@@ -1,0 +1,32 @@
+"""`make bench`: run every benchmark and print one JSON line per figure.
+
+Figures are measured, never asserted: the machines are shared and noisy, so compare
+figures of one run with each other (each line carries its target for reference).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import idle_memory
+import replay
+
+Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
+BENCHMARKS: dict[str, Benchmark] = {
+    "replay": replay.run,
+    "idle_memory": idle_memory.run,
+}
+
+
+async def main(selected: list[str]) -> None:
+    for name in selected or list(BENCHMARKS):
+        for figure in await BENCHMARKS[name]():
+            print(json.dumps({"bench": name, **figure}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))
