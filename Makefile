@@ -22,8 +22,11 @@ $(BIN)/python:
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# Bytecode is compiled once here: every service is its own Python process, and where
+# PYTHONDONTWRITEBYTECODE is set (CI images often set it) each would compile pydantic,
+# fastapi and nats from source at every start.
 $(INSTALLED): $(BIN)/uv $(PROJECT_FILES)
-	$(UV) sync --all-packages --frozen --python $(BIN)/python
+	$(UV) sync --all-packages --frozen --compile-bytecode --python $(BIN)/python
 	@touch $@
 
 install: $(INSTALLED) ## Create .venv and install every package of the workspace (incremental)
