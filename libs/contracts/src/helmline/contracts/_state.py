@@ -13,9 +13,9 @@ whole state per event; `evolve` is the same fold over a single event.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Literal, assert_never
+from typing import Any, Literal, TypeVar, assert_never
 
 from pydantic import JsonValue
 
@@ -320,8 +320,19 @@ def evolve(state: SessionState, event: Event) -> SessionState:
     return fold((event,), state)
 
 
-_CONTAINERS = ("labels", "steps", "calls", "approvals", "rollbacks")
-_SEQUENCES = ("checkpoints", "thoughts")
+Record = TypeVar("Record", "StepState", "ApprovalState", "RollbackState")
+
+
+def _copy_with(record: Record, **changes: Any) -> Record:
+    """A copy of a frozen record with some fields changed.
+
+    Does what `dataclasses.replace` does at a third of the cost, which matters because a
+    replay updates a step record for most events it folds.
+    """
+    copy = object.__new__(type(record))
+    for name in record.__slots__:
+        object.__setattr__(copy, name, changes[name] if name in changes else getattr(record, name))
+    return copy
 
 
 class _WorkingState:
@@ -368,7 +379,7 @@ class _WorkingState:
 
     def update_step(self, step_id: str, **changes: Any) -> None:
         step = self.steps.get(step_id) or StepState(id=step_id)
-        self.steps[step_id] = replace(step, **changes)
+        self.steps[step_id] = _copy_with(step, **changes)
 
     def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
         self.calls[call_id] = step_id
@@ -545,7 +556,9 @@ class _WorkingState:
             case ApprovalDecisionSubmitted():
                 request = self.approvals.get(data.request_id)
                 if request is not None:
-                    self.approvals[data.request_id] = replace(request, votes=(*request.votes, data))
+                    self.approvals[data.request_id] = _copy_with(
+                        request, votes=(*request.votes, data)
+                    )
             case ApprovalGranted():
                 self._decide(
                     event,
@@ -638,7 +651,7 @@ class _WorkingState:
         request = self.approvals.get(request_id)
         if request is None or request.status != "pending":
             return
-        self.approvals[request_id] = replace(
+        self.approvals[request_id] = _copy_with(
             request,
             status=status,
             decided_by=decided_by,
@@ -652,7 +665,7 @@ class _WorkingState:
     def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
         rollback = self.rollbacks.get(rollback_id)
         if rollback is not None:
-            self.rollbacks[rollback_id] = replace(rollback, **changes)
+            self.rollbacks[rollback_id] = _copy_with(rollback, **changes)
 
     def _compensation(
         self,
