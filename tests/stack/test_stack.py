@@ -221,3 +221,17 @@ def test_a_service_that_cannot_start_fails_up_and_leaves_nothing(
     assert "api.log" in result.stderr
     assert not (stack.data_dir / "stack.json").exists()
     assert processes_inside(stack.data_dir) == []
+
+
+def test_a_server_that_cannot_start_fails_up_with_its_log(new_stack: Callable[[], Stack]) -> None:
+    stack = new_stack()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = stack.run("up", "--pg-port", str(taken.getsockname()[1]))
+
+    assert result.returncode == 1, result.stdout
+    assert "could not start PostgreSQL" in result.stderr
+    assert "Address already in use" in result.stderr
+    assert not (stack.data_dir / "stack.json").exists()
+    assert processes_inside(stack.data_dir) == []

@@ -65,7 +65,8 @@ class StartupProgress:
             for task in self._progress.tasks:
                 if not task.finished:
                     self._progress.remove_task(task.id)
-                    self._console.print(f"[red]✗[/] [bold]{task.fields['step']:<14}[/] failed")
+                    # Whatever had not finished is torn down with the rest.
+                    self._console.print(f"[red]✗[/] [bold]{task.fields['step']:<14}[/] stopped")
         self._progress.stop()
 
     def begin(self, step: str, detail: str = "") -> None:

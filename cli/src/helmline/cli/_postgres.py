@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from helmline.cli._errors import StartupError
-from helmline.cli._processes import find_process, stop_processes
+from helmline.cli._processes import find_process, log_tail, stop_processes
 from helmline.cli._record import ProcessRecord
 
 DATABASE = "helmline"
@@ -79,7 +79,11 @@ def start_postgres(
         str(max(1, int(timeout))),
         "start",
     ]
-    _run(pg_ctl, account, cwd=pgdata, timeout=timeout + 5, what="start PostgreSQL")
+    try:
+        _run(pg_ctl, account, cwd=pgdata, timeout=timeout + 5, what="start PostgreSQL")
+    except StartupError as error:
+        # pg_ctl only says "examine the log output"; the reason is in the server's log.
+        raise StartupError(f"{error}\nlast lines of {log}:\n{log_tail(log)}") from error
     postmaster = _postmaster(pgdata, pg_ctl, account)
     _ensure_database(port, timeout=timeout)
     return postmaster, postgres_url(port)
