@@ -207,31 +207,26 @@ def states(status: dict[str, Any]) -> dict[str, str]:
     return {c["name"]: c["state"] for c in status["components"]}
 
 
-def test_a_service_that_cannot_start_fails_up_and_leaves_nothing(
-    new_stack: Callable[[], Stack],
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        # A server: pg_ctl fails, and PostgreSQL's own log says why.
+        ("--pg-port", ["could not start PostgreSQL", "Address already in use"]),
+        # A service: it exits once every server is up, and its log is shown.
+        ("--api-port", ["api exited", "api.log", "address already in use"]),
+    ],
+)
+def test_a_port_taken_fails_up_with_the_reason_and_leaves_nothing(
+    new_stack: Callable[[], Stack], option: str, expected: list[str]
 ) -> None:
     stack = new_stack()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        result = stack.run("up", "--api-port", str(taken.getsockname()[1]))
+        result = stack.run("up", option, str(taken.getsockname()[1]))
 
     assert result.returncode == 1, result.stdout
-    assert "api" in result.stderr
-    assert "api.log" in result.stderr
-    assert not (stack.data_dir / "stack.json").exists()
-    assert processes_inside(stack.data_dir) == []
-
-
-def test_a_server_that_cannot_start_fails_up_with_its_log(new_stack: Callable[[], Stack]) -> None:
-    stack = new_stack()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        result = stack.run("up", "--pg-port", str(taken.getsockname()[1]))
-
-    assert result.returncode == 1, result.stdout
-    assert "could not start PostgreSQL" in result.stderr
-    assert "Address already in use" in result.stderr
+    for text in expected:
+        assert text in result.stderr
     assert not (stack.data_dir / "stack.json").exists()
     assert processes_inside(stack.data_dir) == []
