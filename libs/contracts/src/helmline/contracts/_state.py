@@ -309,10 +309,10 @@ class SessionState:
 
 def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState:
     """The state after applying `events`, in order, to `state` (or to a new session)."""
-    working = _WorkingState(state or SessionState())
+    folding = SessionFold(state)
     for event in events:
-        working.apply(event)
-    return working.freeze()
+        folding.apply(event)
+    return folding.state()
 
 
 def evolve(state: SessionState, event: Event) -> SessionState:
@@ -335,12 +335,17 @@ def _copy_with(record: Record, **changes: Any) -> Record:
     return copy
 
 
-class _WorkingState:
-    """A private, mutable copy of a state that events are applied to, then frozen."""
+class SessionFold:
+    """A fold in progress: events are applied one by one to a private working copy.
+
+    For replaying a stream without keeping its events: apply each as it arrives, then take
+    `state()`. The starting state is never changed.
+    """
 
     __slots__ = ("approvals", "calls", "checkpoints", "rollbacks", "steps", "thoughts", "v")
 
-    def __init__(self, state: SessionState) -> None:
+    def __init__(self, state: SessionState | None = None) -> None:
+        state = state or SessionState()
         # Scalars live in `v`; containers are copied once so the input state stays untouched.
         self.v: dict[str, Any] = {f.name: getattr(state, f.name) for f in fields(SessionState)}
         self.steps: dict[str, StepState] = dict(state.steps)
@@ -350,7 +355,8 @@ class _WorkingState:
         self.checkpoints: list[CheckpointState] = list(state.checkpoints)
         self.thoughts: list[ThoughtState] = list(state.thoughts)
 
-    def freeze(self) -> SessionState:
+    def state(self) -> SessionState:
+        """The state after every event applied so far."""
         return SessionState(
             **{
                 **self.v,
@@ -389,6 +395,7 @@ class _WorkingState:
             self.update_step(step_id, call_id=call_id, **changes)
 
     def apply(self, event: Event) -> None:
+        """Apply one more event."""
         v = self.v
         v["event_count"] += 1
         v["updated_at"] = event.time

@@ -49,6 +49,7 @@ class ServiceHost:
         self._health: HttpServer | None = None
         self._cleanups: list[Callable[[], Awaitable[None]]] = []
         self._closed = False
+        self._serving = False
 
     @property
     def nc(self) -> NATS:
@@ -68,9 +69,10 @@ class ServiceHost:
 
     @property
     def ready(self) -> bool:
-        """Connected, and every consumer receiving."""
+        """Set up and serving, connected, and every consumer receiving."""
         return (
-            self._nc is not None
+            self._serving
+            and self._nc is not None
             and self._nc.is_connected
             and all(consumer.running for consumer in self._consumers)
             and not self._stop.is_set()
@@ -117,9 +119,11 @@ class ServiceHost:
         self._stop.set()
 
     async def run_until_stopped(self) -> None:
-        """Serve until SIGTERM, SIGINT or `request_stop`."""
+        """Serve until SIGTERM, SIGINT or `request_stop`; ready from now on."""
         with _signals_set(self._stop):
+            self._serving = True
             await self._stop.wait()
+        self._serving = False
         logger.info("%s stopping", self.name)
 
     async def shutdown(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -18,12 +18,12 @@ from helmline.contracts import (
     EVENTS_STREAM,
     Event,
     Headers,
+    SessionFold,
     SessionState,
     UndecodableEvent,
     decode_event,
     encode_event,
     event_subject,
-    fold,
     session_filter,
 )
 from helmline.runtime._errors import ConcurrencyConflict
@@ -31,6 +31,7 @@ from helmline.runtime._errors import ConcurrencyConflict
 logger = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071
+V1_ACK_TOKENS = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,23 +151,50 @@ class EventStore:
         after_seq: int = 0,
         up_to_seq: int | None = None,
     ) -> list[StoredEvent]:
-        """Like `read`, as one list: the fastest way to replay a whole session."""
+        """Like `read`, as one list."""
+        stored: list[StoredEvent] = []
+        await self._replay(tenant, session_id, after_seq, up_to_seq, stored.append)
+        return stored
+
+    async def load(
+        self, tenant: str, session_id: str, *, up_to_seq: int | None = None
+    ) -> SessionSnapshot:
+        """The session's state folded from its whole log (or up to a sequence)."""
+        folding = SessionFold()
+        last_seq = 0
+
+        def apply(item: StoredEvent) -> None:
+            nonlocal last_seq
+            folding.apply(item.event)
+            last_seq = item.seq
+
+        # Folding each event as it arrives, without keeping it, is the fastest replay.
+        await self._replay(tenant, session_id, 0, up_to_seq, apply)
+        return SessionSnapshot(state=folding.state(), last_seq=last_seq)
+
+    async def _replay(
+        self,
+        tenant: str,
+        session_id: str,
+        after_seq: int,
+        up_to_seq: int | None,
+        receive: Callable[[StoredEvent], None],
+    ) -> None:
         last = await self.last_seq(tenant, session_id)
         end = last if up_to_seq is None else min(up_to_seq, last)
         if end <= after_seq:
-            return []
-        stored: list[StoredEvent] = []
+            return
         finished = asyncio.get_running_loop().create_future()
 
         # Decoding inside the delivery callback avoids a queue hop per event, which is most
         # of the cost of a replay after decoding itself.
-        async def collect(message: Msg) -> None:
+        async def deliver(message: Msg) -> None:
             if finished.done():
                 return
-            seq = message.metadata.sequence.stream
+            seq = _stream_sequence(message.reply)
             if seq <= end:
                 try:
-                    stored.append(StoredEvent(seq=seq, event=decode_event(message.data)))
+                    receive(StoredEvent(seq=seq, event=decode_event(message.data)))
                 except UndecodableEvent as error:
                     # Not an event of this catalogue (a foreign publisher, a newer build):
                     # consumers dead-letter it; a replay leaves it out rather than stall.
@@ -182,7 +210,7 @@ class EventStore:
                 ordered_consumer=True,
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                 config=ConsumerConfig(opt_start_seq=after_seq + 1),
-                cb=collect,
+                cb=deliver,
                 pending_msgs_limit=1_000_000,
                 pending_bytes_limit=1 << 30,
             )
@@ -190,16 +218,14 @@ class EventStore:
                 await asyncio.wait_for(finished, timeout=self._timeout_s + (end - after_seq) / 1000)
             finally:
                 await subscription.unsubscribe()
-        return stored
 
-    async def load(
-        self, tenant: str, session_id: str, *, up_to_seq: int | None = None
-    ) -> SessionSnapshot:
-        """The session's state folded from its whole log (or up to a sequence)."""
-        stored = await self.read_all(tenant, session_id, up_to_seq=up_to_seq)
-        with bulk_allocation():
-            state = fold(item.event for item in stored)
-        return SessionSnapshot(state=state, last_seq=stored[-1].seq if stored else 0)
+
+def _stream_sequence(ack_subject: str) -> int:
+    # What `Msg.metadata` parses, without building its objects: replays read nothing else.
+    # `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
+    # or with `<domain>.<account hash>` after `$JS.ACK` and a token at the end.
+    tokens = ack_subject.split(".")
+    return int(tokens[5] if len(tokens) == V1_ACK_TOKENS else tokens[7])
 
 
 _gc_pauses = 0
