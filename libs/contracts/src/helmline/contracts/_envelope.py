@@ -65,6 +65,7 @@ class Event(Contract):
         *,
         source: str,
         key: str = "",
+        identity: str | None = None,
         traceparent: str | None = None,
         at: datetime | None = None,
     ) -> Event:
@@ -73,10 +74,18 @@ class Event(Contract):
         Its id is derived from this event's id, the source, the new type and `key`, so a
         handler that runs again after a redelivery emits the same id and JetStream stores
         the event once. Give a distinct `key` when one cause yields several events of one type.
+
+        Give `identity` instead when the fact itself, whatever caused it, must be stored once
+        (say, "step b, attempt 1, was scheduled"): the id then derives from the session and
+        that identity, so two replicas deciding it from different causes write one event.
         """
+        if identity is not None:
+            event_id = uuid.uuid5(_IDENTITIES, f"{self.tenant}/{self.session_id}/{identity}")
+        else:
+            event_id = uuid.uuid5(self.id, f"{source}/{data.TYPE}/{key}")
         return _envelope(
             data,
-            id=uuid.uuid5(self.id, f"{source}/{data.TYPE}/{key}"),
+            id=event_id,
             source=source,
             time=at or datetime.now(UTC),
             subject=self.session_id,
@@ -86,6 +95,10 @@ class Event(Contract):
             correlation_id=self.correlation_id,
             traceparent=traceparent or self.traceparent,
         )
+
+
+_IDENTITIES = uuid.UUID("5d1b0f3e-6a4c-4c53-9d55-0b3c2f8e7a11")
+"""Namespace of ids derived from a fact's identity rather than from its cause."""
 
 
 def _event_class(payload_class: type[Payload]) -> type[Event]:

@@ -7,10 +7,28 @@ streams, consumers and buckets from these definitions, and services subscribe th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
+from helmline.contracts._catalogue import (
+    ApprovalDecisionSubmitted,
+    ApprovalRequested,
+    Payload,
+    PlanApproved,
+    PlanProposed,
+    PlanRejected,
+    SandboxExecutionRequested,
+    SessionCancelRequested,
+    SessionPauseRequested,
+    SessionResumeRequested,
+    SessionStarted,
+    StepScheduled,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+)
 from helmline.contracts._values import Contract
 
 EVENTS_SUBJECT_PREFIX = "helmline.events"
@@ -174,11 +192,62 @@ KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (RATE_LIMITS_BUCKET,)
 OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET,)
 
 
-def consumer_for(service: str, event_types: Iterable[str], description: str) -> ConsumerSpec:
+def consumer_for(
+    service: str, payloads: Iterable[type[Payload]], description: str, **settings: Any
+) -> ConsumerSpec:
     """The durable consumer of a service that reacts to the given event types."""
     return ConsumerSpec(
         durable=f"helmline-{service}",
         stream=EVENTS_STREAM.name,
-        filter_subjects=tuple(event_type_filter(event_type) for event_type in event_types),
+        filter_subjects=tuple(event_type_filter(payload.TYPE) for payload in payloads),
         description=description,
+        **settings,
     )
+
+
+PLANNER_CONSUMER = consumer_for(
+    "planner",
+    (
+        SessionStarted,
+        PlanApproved,
+        PlanRejected,
+        ToolCallCompleted,
+        ToolCallFailed,
+        ToolCallDenied,
+        SessionPauseRequested,
+        SessionResumeRequested,
+        SessionCancelRequested,
+    ),
+    "Plans sessions, schedules steps whose dependencies are met, ends sessions.",
+)
+APPROVAL_CONSUMER = consumer_for(
+    "approval",
+    (PlanProposed, StepScheduled, ApprovalRequested, ApprovalDecisionSubmitted),
+    "Decides by policy what runs, asks people where needed, expires unanswered requests.",
+)
+TOOL_GATEWAY_CONSUMER = consumer_for(
+    "tool-gateway",
+    (ToolCallAuthorized,),
+    "Validates authorised calls, runs pure tools, hands the rest to the sandbox.",
+)
+SANDBOX_CONSUMER = consumer_for(
+    "sandbox",
+    (SandboxExecutionRequested, SessionCancelRequested),
+    "Runs built-in tools in session workspaces; kills running commands on cancel.",
+    # A command may run for minutes; its message is kept in progress meanwhile.
+    max_ack_pending=256,
+)
+STATE_CONSUMER = consumer_for(
+    "state",
+    (ToolCallCompleted,),
+    "Records a checkpoint after every completed step.",
+)
+
+SERVICE_CONSUMERS: tuple[ConsumerSpec, ...] = (
+    PLANNER_CONSUMER,
+    APPROVAL_CONSUMER,
+    TOOL_GATEWAY_CONSUMER,
+    SANDBOX_CONSUMER,
+    STATE_CONSUMER,
+)
+"""Every service's durable consumer, for provisioning and for operators."""
