@@ -101,6 +101,8 @@ class StepState:
     """Steps it waits for."""
     risk: Risk | None = None
     """Risk declared by the plan or decided by policy."""
+    on_denied: Literal["fail", "continue"] | None = None
+    """What the plan said to do if this step is denied; None follows the session default."""
     status: StepStatus = "pending"
     """Where the step is."""
     attempts: int = 0
@@ -641,6 +643,7 @@ class SessionFold:
                     arguments=step.arguments,
                     depends_on=step.depends_on,
                     risk=step.risk,
+                    on_denied=step.on_denied,
                 )
         for step_id, known in self.steps.items():
             steps.setdefault(step_id, known)

@@ -3,6 +3,7 @@
 Every service stands on this package and `helmline.contracts`; it knows no service.
 """
 
+from helmline.runtime._cache import SessionCache
 from helmline.runtime._consumer import Delivery, EventConsumer, Handler, consumer_config
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
@@ -35,6 +36,7 @@ __all__ = [
     "RetryableError",
     "RuntimeSettings",
     "ServiceHost",
+    "SessionCache",
     "SessionSnapshot",
     "Setup",
     "StoredEvent",

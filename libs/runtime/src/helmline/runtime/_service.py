@@ -111,8 +111,12 @@ class ServiceHost:
         """Serve another ASGI app (the public API) for as long as the service runs."""
         server = HttpServer(app, interface, port)
         await server.start()
-        self._cleanups.append(server.stop)
+        self.on_shutdown(server.stop)
         return server
+
+    def on_shutdown(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Run `cleanup` when the service stops, before its consumers stop (last added first)."""
+        self._cleanups.append(cleanup)
 
     def request_stop(self) -> None:
         """Ask the service to stop, as SIGTERM does."""

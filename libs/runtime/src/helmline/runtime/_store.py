@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -120,11 +121,7 @@ class EventStore:
 
     async def last_seq(self, tenant: str, session_id: str) -> int:
         """Sequence of the session's last event; 0 when it has none."""
-        try:
-            message = await self._js.get_last_msg(self._stream, session_filter(tenant, session_id))
-        except NotFoundError:
-            return 0
-        return message.seq or 0
+        return await self._last_seq_matching(session_filter(tenant, session_id))
 
     async def read(
         self,
@@ -153,7 +150,12 @@ class EventStore:
     ) -> list[StoredEvent]:
         """Like `read`, as one list."""
         stored: list[StoredEvent] = []
-        await self._replay(tenant, session_id, after_seq, up_to_seq, stored.append)
+        await self._replay(
+            session_filter(tenant, session_id),
+            after_seq=after_seq,
+            up_to_seq=up_to_seq,
+            receive=stored.append,
+        )
         return stored
 
     async def load(
@@ -169,18 +171,41 @@ class EventStore:
             last_seq = item.seq
 
         # Folding each event as it arrives, without keeping it, is the fastest replay.
-        await self._replay(tenant, session_id, 0, up_to_seq, apply)
+        await self._replay(
+            session_filter(tenant, session_id), after_seq=0, up_to_seq=up_to_seq, receive=apply
+        )
         return SessionSnapshot(state=folding.state(), last_seq=last_seq)
+
+    async def read_matching(
+        self, subject_filter: str, *, since: datetime | None = None
+    ) -> list[StoredEvent]:
+        """Every stored event on subjects matching a filter (across sessions), oldest first.
+
+        `since` skips events stored before that time, without reading them.
+        """
+        stored: list[StoredEvent] = []
+        await self._replay(
+            subject_filter, after_seq=0, up_to_seq=None, receive=stored.append, since=since
+        )
+        return stored
+
+    async def _last_seq_matching(self, subject_filter: str) -> int:
+        try:
+            message = await self._js.get_last_msg(self._stream, subject_filter)
+        except NotFoundError:
+            return 0
+        return message.seq or 0
 
     async def _replay(
         self,
-        tenant: str,
-        session_id: str,
+        subject_filter: str,
+        *,
         after_seq: int,
         up_to_seq: int | None,
         receive: Callable[[StoredEvent], None],
+        since: datetime | None = None,
     ) -> None:
-        last = await self.last_seq(tenant, session_id)
+        last = await self._last_seq_matching(subject_filter)
         end = last if up_to_seq is None else min(up_to_seq, last)
         if end <= after_seq:
             return
@@ -191,7 +216,7 @@ class EventStore:
         async def deliver(message: Msg) -> None:
             if finished.done():
                 return
-            seq = _stream_sequence(message.reply)
+            seq, pending = _position(message.reply)
             if seq <= end:
                 try:
                     receive(StoredEvent(seq=seq, event=decode_event(message.data)))
@@ -201,31 +226,46 @@ class EventStore:
                     logger.warning(
                         "skipping undecodable message %d of %s: %s", seq, message.subject, error
                     )
-            if seq >= end:
+            if seq >= end or pending == 0:
                 finished.set_result(None)
 
         with bulk_allocation():
+            start = (
+                ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+                if since is not None
+                else ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
+                )
+            )
             subscription = await self._js.subscribe(
-                session_filter(tenant, session_id),
+                subject_filter,
                 ordered_consumer=True,
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                config=ConsumerConfig(opt_start_seq=after_seq + 1),
+                config=start,
                 cb=deliver,
                 pending_msgs_limit=1_000_000,
                 pending_bytes_limit=1 << 30,
             )
+            if since is not None and not finished.done():
+                info = await subscription.consumer_info()
+                if info.num_pending == 0 and not (info.delivered and info.delivered.consumer_seq):
+                    finished.set_result(None)  # Nothing was stored since then.
             try:
                 await asyncio.wait_for(finished, timeout=self._timeout_s + (end - after_seq) / 1000)
             finally:
                 await subscription.unsubscribe()
 
 
-def _stream_sequence(ack_subject: str) -> int:
-    # What `Msg.metadata` parses, without building its objects: replays read nothing else.
-    # `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
-    # or with `<domain>.<account hash>` after `$JS.ACK` and a token at the end.
+def _position(ack_subject: str) -> tuple[int, int]:
+    """Stream sequence and messages still pending, from a delivery's ack subject.
+
+    What `Msg.metadata` parses, without building its objects: replays need nothing else.
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
+    or with `<domain>.<account hash>` after `$JS.ACK` and a token at the end.
+    """
     tokens = ack_subject.split(".")
-    return int(tokens[5] if len(tokens) == V1_ACK_TOKENS else tokens[7])
+    if len(tokens) == V1_ACK_TOKENS:
+        return int(tokens[5]), int(tokens[8])
+    return int(tokens[7]), int(tokens[10])
 
 
 _gc_pauses = 0

@@ -1,0 +1,84 @@
+"""Live sessions' folded state, kept in memory and advanced one event at a time."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from helmline.contracts import Event, SessionState, evolve
+from helmline.runtime._consumer import Delivery
+from helmline.runtime._store import EventStore
+
+
+class SessionCache:
+    """The state of each live session as a service sees it.
+
+    A service consumes only the event types it reacts to, so a cached state is the fold of
+    the whole log up to the first event it saw, then of those events and of what the service
+    appended itself. On a miss (a new session, or after a restart) the session is replayed
+    from the log; afterwards each event costs one `evolve`.
+    """
+
+    def __init__(self, store: EventStore, capacity: int = 10_000) -> None:
+        self._store = store
+        self._capacity = capacity
+        self._sessions: dict[tuple[str, str], _Entry] = {}
+
+    async def advance(self, delivery: Delivery) -> SessionState:
+        """The session's state with the delivered event applied (exactly once).
+
+        A redelivery means an earlier attempt may have appended its decisions already,
+        possibly longer ago than JetStream remembers message ids; so the state is then
+        rebuilt from the whole log, and a decision already taken shows in it.
+        """
+        event = delivery.event
+        key = (event.tenant, event.session_id)
+        entry = self._sessions.get(key)
+        if delivery.deliveries > 1:
+            snapshot = await self._store.load(event.tenant, event.session_id)
+            entry = _Entry(snapshot.state, snapshot.last_seq)
+        elif entry is None:
+            snapshot = await self._store.load(
+                event.tenant, event.session_id, up_to_seq=delivery.seq
+            )
+            entry = _Entry(snapshot.state, snapshot.last_seq)
+        elif event.id in entry.own:
+            entry.own.discard(event.id)  # Appended by this service: already applied.
+        elif delivery.seq > entry.seen:
+            entry.state, entry.seen = evolve(entry.state, event), delivery.seq
+        self._remember(key, entry)
+        return entry.state
+
+    def record(self, state: SessionState, appended: Iterable[Event]) -> SessionState:
+        """Apply events the service appended itself, and keep the result."""
+        key = (state.tenant, state.session_id)
+        entry = self._sessions.get(key) or _Entry(state, 0)
+        for event in appended:
+            state = evolve(state, event)
+            entry.own.add(event.id)
+        entry.state = state
+        self._remember(key, entry)
+        return state
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        """Drop a session (it ended, or its state must be rebuilt from the log)."""
+        self._sessions.pop((tenant, session_id), None)
+
+    def _remember(self, key: tuple[str, str], entry: _Entry) -> None:
+        if entry.state.is_terminal:
+            self._sessions.pop(key, None)
+            return
+        if key not in self._sessions and len(self._sessions) >= self._capacity:
+            # Evict the oldest entry; it is rebuilt from the log if it comes back.
+            self._sessions.pop(next(iter(self._sessions)))
+        self._sessions[key] = entry
+
+
+@dataclass(slots=True)
+class _Entry:
+    state: SessionState
+    seen: int
+    """Sequence of the last delivered event applied."""
+    own: set[uuid.UUID] = field(default_factory=set)
+    """Events this service appended and applied, which it may also be delivered."""

@@ -1,0 +1,122 @@
+"""The approval service's edge: policy on the hot path, timers for expiring requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from helmline.approval._policy import (
+    APPROVAL_EXPIRY,
+    Decision,
+    judge_expiry,
+    judge_plan,
+    judge_step,
+    judge_vote,
+)
+from helmline.contracts import (
+    ApprovalDecisionSubmitted,
+    ApprovalRequested,
+    Event,
+    PlanProposed,
+    StepScheduled,
+    event_type_filter,
+)
+from helmline.runtime import Delivery, EventStore
+
+SOURCE = "helmline/approval"
+logger = logging.getLogger(__name__)
+
+
+class ApprovalHandler:
+    """Applies the policy to plans and steps, records decisions, expires requests."""
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self._timers: dict[str, asyncio.Task[None]] = {}
+
+    async def __call__(self, delivery: Delivery) -> None:
+        event = delivery.event
+        data = event.data
+        now = datetime.now(UTC)
+        match data:
+            case PlanProposed():
+                await self._append(event, judge_plan(data))
+            case StepScheduled():
+                if delivery.deliveries > 1 and await self._already_judged(event, data):
+                    return
+                await self._append(event, judge_step(data, now))
+            case ApprovalRequested():
+                self._expire_later(event, data)
+            case ApprovalDecisionSubmitted():
+                snapshot = await self._store.load(event.tenant, event.session_id)
+                decisions = judge_vote(snapshot.state, data)
+                if not decisions:
+                    logger.warning(
+                        "ignored decision on %s by %s: not pending or not allowed",
+                        data.request_id,
+                        data.decided_by.id,
+                    )
+                await self._append(event, decisions)
+                self._cancel_timer(event.tenant, event.session_id, data.request_id)
+            case _:
+                pass
+
+    async def recover(self, lookback: timedelta = APPROVAL_EXPIRY * 6) -> None:
+        """Re-arm expiry timers of requests made before a restart (expired ones fire now)."""
+        since = datetime.now(UTC) - lookback
+        for stored in await self._store.read_matching(
+            event_type_filter(ApprovalRequested.TYPE), since=since
+        ):
+            if isinstance(stored.event.data, ApprovalRequested):
+                self._expire_later(stored.event, stored.event.data)
+
+    async def close(self) -> None:
+        """Stop every timer (they are re-armed from the log at the next start)."""
+        for task in self._timers.values():
+            task.cancel()
+        for task in list(self._timers.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._timers.clear()
+
+    async def _already_judged(self, event: Event, scheduled: StepScheduled) -> bool:
+        state = (await self._store.load(event.tenant, event.session_id)).state
+        step = state.steps.get(scheduled.step_id)
+        return step is not None and (
+            step.call_id != scheduled.call_id
+            or step.status != "scheduled"
+            or step.approval_request_id == scheduled.call_id
+        )
+
+    def _expire_later(self, event: Event, request: ApprovalRequested) -> None:
+        key = _timer_key(event.tenant, event.session_id, request.request_id)
+        if key not in self._timers:
+            self._timers[key] = asyncio.create_task(self._expire_at(event, request))
+
+    def _cancel_timer(self, tenant: str, session_id: str, request_id: str) -> None:
+        task = self._timers.pop(_timer_key(tenant, session_id, request_id), None)
+        if task is not None:
+            task.cancel()
+
+    async def _expire_at(self, event: Event, request: ApprovalRequested) -> None:
+        delay = (request.expires_at - datetime.now(UTC)).total_seconds()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        state = (await self._store.load(event.tenant, event.session_id)).state
+        await self._append(event, judge_expiry(state, request.request_id, datetime.now(UTC)))
+        self._timers.pop(_timer_key(event.tenant, event.session_id, request.request_id), None)
+
+    async def _append(self, cause: Event, decisions: Sequence[Decision]) -> None:
+        for index, decision in enumerate(decisions):
+            await self._store.append(
+                cause.derive(
+                    decision.payload, source=SOURCE, key=str(index), identity=decision.identity
+                )
+            )
+
+
+def _timer_key(tenant: str, session_id: str, request_id: str) -> str:
+    return f"{tenant}/{session_id}/{request_id}"

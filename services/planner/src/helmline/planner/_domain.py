@@ -1,0 +1,163 @@
+"""What the planner decides, as pure functions of a session's state and the latest event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from helmline.contracts import (
+    Event,
+    Payload,
+    PlanApproved,
+    PlanProposed,
+    PlanRejected,
+    SessionCancelled,
+    SessionCancelRequested,
+    SessionCompleted,
+    SessionFailed,
+    SessionPaused,
+    SessionPauseRequested,
+    SessionResumed,
+    SessionResumeRequested,
+    SessionStarted,
+    SessionState,
+    StepScheduled,
+    StepSkipped,
+    StepState,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+)
+
+MAX_ATTEMPTS = 3
+"""Tries of a step whose failures are retryable."""
+
+DONE = frozenset({"succeeded", "skipped"})
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An event to append, and what makes it unique when it must be stored once."""
+
+    payload: Payload
+    identity: str | None = None
+    """Set for facts that must exist once whatever caused them (a step attempt scheduled)."""
+
+
+def decide(state: SessionState, event: Event) -> list[Decision]:
+    """The planner's reaction to `event`, given the session's state with `event` applied."""
+    if state.is_terminal:
+        return []
+    data = event.data
+    match data:
+        case SessionStarted():
+            return _plan(state, data)
+        case PlanApproved() if data.revision == state.plan_revision:
+            return _advance(state)
+        case PlanRejected():
+            return [Decision(SessionFailed(reason=f"plan rejected: {data.reason}"), "end")]
+        case ToolCallCompleted():
+            return _advance(state)
+        case ToolCallFailed():
+            return _after_failure(state, data)
+        case ToolCallDenied():
+            return _after_denial(state, data)
+        case SessionPauseRequested():
+            return [] if state.status == "paused" else [Decision(SessionPaused())]
+        case SessionResumeRequested():
+            resumed = [] if state.status != "paused" else [Decision(SessionResumed())]
+            return resumed + _advance(state)
+        case SessionCancelRequested():
+            return [Decision(SessionCancelled(reason=data.reason or "cancelled"), "end")]
+        case _:
+            return []
+
+
+def _plan(state: SessionState, started: SessionStarted) -> list[Decision]:
+    if state.plan_revision:
+        return []
+    if started.playbook is None:
+        reason = f"no planner for mode {started.mode!r} without a playbook is configured"
+        return [Decision(SessionFailed(reason=reason), "end")]
+    steps = started.playbook.steps
+    proposal = PlanProposed(
+        revision=1,
+        steps=steps,
+        reasoning="declared playbook",
+        confidence=1.0,
+        permissions=tuple(sorted({step.tool for step in steps})),
+    )
+    return [Decision(proposal, "plan/1")]
+
+
+def _advance(state: SessionState, skipped: frozenset[str] = frozenset()) -> list[Decision]:
+    """Schedule every step whose dependencies are done; end the session when all are.
+
+    `skipped` names steps being skipped by decisions not yet in the state.
+    """
+    if state.plan_revision == 0 or state.plan_approved_revision < state.plan_revision:
+        return []
+    decisions: list[Decision] = []
+    skipping = set(skipped)
+    for step in state.steps.values():
+        if step.status != "pending" or step.id in skipping:
+            continue
+        blocked = [d for d in step.depends_on if _status(state, d, skipping) == "skipped"]
+        if blocked:
+            skipping.add(step.id)
+            reason = f"depends on skipped step {blocked[0]!r}"
+            decisions.append(
+                Decision(StepSkipped(step_id=step.id, reason=reason), f"skip/{step.id}")
+            )
+        elif not state.pause_requested and all(
+            _status(state, d, skipping) == "succeeded" for d in step.depends_on
+        ):
+            decisions.append(_schedule(step, attempt=1))
+    scheduled = any(isinstance(d.payload, StepScheduled) for d in decisions)
+    if not scheduled and all(s.status in DONE or s.id in skipping for s in state.steps.values()):
+        succeeded = sum(1 for s in state.steps.values() if s.status == "succeeded")
+        summary = f"{succeeded} of {len(state.steps)} steps succeeded"
+        decisions.append(Decision(SessionCompleted(summary=summary), "end"))
+    return decisions
+
+
+def _status(state: SessionState, step_id: str, skipping: set[str]) -> str:
+    if step_id in skipping:
+        return "skipped"
+    step = state.steps.get(step_id)
+    return step.status if step else "missing"
+
+
+def _schedule(step: StepState, attempt: int) -> Decision:
+    call_id = f"{step.id}.{attempt}"
+    scheduled = StepScheduled(
+        step_id=step.id,
+        call_id=call_id,
+        attempt=attempt,
+        tool=step.tool,
+        arguments=step.arguments,
+        risk=step.risk,
+    )
+    return Decision(scheduled, f"step/{step.id}/{attempt}")
+
+
+def _after_failure(state: SessionState, failed: ToolCallFailed) -> list[Decision]:
+    step = state.steps.get(failed.step_id)
+    if step is None or step.call_id != failed.call_id:
+        return []
+    if step.error is not None and step.error.retryable and step.attempts < MAX_ATTEMPTS:
+        return [_schedule(step, attempt=step.attempts + 1)]
+    reason = f"step {step.id!r} failed: {failed.error.message}"
+    return [Decision(SessionFailed(reason=reason, step_id=step.id), "end")]
+
+
+def _after_denial(state: SessionState, denied: ToolCallDenied) -> list[Decision]:
+    step = state.steps.get(denied.step_id)
+    if step is None or step.call_id != denied.call_id:
+        return []
+    if (step.on_denied or state.on_denied) == "fail":
+        reason = f"step {step.id!r} was denied: {denied.reason}"
+        return [Decision(SessionFailed(reason=reason, step_id=step.id), "end")]
+    skip = Decision(
+        StepSkipped(step_id=step.id, reason=f"denied: {denied.reason}"), f"skip/{step.id}"
+    )
+    return [skip, *_advance(state, frozenset({step.id}))]
