@@ -6,9 +6,13 @@ Other teams can use them too: start a throwaway JetStream server, wait on condit
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
@@ -83,6 +87,69 @@ class NatsServer:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ServiceProcesses:
+    """Helmline services, each a real process (`python -m helmline.<name>`), that tests and
+    benchmarks can start, kill with SIGKILL and start again; logs go to `data_dir`."""
+
+    def __init__(self, nats_url: str, data_dir: Path) -> None:
+        self.nats_url = nats_url
+        self.data_dir = data_dir
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports: dict[str, int] = {}
+
+    def start(self, name: str) -> None:
+        """Start one service (again, on the same health port) and wait until it is ready."""
+        port = self.ports.setdefault(name, free_port())
+        env = {
+            **os.environ,
+            "HELMLINE_NATS_URL": self.nats_url,
+            "HELMLINE_DATA_DIR": str(self.data_dir),
+            "HELMLINE_HEALTH_PORT": str(port),
+        }
+        with (self.data_dir / f"{name}.log").open("ab") as log:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", f"helmline.{name}"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_ready(name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no chance to finish anything."""
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        """SIGTERM every process and wait for each (SIGKILL after 15 s)."""
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+    def _wait_ready(self, name: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.ports[name]}/readyz"
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                log = (self.data_dir / f"{name}.log").read_text()[-2000:]
+                raise RuntimeError(f"{name} exited while starting:\n{log}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{name} was not ready within {timeout_s} s")
 
 
 async def eventually(
