@@ -14,10 +14,12 @@ from typing import Any
 
 import idle_memory
 import replay
+import steps
 
 Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
 BENCHMARKS: dict[str, Benchmark] = {
     "replay": replay.run,
+    "steps": steps.run,
     "idle_memory": idle_memory.run,
 }
 

@@ -1,0 +1,140 @@
+"""Step latency and throughput with every service in its own process.
+
+A step is one tool call scheduled, authorised, executed and recorded, up to the next step
+being scheduled; checkpoints are made off that path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from helmline.contracts import (
+    Actor,
+    PlanStep,
+    Playbook,
+    SessionStarted,
+    StepScheduled,
+    event_type_filter,
+    new_event,
+    parse_event_subject,
+)
+from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime.testing import NatsServer, ServiceProcesses
+
+SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
+SEQUENTIAL_STEPS = 200
+SESSIONS, STEPS_EACH = 50, 20
+
+
+def echo_chain(steps: int) -> Playbook:
+    """A playbook of `steps` echo calls, each depending on the one before."""
+    return Playbook(
+        goal=f"{steps} echoes",
+        steps=tuple(
+            PlanStep(
+                id=f"s{i}",
+                tool="echo",
+                arguments={"message": f"step {i}"},
+                depends_on=(f"s{i - 1}",) if i else (),
+            )
+            for i in range(steps)
+        ),
+    )
+
+
+async def run_sessions(
+    nc: NATS, store: EventStore, tenant: str, playbooks: list[Playbook]
+) -> tuple[list[str], float]:
+    """Start the sessions at once; return their ids and seconds until the last one ended."""
+    ended: set[str] = set()
+    all_ended = asyncio.Event()
+
+    async def on_end(message: Msg) -> None:
+        ended.add(parse_event_subject(message.subject).session_id)
+        if len(ended) == len(playbooks):
+            all_ended.set()
+
+    subscriptions = [
+        await nc.subscribe(event_type_filter(kind, tenant), cb=on_end)
+        for kind in ("session.completed", "session.failed")
+    ]
+    session_ids = [uuid.uuid4().hex for _ in playbooks]
+    began = time.perf_counter()
+    await asyncio.gather(
+        *(
+            store.append(
+                new_event(
+                    SessionStarted(
+                        goal=playbook.goal, playbook=playbook, requested_by=Actor(id="bench")
+                    ),
+                    tenant=tenant,
+                    session_id=session_id,
+                    source="bench",
+                )
+            )
+            for session_id, playbook in zip(session_ids, playbooks, strict=True)
+        )
+    )
+    await asyncio.wait_for(all_ended.wait(), timeout=600)
+    elapsed = time.perf_counter() - began
+    for subscription in subscriptions:
+        await subscription.unsubscribe()
+    return session_ids, elapsed
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def run() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        services = ServiceProcesses(server.url, Path(folder))
+        try:
+            for name in SERVICES:
+                await asyncio.to_thread(services.start, name)
+            nc = await nats.connect(server.url)
+            await ensure_topology(nc.jetstream())
+            store = EventStore(nc.jetstream())
+            await run_sessions(nc, store, "warmup", [echo_chain(5)])
+
+            (session_id,), _ = await run_sessions(
+                nc, store, "sequential", [echo_chain(SEQUENTIAL_STEPS)]
+            )
+            events = [stored.event for stored in await store.read_all("sequential", session_id)]
+            scheduled = [e.time for e in events if isinstance(e.data, StepScheduled)]
+            gaps_ms = [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(scheduled)]
+
+            _, elapsed = await run_sessions(
+                nc, store, "concurrent", [echo_chain(STEPS_EACH) for _ in range(SESSIONS)]
+            )
+            await nc.close()
+        finally:
+            await asyncio.to_thread(services.stop_all)
+    return [
+        {
+            "figure": "step_latency_ms",
+            "steps": len(gaps_ms),
+            "p50": round(statistics.median(gaps_ms), 3),
+            "p99": round(percentile(gaps_ms, 0.99), 3),
+            "target": "p50 <= 1.5 ms, p99 <= 5 ms",
+        },
+        {
+            "figure": "steps_per_s",
+            "sessions": SESSIONS,
+            "steps_each": STEPS_EACH,
+            "value": round(SESSIONS * STEPS_EACH / elapsed),
+            "target": ">= 700 steps/s",
+        },
+    ]
