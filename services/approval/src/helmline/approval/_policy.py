@@ -27,6 +27,7 @@ from helmline.contracts import (
 POLICY = Actor(id="default-policy", kind="policy")
 APPROVAL_EXPIRY = timedelta(minutes=10)
 APPROVER_ROLES = ("approver", "admin")
+RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,8 @@ def judge_step(scheduled: StepScheduled, now: datetime) -> list[Decision]:
             rule="default: deny unknown tools",
         )
         return [Decision(denial, identity)]
-    risk: Risk = scheduled.risk or tool.risk
+    # A plan may raise a step's risk, never lower it below the tool's own.
+    risk = max(tool.risk, scheduled.risk or tool.risk, key=RISK_ORDER.index)
     if risk in ("low", "medium"):
         authorized = ToolCallAuthorized(
             call_id=scheduled.call_id,

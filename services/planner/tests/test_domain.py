@@ -1,0 +1,143 @@
+"""The planner's decisions, as pure functions of a session's state and the latest event."""
+
+from __future__ import annotations
+
+from helmline.contracts import (
+    Actor,
+    Event,
+    Payload,
+    PlanApproved,
+    PlanStep,
+    Playbook,
+    SessionCancelled,
+    SessionCancelRequested,
+    SessionCompleted,
+    SessionFailed,
+    SessionPauseRequested,
+    SessionResumed,
+    SessionResumeRequested,
+    SessionStarted,
+    StepScheduled,
+    StepSkipped,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+    ToolError,
+    fold,
+    new_event,
+)
+from helmline.planner._domain import decide
+
+ANA = Actor(id="ana")
+
+
+class Session:
+    """Drives `decide` the way the service does: fold, decide, append the decisions."""
+
+    def __init__(self, playbook: Playbook) -> None:
+        self.root = new_event(
+            SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=ANA),
+            tenant="t",
+            session_id="s1",
+            source="test",
+        )
+        self.events: list[Event] = []
+        self.happen(self.root)
+
+    def happen(self, event_or_payload: Event | Payload) -> list[Payload]:
+        event = (
+            event_or_payload
+            if isinstance(event_or_payload, Event)
+            else self.root.derive(event_or_payload, source="test", key=str(len(self.events)))
+        )
+        self.events.append(event)
+        decisions = decide(fold(self.events), event)
+        for index, decision in enumerate(decisions):
+            self.events.append(event.derive(decision.payload, source="planner", key=str(index)))
+        return [d.payload for d in decisions]
+
+    def complete(self, step_id: str) -> list[Payload]:
+        step = fold(self.events).steps[step_id]
+        assert step.call_id is not None
+        return self.happen(ToolCallCompleted(call_id=step.call_id, step_id=step_id, tool=step.tool))
+
+
+def _chain() -> Playbook:
+    return Playbook(
+        goal="g",
+        steps=(
+            PlanStep(id="a", tool="echo"),
+            PlanStep(id="b", tool="echo"),
+            PlanStep(id="c", tool="echo", depends_on=("a", "b")),
+        ),
+    )
+
+
+def _scheduled(payloads: list[Payload]) -> list[str]:
+    return [p.step_id for p in payloads if isinstance(p, StepScheduled)]
+
+
+def test_independent_steps_are_scheduled_together_and_the_join_after_both() -> None:
+    session = Session(_chain())
+    assert _scheduled(session.happen(PlanApproved(revision=1, approved_by=ANA))) == ["a", "b"]
+    assert session.complete("a") == []
+    assert _scheduled(session.complete("b")) == ["c"]
+    (completed,) = session.complete("c")
+    assert isinstance(completed, SessionCompleted)
+    assert completed.summary == "3 of 3 steps succeeded"
+
+
+def test_nothing_runs_before_the_plan_is_approved() -> None:
+    session = Session(_chain())
+    assert fold(session.events).plan_revision == 1
+    assert _scheduled(session.happen(SessionResumeRequested(requested_by=ANA))) == []
+
+
+def test_a_retryable_failure_is_retried_then_fails_the_session() -> None:
+    session = Session(Playbook(goal="g", steps=(PlanStep(id="a", tool="echo"),)))
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    error = ToolError(kind="timeout", message="slow", retryable=True)
+    for attempt in (1, 2):
+        (retry,) = session.happen(
+            ToolCallFailed(call_id=f"a.{attempt}", step_id="a", tool="echo", error=error)
+        )
+        assert isinstance(retry, StepScheduled)
+        assert retry.attempt == attempt + 1
+    (failed,) = session.happen(ToolCallFailed(call_id="a.3", step_id="a", tool="echo", error=error))
+    assert isinstance(failed, SessionFailed)
+    assert "step 'a' failed: slow" in failed.reason
+
+
+def test_a_denial_fails_the_session_or_skips_the_step_and_its_dependants() -> None:
+    failing = Session(_chain())
+    failing.happen(PlanApproved(revision=1, approved_by=ANA))
+    (failed,) = failing.happen(ToolCallDenied(call_id="a.1", step_id="a", tool="echo", reason="no"))
+    assert isinstance(failed, SessionFailed)
+
+    continuing = Session(_chain().model_copy(update={"on_denied": "continue"}))
+    continuing.happen(PlanApproved(revision=1, approved_by=ANA))
+    skipped = continuing.happen(
+        ToolCallDenied(call_id="a.1", step_id="a", tool="echo", reason="no")
+    )
+    assert [p.step_id for p in skipped if isinstance(p, StepSkipped)] == ["a", "c"]
+    (completed,) = continuing.complete("b")
+    assert isinstance(completed, SessionCompleted)
+
+
+def test_pause_holds_new_steps_until_resumed() -> None:
+    session = Session(_chain())
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    session.happen(SessionPauseRequested(requested_by=ANA))
+    session.complete("a")
+    assert session.complete("b") == []
+    resumed = session.happen(SessionResumeRequested(requested_by=ANA))
+    assert isinstance(resumed[0], SessionResumed)
+    assert _scheduled(resumed) == ["c"]
+
+
+def test_cancel_ends_the_session_and_nothing_follows() -> None:
+    session = Session(_chain())
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    (cancelled,) = session.happen(SessionCancelRequested(requested_by=ANA, reason="stop"))
+    assert isinstance(cancelled, SessionCancelled)
+    assert session.complete("a") == []
