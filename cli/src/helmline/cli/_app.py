@@ -13,8 +13,10 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from helmline.cli import _session_commands as session_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
+from helmline.cli._options import DataDir
 
 app = typer.Typer(
     name="helmline",
@@ -26,15 +28,6 @@ app = typer.Typer(
 schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_help=True)
 app.add_typer(schema_app, name="schema")
 
-DataDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--data-dir",
-        help="The stack's data folder [env: HELMLINE_DATA_DIR; default: .helmline]",
-        file_okay=False,
-        show_default=False,
-    ),
-]
 
 # Exit status of `status` when the data folder has no stack (systemctl's "inactive").
 NOT_RUNNING = 3
@@ -52,11 +45,18 @@ def up(
     pg_port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="[env: HELMLINE_PG_PORT; default: free]")
     ] = None,
+    no_sample: Annotated[
+        bool,
+        typer.Option(
+            "--no-sample", help="Do not start the sample session (examples/playbooks/hello.yaml)."
+        ),
+    ] = False,
 ) -> None:
     """Start NATS, PostgreSQL and every service in the background, and wait until all are ready.
 
     With HELMLINE_NATS_URL or HELMLINE_DATABASE_URL set, those servers are used instead of
-    starting embedded ones.
+    starting embedded ones. A newly started stack gets one sample session, which stops at
+    an approval (unless --no-sample).
     """
     from helmline.cli._display import StartupProgress, render_status, stderr, stdout
     from helmline.cli._settings import load_settings
@@ -75,6 +75,33 @@ def up(
         render_status(stdout(), result.status, title="helmline (already running)")
         return
     render_status(stdout(), result.status, title=f"helmline is up ({result.seconds:.1f} s)")
+    if not no_sample and result.status.record is not None:
+        _start_sample(result.status.record.nats_url, data_dir)
+
+
+def _start_sample(nats_url: str, data_dir: Path | None) -> None:
+    from helmline.cli._display import stderr, stdout
+    from helmline.cli._sample import sample_playbook, start_sample
+
+    playbook = sample_playbook()
+    if playbook is None:
+        stderr().print("[dim]no examples/playbooks/hello.yaml here: no sample session[/]")
+        return
+    try:
+        session_id = start_sample(nats_url, playbook)
+    except CliError as error:
+        # The stack is up and usable; only the sample is missing.
+        stderr().print(f"[yellow]the sample session was not started:[/] {error}")
+        return
+    if session_id is None:
+        return  # Not the data folder's first stack: its sessions are there to look at.
+    where = f" --data-dir {data_dir}" if data_dir is not None else ""
+    stdout().print(
+        f"\nSample session [bold]{session_id}[/] from {playbook.name} will stop at an approval.\n"
+        f"  watch it:    helmline show {session_id}{where}\n"
+        f"  approve it:  helmline approve {session_id}{where}",
+        highlight=False,
+    )
 
 
 @app.command()
@@ -157,6 +184,19 @@ def schema_export(
     except CliError as error:
         _fail(error)
     stdout().print(f"Wrote {count} schemas to {target}.")
+
+
+# The session commands live in their own module; registered here, after the stack's commands,
+# so `helmline --help` lists them in that order.
+app.command()(session_commands.run)
+app.command()(session_commands.sessions)
+app.command()(session_commands.show)
+app.command()(session_commands.events)
+app.command()(session_commands.approve)
+app.command()(session_commands.deny)
+app.command()(session_commands.pause)
+app.command()(session_commands.resume)
+app.command()(session_commands.cancel)
 
 
 def _fail(error: CliError) -> NoReturn:

@@ -1,0 +1,74 @@
+"""The running stack's event log, as one command reaches it: find NATS, connect, disconnect."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError, NoServersError
+from nats.js import JetStreamContext
+
+from helmline.cli._errors import CliError
+from helmline.cli._record import read_record
+from helmline.cli._settings import CliSettings
+from helmline.runtime import EventStore
+
+CONNECT_TIMEOUT_S = 3.0
+
+
+def stack_nats_url(settings: CliSettings) -> str:
+    """HELMLINE_NATS_URL if set, else the NATS that the data folder's stack runs on."""
+    if settings.nats_url:
+        return settings.nats_url
+    data_dir = settings.resolved_data_dir()
+    record = read_record(data_dir)
+    if record is None:
+        raise CliError(
+            f"no stack is running from {data_dir}: start one with `helmline up` "
+            "(or point at one with --data-dir or HELMLINE_NATS_URL)"
+        )
+    return record.nats_url
+
+
+@dataclass(frozen=True)
+class EventLog:
+    """A connection to the session event log."""
+
+    nc: NATS
+    js: JetStreamContext
+    store: EventStore
+
+
+@asynccontextmanager
+async def connect(url: str) -> AsyncIterator[EventLog]:
+    """Connect to NATS at `url` for the duration of one command; fail fast if it is not there."""
+
+    async def quiet(error: Exception) -> None:
+        # nats-py logs every failed attempt by default; the one error raised below says it all.
+        pass
+
+    try:
+        nc = await nats.connect(
+            url,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            error_cb=quiet,
+        )
+    except (OSError, TimeoutError, NoServersError) as error:
+        raise CliError(f"cannot reach NATS at {url}: {error or type(error).__name__}") from error
+    try:
+        js = nc.jetstream()
+        yield EventLog(nc=nc, js=js, store=EventStore(js))
+    except NoRespondersError as error:
+        raise CliError(
+            f"NATS at {url} has no Helmline event stream; `helmline up` provisions it"
+        ) from error
+    except (nats.errors.Error, TimeoutError) as error:
+        raise CliError(f"the event log at {url} did not answer: {error!r}") from error
+    finally:
+        await nc.close()

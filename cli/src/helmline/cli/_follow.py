@@ -1,0 +1,112 @@
+"""Reading the log as it grows: one session's new events, and the sessions of a tenant.
+
+Both use ordered consumers (ephemeral, flow-controlled, restarted by the client on a gap),
+which deliver in stream order without a durable consumer left behind on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from helmline.contracts import (
+    EVENTS_STREAM,
+    SessionStarted,
+    UndecodableEvent,
+    decode_event,
+    event_type_filter,
+    parse_event_subject,
+    session_filter,
+)
+from helmline.runtime import StoredEvent
+
+logger = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def following(
+    js: JetStreamContext, tenant: str, session_id: str, *, after_seq: int
+) -> AsyncIterator[AsyncIterator[StoredEvent]]:
+    """The session's events after `after_seq`, as they are appended, while the block runs."""
+    async with _Ordered(js, session_filter(tenant, session_id), start_seq=after_seq + 1) as feed:
+        yield _decoded(feed)
+
+
+async def last_started_seq(js: JetStreamContext, tenant: str) -> int:
+    """Sequence of the tenant's latest `session.started`; 0 when it has no sessions."""
+    try:
+        last = await js.get_last_msg(
+            EVENTS_STREAM.name, event_type_filter(SessionStarted.TYPE, tenant)
+        )
+    except NotFoundError:
+        return 0
+    return last.seq or 0
+
+
+async def session_ids(js: JetStreamContext, tenant: str) -> list[str]:
+    """Every session of the tenant that was started, oldest first."""
+    end = await last_started_seq(js, tenant)
+    if end == 0:
+        return []
+    started = event_type_filter(SessionStarted.TYPE, tenant)
+    ids: dict[str, None] = {}
+    async with _Ordered(js, started, start_seq=1) as feed:
+        async for message in feed:
+            # The subject names the session, so nothing needs decoding.
+            ids.setdefault(parse_event_subject(message.subject).session_id, None)
+            if message.metadata.sequence.stream >= end:
+                break
+    return list(ids)
+
+
+class _Ordered:
+    """An ordered consumer's messages, subscribed for the duration of an `async with`."""
+
+    def __init__(self, js: JetStreamContext, subject: str, *, start_seq: int) -> None:
+        self._js = js
+        self._subject = subject
+        self._start_seq = start_seq
+        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._subscription: JetStreamContext.PushSubscription | None = None
+
+    async def __aenter__(self) -> _Ordered:
+        async def deliver(message: Msg) -> None:
+            self._queue.put_nowait(message)
+
+        self._subscription = await self._js.subscribe(
+            self._subject,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=self._start_seq),
+            cb=deliver,
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+
+    def __aiter__(self) -> _Ordered:
+        return self
+
+    async def __anext__(self) -> Msg:
+        return await self._queue.get()
+
+
+async def _decoded(feed: _Ordered) -> AsyncIterator[StoredEvent]:
+    async for message in feed:
+        seq = message.metadata.sequence.stream
+        try:
+            event = decode_event(message.data)
+        except UndecodableEvent as error:
+            # A foreign or newer publisher's message: left out, never a crash mid-follow.
+            logger.warning("skipping undecodable message %d on %s: %s", seq, message.subject, error)
+            continue
+        yield StoredEvent(seq=seq, event=event)

@@ -1,0 +1,354 @@
+"""The session commands: start a playbook, watch, inspect and steer sessions.
+
+Each turns its options into one call on the running stack's event log. Like the rest of the
+CLI, the heavy modules (the NATS client, rich, YAML) are imported inside the command that
+uses them, so `helmline serve` does not load them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
+
+import typer
+
+from helmline.cli._errors import CliError
+from helmline.cli._options import DataDir, Json, SessionId, Tenant
+
+if TYPE_CHECKING:
+    from helmline.cli._intents import Control
+
+DEFAULT_TENANT = "default"
+INTERRUPTED = 130
+"""Exit status after Ctrl-C, as a shell reports a command ended by SIGINT."""
+
+T = TypeVar("T")
+
+Comment = Annotated[str, typer.Option("--comment", "-m", help="Why, in your words.")]
+Reason = Annotated[str, typer.Option("--reason", help="Why, in your words.")]
+Request = Annotated[
+    str | None, typer.Option("--request", "-r", help="The approval request to decide on.")
+]
+Every = Annotated[bool, typer.Option("--all", help="Decide every pending request.")]
+
+
+def run(
+    playbook: Annotated[
+        Path,
+        typer.Option(
+            "--playbook", "-p", help="The playbook file (YAML).", dir_okay=False, show_default=False
+        ),
+    ],
+    tenant: Tenant = DEFAULT_TENANT,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Follow the session until it ends or waits for a person; exit 0 completed, "
+            "1 failed, 2 cancelled, 3 waiting for approval.",
+        ),
+    ] = False,
+    as_json: Json = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Start a session from a playbook and print its id.
+
+    The playbook is checked first (YAML, fields, tools, arguments, dependencies); nothing is
+    started if anything is wrong with it (exit 2).
+    """
+    from helmline.cli._connection import connect
+    from helmline.cli._display import stderr, stdout
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._playbook_file import load_playbook
+    from helmline.cli._session_view import decide_command
+    from helmline.cli._sessions import EXIT_CODES, needs_a_person, start_session, watch
+    from helmline.cli._watch import SessionProgress
+    from helmline.contracts import SessionState
+
+    loaded = _attempt(lambda: load_playbook(playbook))
+    _attempt(lambda: check_identifiers(tenant, "check"))
+    url = _nats_url(data_dir)
+
+    async def start_and_follow() -> tuple[str, SessionState | None]:
+        async with connect(url) as log:
+            session_id, _ = await start_session(log, loaded, tenant=tenant)
+            if not wait:
+                return session_id, None
+            if not as_json:
+                # The id first, so a person can act on it while the session runs.
+                stdout().print(session_id, highlight=False)
+            with SessionProgress(stderr()) as progress:
+                return session_id, await watch(log, tenant, session_id, on_change=progress.update)
+
+    session_id, final = _run_async(
+        start_and_follow(), interrupted="stopped following; the session goes on"
+    )
+    if final is None:
+        if as_json:
+            typer.echo(json.dumps({"session_id": session_id, "tenant": tenant}))
+        else:
+            stdout().print(session_id, highlight=False)
+        return
+    waiting = needs_a_person(final)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "session_id": session_id,
+                    "tenant": tenant,
+                    "status": final.status,
+                    "pending_approvals": [a.request_id for a in final.pending_approvals],
+                }
+            )
+        )
+    elif waiting:
+        stderr().print(
+            f"waiting for approval; decide with: {decide_command(final)}", highlight=False
+        )
+    raise typer.Exit(EXIT_CODES["waiting" if waiting else final.status])
+
+
+def sessions(
+    tenant: Tenant = DEFAULT_TENANT, as_json: Json = False, data_dir: DataDir = None
+) -> None:
+    """List the tenant's sessions with their status, oldest first."""
+    from helmline.cli._connection import connect
+    from helmline.cli._display import stdout
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._session_view import render_sessions, sessions_json
+    from helmline.cli._sessions import list_sessions
+    from helmline.contracts import SessionState
+
+    _attempt(lambda: check_identifiers(tenant, "check"))
+    url = _nats_url(data_dir)
+
+    async def load() -> list[SessionState]:
+        async with connect(url) as log:
+            return await list_sessions(log, tenant)
+
+    states = _run_async(load())
+    if as_json:
+        typer.echo(sessions_json(states))
+    else:
+        render_sessions(stdout(), states, tenant=tenant)
+
+
+def show(
+    session: SessionId,
+    tenant: Tenant = DEFAULT_TENANT,
+    as_json: Json = False,
+    data_dir: DataDir = None,
+) -> None:
+    """A session's state folded from its log: status, plan, steps, approvals, checkpoints.
+
+    With --json, the whole state exactly as folding the log yields it.
+    """
+    from helmline.cli._connection import connect
+    from helmline.cli._display import stdout
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._session_view import render_session, state_json
+    from helmline.cli._sessions import load_session
+    from helmline.runtime import SessionSnapshot
+
+    _attempt(lambda: check_identifiers(tenant, session))
+    url = _nats_url(data_dir)
+
+    async def load() -> SessionSnapshot:
+        async with connect(url) as log:
+            return await load_session(log, tenant, session)
+
+    state = _run_async(load()).state
+    if as_json:
+        typer.echo(state_json(state))
+    else:
+        render_session(stdout(), state)
+
+
+def events(
+    session: SessionId,
+    tenant: Tenant = DEFAULT_TENANT,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
+    ] = False,
+    until_end: Annotated[
+        bool, typer.Option("--until-end", help="With --follow: stop once the session has ended.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One CloudEvents JSON object per line.")
+    ] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """A session's events in log order, one per line."""
+    from helmline.cli._connection import connect
+    from helmline.cli._follow import following
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._session_view import event_json, event_line
+    from helmline.contracts import SessionFold
+    from helmline.runtime import StoredEvent
+
+    _attempt(lambda: check_identifiers(tenant, session))
+    url = _nats_url(data_dir)
+    folding = SessionFold()
+
+    def emit(stored: StoredEvent) -> None:
+        folding.apply(stored.event)
+        # Flushed per event: a follower piped into another program sees each as it comes.
+        sys.stdout.write((event_json(stored.event) if as_json else event_line(stored)) + "\n")
+        sys.stdout.flush()
+
+    async def print_events() -> None:
+        async with connect(url) as log:
+            existing = await log.store.read_all(tenant, session)
+            if not existing:
+                raise CliError(f"no session {session} in tenant {tenant!r}")
+            for stored in existing:
+                emit(stored)
+            if not follow or (until_end and folding.terminal):
+                return
+            async with following(log.js, tenant, session, after_seq=existing[-1].seq) as feed:
+                async for stored in feed:
+                    emit(stored)
+                    if until_end and folding.terminal:
+                        return
+
+    _run_async(print_events(), interrupted="")
+
+
+def approve(
+    session: SessionId,
+    request: Request = None,
+    every: Every = False,
+    comment: Comment = "",
+    tenant: Tenant = DEFAULT_TENANT,
+    data_dir: DataDir = None,
+) -> None:
+    """Grant a pending approval request (the only one, the one named, or --all)."""
+    _decide("grant", session, request, every, comment, tenant, data_dir)
+
+
+def deny(
+    session: SessionId,
+    request: Request = None,
+    every: Every = False,
+    comment: Comment = "",
+    tenant: Tenant = DEFAULT_TENANT,
+    data_dir: DataDir = None,
+) -> None:
+    """Deny a pending approval request (the only one, the one named, or --all)."""
+    _decide("deny", session, request, every, comment, tenant, data_dir)
+
+
+def pause(
+    session: SessionId,
+    reason: Reason = "",
+    tenant: Tenant = DEFAULT_TENANT,
+    data_dir: DataDir = None,
+) -> None:
+    """Ask that no new step start; a running step finishes."""
+    _control("pause", session, reason, tenant, data_dir)
+
+
+def resume(session: SessionId, tenant: Tenant = DEFAULT_TENANT, data_dir: DataDir = None) -> None:
+    """Ask a paused session to continue."""
+    _control("resume", session, "", tenant, data_dir)
+
+
+def cancel(
+    session: SessionId,
+    reason: Reason = "",
+    tenant: Tenant = DEFAULT_TENANT,
+    data_dir: DataDir = None,
+) -> None:
+    """Ask that the session stop for good; a running command is killed."""
+    _control("cancel", session, reason, tenant, data_dir)
+
+
+def _decide(
+    decision: Literal["grant", "deny"],
+    session: str,
+    request: str | None,
+    every: bool,
+    comment: str,
+    tenant: str,
+    data_dir: Path | None,
+) -> None:
+    from helmline.cli._connection import connect
+    from helmline.cli._display import stdout
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._sessions import decide
+    from helmline.contracts import ApprovalState
+
+    if request is not None and every:
+        _fail(CliError("give either --request or --all, not both", exit_code=2))
+    _attempt(lambda: check_identifiers(tenant, session))
+    url = _nats_url(data_dir)
+
+    async def submit() -> tuple[ApprovalState, ...]:
+        async with connect(url) as log:
+            return await decide(
+                log,
+                tenant,
+                session,
+                decision=decision,
+                request_id=request,
+                every=every,
+                comment=comment,
+            )
+
+    verb = "approved" if decision == "grant" else "denied"
+    for decided in _run_async(submit()):
+        what = f"step {decided.step_id} ({decided.tool})" if decided.step_id else "the plan"
+        stdout().print(f"{verb} {decided.request_id}: {what}", highlight=False)
+
+
+def _control(
+    control: Control, session: str, reason: str, tenant: str, data_dir: Path | None
+) -> None:
+    from helmline.cli._connection import connect
+    from helmline.cli._display import stdout
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._sessions import request_control
+
+    _attempt(lambda: check_identifiers(tenant, session))
+    url = _nats_url(data_dir)
+
+    async def submit() -> None:
+        async with connect(url) as log:
+            await request_control(log, control, tenant, session, reason=reason)
+
+    _run_async(submit())
+    stdout().print(f"{control} requested for session {session}", highlight=False)
+
+
+def _nats_url(data_dir: Path | None) -> str:
+    from helmline.cli._connection import stack_nats_url
+    from helmline.cli._settings import load_settings
+
+    return _attempt(lambda: stack_nats_url(load_settings(data_dir=data_dir)))
+
+
+def _attempt(work: Callable[[], T]) -> T:
+    try:
+        return work()
+    except CliError as error:
+        _fail(error)
+
+
+def _run_async(work: Coroutine[Any, Any, T], *, interrupted: str | None = None) -> T:
+    try:
+        return asyncio.run(work)
+    except CliError as error:
+        _fail(error)
+    except KeyboardInterrupt:
+        if interrupted:
+            typer.echo(interrupted, err=True)
+        raise typer.Exit(INTERRUPTED) from None
+
+
+def _fail(error: CliError) -> NoReturn:
+    typer.echo(f"error: {error}", err=True)
+    raise typer.Exit(error.exit_code)

@@ -1,0 +1,243 @@
+"""How sessions and their events look: rich tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from pydantic import JsonValue, TypeAdapter
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from helmline.contracts import (
+    ApprovalState,
+    Event,
+    SessionState,
+    StepState,
+    encode_event,
+)
+from helmline.runtime import StoredEvent
+
+_STATE_JSON: TypeAdapter[SessionState] = TypeAdapter(SessionState)
+
+SESSION_STYLE = {
+    "pending": "dim",
+    "planning": "cyan",
+    "executing": "cyan",
+    "waiting": "yellow",
+    "paused": "yellow",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+STEP_STYLE = {
+    "pending": "dim",
+    "scheduled": "cyan",
+    "authorized": "cyan",
+    "running": "bold cyan",
+    "succeeded": "green",
+    "failed": "red",
+    "denied": "red",
+    "skipped": "dim",
+    "undone": "magenta",
+}
+CELL_WIDTH = 60
+
+
+def state_json(state: SessionState) -> str:
+    """The whole folded state, exactly as the contracts define it."""
+    return _STATE_JSON.dump_json(state).decode()
+
+
+def event_json(event: Event) -> str:
+    """The event as CloudEvents structured JSON, on one line."""
+    return encode_event(event).decode()
+
+
+def sessions_json(states: list[SessionState]) -> str:
+    return json.dumps([_summary(state) for state in states], indent=2)
+
+
+def _summary(state: SessionState) -> dict[str, JsonValue]:
+    return {
+        "session_id": state.session_id,
+        "tenant": state.tenant,
+        "status": state.status,
+        "goal": state.goal,
+        "steps": len(state.steps),
+        "steps_succeeded": sum(1 for step in state.steps.values() if step.status == "succeeded"),
+        "pending_approvals": [request.request_id for request in state.pending_approvals],
+        "started_at": _iso(state.started_at),
+        "ended_at": _iso(state.ended_at),
+    }
+
+
+def event_line(stored: StoredEvent) -> str:
+    """One readable line: sequence, time, type, and the payload's fields in brief."""
+    event = stored.event
+    fields = event.data.model_dump(mode="json", exclude_defaults=True)
+    brief = " ".join(f"{name}={_brief(value, 40)}" for name, value in fields.items())
+    return f"{stored.seq:>7}  {event.time:%H:%M:%S.%f}"[:-3] + f"  {event.type:<28} {brief}"
+
+
+def render_sessions(console: Console, states: list[SessionState], *, tenant: str) -> None:
+    if not states:
+        console.print(f"No sessions in tenant {tenant!r}. Start one with `helmline run`.")
+        return
+    table = Table(title=f"sessions of tenant {tenant!r}", title_justify="left")
+    table.add_column("session", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("steps", justify="right", no_wrap=True)
+    table.add_column("waiting", justify="right", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("goal")
+    for state in states:
+        done = sum(1 for step in state.steps.values() if step.status == "succeeded")
+        table.add_row(
+            state.session_id,
+            _status(state),
+            f"{done}/{len(state.steps)}",
+            str(len(state.pending_approvals) or ""),
+            _time(state.started_at),
+            Text(state.goal),
+        )
+    console.print(table)
+
+
+def render_session(console: Console, state: SessionState) -> None:
+    console.print(session_panel(state, full=True))
+    pending = state.pending_approvals
+    if pending:
+        console.print(approvals_table(pending))
+        console.print(f"decide with: {decide_command(state)}  (or helmline deny ...)")
+    if state.checkpoints:
+        table = Table(title="checkpoints", title_justify="left")
+        for column in ("checkpoint", "step", "seq", "reversible", "snapshot", "at"):
+            table.add_column(column, no_wrap=column != "checkpoint")
+        for checkpoint in state.checkpoints:
+            table.add_row(
+                checkpoint.checkpoint_id,
+                checkpoint.step_id,
+                str(checkpoint.at_seq),
+                Text("yes" if checkpoint.reversible else f"no ({checkpoint.compensation or '-'})"),
+                Text(checkpoint.snapshot_id or ""),
+                _time(checkpoint.created_at),
+            )
+        console.print(table)
+
+
+def session_panel(state: SessionState, *, full: bool) -> RenderableType:
+    """Goal, status and the plan's steps: what `show` prints, and what `run --wait` updates."""
+    header = Text.assemble(
+        ("session ", "bold"),
+        state.session_id,
+        f"  (tenant {state.tenant})  ",
+        Text.from_markup(_status(state)),
+    )
+    lines: list[RenderableType] = [header, Text(f"goal: {state.goal}")]
+    if full:
+        requested = state.requested_by.id if state.requested_by else "?"
+        lines.append(
+            Text(
+                f"requested by {requested} at {_time(state.started_at)}"
+                + (f", ended {_time(state.ended_at)}" if state.ended_at else "")
+            )
+        )
+    if state.outcome:
+        lines.append(Text(f"outcome: {state.outcome}"))
+    if state.pause_requested and state.status != "paused":
+        lines.append(Text("pause requested", style="yellow"))
+    if state.cancel_requested and not state.is_terminal:
+        lines.append(Text("cancel requested", style="magenta"))
+    lines.append(_steps_table(state, full=full))
+    return Group(*lines)
+
+
+def decide_command(state: SessionState) -> str:
+    """The `helmline approve` that decides the session's pending request."""
+    tenant = "" if state.tenant == "default" else f" --tenant {state.tenant}"
+    which = "" if len(state.pending_approvals) == 1 else " --request <id>"
+    return f"helmline approve {state.session_id}{tenant}{which}"
+
+
+def approvals_table(pending: tuple[ApprovalState, ...]) -> Table:
+    table = Table(title="pending approvals", title_justify="left")
+    table.add_column("request", no_wrap=True)
+    table.add_column("step", no_wrap=True)
+    table.add_column("tool", no_wrap=True)
+    table.add_column("arguments", overflow="fold")
+    table.add_column("risk", no_wrap=True)
+    table.add_column("reason")
+    table.add_column("expires", no_wrap=True)
+    for request in pending:
+        table.add_row(
+            request.request_id,
+            request.step_id or "(the plan)",
+            request.tool or "",
+            Text(json.dumps(request.arguments) if request.arguments is not None else ""),
+            request.risk,
+            Text(request.reason),
+            _time(request.expires_at),
+        )
+    return table
+
+
+def _steps_table(state: SessionState, *, full: bool) -> Table:
+    revision = f"plan (revision {state.plan_revision})" if state.plan_revision else "plan"
+    table = Table(title=revision, title_justify="left")
+    table.add_column("step", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("tool", no_wrap=True)
+    if full:
+        table.add_column("depends on")
+    table.add_column("result" if full else "detail", overflow="fold")
+    for step in state.steps.values():
+        row: list[RenderableType] = [step.id, _step_status(step), step.tool]
+        if full:
+            row.append(", ".join(step.depends_on))
+        # Results are data, never markup: a JSON list must not be read as a style tag.
+        row.append(Text(_step_detail(state, step, width=CELL_WIDTH * 4 if full else CELL_WIDTH)))
+        table.add_row(*row)
+    return table
+
+
+def _step_detail(state: SessionState, step: StepState, *, width: int) -> str:
+    request = state.approvals.get(step.approval_request_id or "")
+    if request is not None and request.status == "pending":
+        return f"waiting for approval {request.request_id}"
+    match step.status:
+        case "succeeded":
+            return _brief(step.output, width)
+        case "failed":
+            if step.error is None:
+                return ""
+            hint = f" ({step.error.suggestion})" if step.error.suggestion else ""
+            return f"{step.error.kind}: {step.error.message}{hint}"
+        case "denied" | "skipped":
+            return step.reason or ""
+        case _:
+            return step.description
+
+
+def _status(state: SessionState) -> str:
+    return f"[{SESSION_STYLE[state.status]}]{state.status}[/]"
+
+
+def _step_status(step: StepState) -> str:
+    attempts = f" (try {step.attempts})" if step.attempts > 1 else ""
+    return f"[{STEP_STYLE[step.status]}]{step.status}[/]{attempts}"
+
+
+def _brief(value: JsonValue, width: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _time(moment: datetime | None) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else ""
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
