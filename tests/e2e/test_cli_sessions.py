@@ -1,0 +1,230 @@
+"""Issue 3's acceptance, driven through the `helmline` command against the real services."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from helmline.contracts import (
+    SessionCancelRequested,
+    SessionPauseRequested,
+    SessionState,
+    StepScheduled,
+    ToolCallFailed,
+    fold,
+)
+from helmline.runtime import EventStore
+from helmline.runtime.testing import ServiceProcesses, eventually
+
+HELMLINE = str(Path(sys.executable).with_name("helmline"))
+HELLO = Path(__file__).resolve().parents[2] / "examples" / "playbooks" / "hello.yaml"
+
+
+async def helmline(nats_url: str, *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        HELMLINE,
+        *args,
+        env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def run_playbook(nats_url: str, tenant: str, playbook: Path) -> str:
+    code, out, err = await helmline(
+        nats_url, "run", "--playbook", str(playbook), "--tenant", tenant, "--json"
+    )
+    assert code == 0, err
+    session_id: str = json.loads(out)["session_id"]
+    return session_id
+
+
+async def until(store: EventStore, tenant: str, session_id: str, *statuses: str) -> SessionState:
+    async def reached() -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        return state if state.status in statuses else None
+
+    state: SessionState = await eventually(
+        reached, timeout_s=30, what=f"session {' or '.join(statuses)}"
+    )
+    return state
+
+
+def write_playbook(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+async def test_hello_completes_after_one_approval(
+    services: ServiceProcesses, nats_url: str, store: EventStore, tenant: str
+) -> None:
+    session_id = await run_playbook(nats_url, tenant, HELLO)
+    await until(store, tenant, session_id, "waiting")
+    code, _, err = await helmline(nats_url, "approve", session_id, "--tenant", tenant)
+    assert code == 0, err
+    await until(store, tenant, session_id, "completed")
+
+    async def three_checkpoints() -> SessionState | None:
+        code, out, _ = await helmline(nats_url, "show", session_id, "--tenant", tenant, "--json")
+        state = TypeAdapter(SessionState).validate_json(out)
+        return state if code == 0 and len(state.checkpoints) == 3 else None
+
+    shown: SessionState = await eventually(three_checkpoints, timeout_s=20, what="checkpoints")
+    assert [step.status for step in shown.steps.values()] == ["succeeded"] * 3
+    counted, read = shown.steps["count"].output, shown.steps["read"].output
+    assert isinstance(counted, dict)
+    assert isinstance(read, dict)
+    assert str(counted["stdout"]).split()[0] == str(len(str(read["content"]).encode()))
+    assert "Hello from Helmline." in str(read["content"])
+    note = services.data_dir / "workspaces" / tenant / session_id / "notes.txt"
+    assert (await asyncio.to_thread(note.read_text)).startswith("Hello from Helmline.")
+    logged = fold(item.event for item in await store.read_all(tenant, session_id))
+    assert shown == logged
+
+
+async def test_a_denied_command_never_runs_and_the_session_fails(
+    services: ServiceProcesses,
+    nats_url: str,
+    store: EventStore,
+    tenant: str,
+    tmp_path: Path,
+) -> None:
+    playbook = write_playbook(
+        tmp_path,
+        "touch.yaml",
+        (
+            "goal: leave a mark\n"
+            "steps:\n"
+            "  - id: mark\n"
+            "    tool: run_command\n"
+            "    arguments: {command: touch proof}\n"
+        ),
+    )
+    session_id = await run_playbook(nats_url, tenant, playbook)
+    await until(store, tenant, session_id, "waiting")
+    code, _, err = await helmline(
+        nats_url, "deny", session_id, "--tenant", tenant, "--comment", "no marks"
+    )
+    assert code == 0, err
+    state = await until(store, tenant, session_id, "failed")
+    assert "no marks" in state.outcome
+    proof = services.data_dir / "workspaces" / tenant / session_id / "proof"
+    assert not await asyncio.to_thread(proof.exists)
+
+
+async def test_a_path_outside_the_workspace_is_refused_and_recorded(
+    services: ServiceProcesses,
+    nats_url: str,
+    store: EventStore,
+    tenant: str,
+    tmp_path: Path,
+) -> None:
+    playbook = write_playbook(
+        tmp_path,
+        "escape.yaml",
+        (
+            "goal: read what is not mine\n"
+            "steps:\n"
+            "  - id: escape\n"
+            "    tool: read_file\n"
+            "    arguments: {path: ../../etc/passwd}\n"
+        ),
+    )
+    session_id = await run_playbook(nats_url, tenant, playbook)
+    state = await until(store, tenant, session_id, "failed", "completed")
+    assert state.status == "failed"
+    error = state.steps["escape"].error
+    assert error is not None
+    assert error.kind == "permission"
+    assert "../../etc/passwd" in error.message
+
+
+async def test_pause_stops_new_steps_within_one_step_and_resume_continues(
+    services: ServiceProcesses,
+    nats_url: str,
+    store: EventStore,
+    tenant: str,
+    tmp_path: Path,
+) -> None:
+    steps = "".join(
+        f"  - id: s{i}\n    tool: echo\n    arguments: {{message: m{i}}}\n"
+        + (f"    depends_on: [s{i - 1}]\n" if i else "")
+        for i in range(300)
+    )
+    playbook = write_playbook(tmp_path, "long.yaml", "goal: many echoes\nsteps:\n" + steps)
+    session_id = await run_playbook(nats_url, tenant, playbook)
+
+    async def under_way() -> bool:
+        state = (await store.load(tenant, session_id)).state
+        return sum(s.status == "succeeded" for s in state.steps.values()) >= 5
+
+    await eventually(under_way, timeout_s=30, what="five steps done")
+    code, _, err = await helmline(nats_url, "pause", session_id, "--tenant", tenant)
+    assert code == 0, err
+    await until(store, tenant, session_id, "paused")
+
+    log = await store.read_all(tenant, session_id)
+    pause_seq = next(i.seq for i in log if isinstance(i.event.data, SessionPauseRequested))
+    late = [i for i in log if i.seq > pause_seq and isinstance(i.event.data, StepScheduled)]
+    assert len(late) <= 1, "a step was started after the pause took effect"
+
+    code, _, err = await helmline(nats_url, "resume", session_id, "--tenant", tenant)
+    assert code == 0, err
+    state = await until(store, tenant, session_id, "completed", "failed")
+    assert state.status == "completed", state.outcome
+
+
+async def test_cancel_kills_a_running_command_within_two_seconds(
+    services: ServiceProcesses,
+    nats_url: str,
+    store: EventStore,
+    tenant: str,
+    tmp_path: Path,
+) -> None:
+    playbook = write_playbook(
+        tmp_path,
+        "sleep.yaml",
+        (
+            "goal: wait a long time\n"
+            "steps:\n"
+            "  - id: nap\n"
+            "    tool: run_command\n"
+            "    arguments: {command: sleep 60}\n"
+        ),
+    )
+    session_id = await run_playbook(nats_url, tenant, playbook)
+    await until(store, tenant, session_id, "waiting")
+    assert (await helmline(nats_url, "approve", session_id, "--tenant", tenant))[0] == 0
+
+    async def running() -> bool:
+        state = (await store.load(tenant, session_id)).state
+        return state.steps["nap"].status == "running"
+
+    await eventually(running, timeout_s=30, what="the command running")
+    began = time.monotonic()
+    assert (await helmline(nats_url, "cancel", session_id, "--tenant", tenant))[0] == 0
+
+    async def killed() -> ToolCallFailed | None:
+        for item in await store.read_all(tenant, session_id):
+            if isinstance(item.event.data, ToolCallFailed):
+                return item.event.data
+        return None
+
+    failure: ToolCallFailed = await eventually(killed, timeout_s=10, what="the command killed")
+    assert failure.error.kind == "cancelled"
+    log = [item.event for item in await store.read_all(tenant, session_id)]
+    asked = next(e.time for e in log if isinstance(e.data, SessionCancelRequested))
+    ended = next(e.time for e in log if isinstance(e.data, ToolCallFailed))
+    assert (ended - asked).total_seconds() < 2.0
+    assert time.monotonic() - began < 10
+    state = (await store.load(tenant, session_id)).state
+    assert state.status == "cancelled"

@@ -1,0 +1,103 @@
+"""Kill -9 each service in the middle of a session: it completes, and no tool runs twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionSubmitted,
+    ApprovalRequested,
+    PlanStep,
+    Playbook,
+    SessionStarted,
+    decode_event,
+    event_type_filter,
+    fold,
+    new_event,
+)
+from helmline.runtime import EventStore
+from helmline.runtime.testing import ServiceProcesses, eventually
+
+APPROVER = Actor(id="robot", roles=("approver",))
+STEPS = 10
+
+
+@contextlib.asynccontextmanager
+async def auto_approver(nc: NATS, store: EventStore, tenant: str) -> AsyncIterator[None]:
+    """Grants every approval request of the tenant, as a person would, once each."""
+
+    async def grant(message: Msg) -> None:
+        requested = decode_event(message.data)
+        assert isinstance(requested.data, ApprovalRequested)
+        vote = ApprovalDecisionSubmitted(
+            request_id=requested.data.request_id, decision="grant", decided_by=APPROVER
+        )
+        await store.append(requested.derive(vote, source="test/approver"))
+
+    subscription = await nc.subscribe(event_type_filter(ApprovalRequested.TYPE, tenant), cb=grant)
+    try:
+        yield
+    finally:
+        await subscription.unsubscribe()
+
+
+def _appending_commands() -> Playbook:
+    return Playbook(
+        goal="count side effects",
+        steps=tuple(
+            PlanStep(
+                id=f"s{i}",
+                tool="run_command",
+                arguments={"command": f"echo s{i} >> ran.log"},
+                depends_on=(f"s{i - 1}",) if i else (),
+            )
+            for i in range(STEPS)
+        ),
+    )
+
+
+@pytest.mark.parametrize("victim", ["planner", "approval", "tool_gateway", "state", "sandbox"])
+async def test_a_session_survives_a_kill_and_runs_each_tool_once(
+    services: ServiceProcesses, nc: NATS, store: EventStore, tenant: str, victim: str
+) -> None:
+    session_id = uuid.uuid4().hex
+    async with auto_approver(nc, store, tenant):
+        await store.append(
+            new_event(
+                SessionStarted(
+                    goal="crash me", playbook=_appending_commands(), requested_by=APPROVER
+                ),
+                tenant=tenant,
+                session_id=session_id,
+                source="test",
+            )
+        )
+
+        async def some_steps_done() -> bool:
+            state = (await store.load(tenant, session_id)).state
+            return sum(s.status == "succeeded" for s in state.steps.values()) >= 3
+
+        await eventually(some_steps_done, timeout_s=30, what="three steps done")
+        services.kill(victim)
+        await asyncio.to_thread(services.start, victim)
+
+        async def ended() -> bool:
+            return (await store.load(tenant, session_id)).state.is_terminal
+
+        await eventually(ended, timeout_s=60, what="the session to end")
+
+    state = (await store.load(tenant, session_id)).state
+    assert state.status == "completed", state.outcome
+    ran_log = Path(services.data_dir, "workspaces", tenant, session_id, "ran.log")
+    ran = await asyncio.to_thread(ran_log.read_text)
+    assert ran.split() == [f"s{i}" for i in range(STEPS)]
+    assert state == fold(item.event for item in await store.read_all(tenant, session_id))
