@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from pydantic import TypeAdapter
 
 from helmline.contracts import (
     Actor,
@@ -19,6 +21,7 @@ from helmline.contracts import (
     PlanStep,
     Playbook,
     SessionStarted,
+    SessionState,
     decode_event,
     event_type_filter,
     fold,
@@ -100,4 +103,16 @@ async def test_a_session_survives_a_kill_and_runs_each_tool_once(
     ran_log = Path(services.data_dir, "workspaces", tenant, session_id, "ran.log")
     ran = await asyncio.to_thread(ran_log.read_text)
     assert ran.split() == [f"s{i}" for i in range(STEPS)]
-    assert state == fold(item.event for item in await store.read_all(tenant, session_id))
+    shown = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("helmline")),
+        "show",
+        session_id,
+        "--tenant",
+        tenant,
+        "--json",
+        env={"HELMLINE_NATS_URL": services.nats_url, "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(shown.communicate(), timeout=60)
+    folded = fold(item.event for item in await store.read_all(tenant, session_id))
+    assert TypeAdapter(SessionState).validate_json(out) == folded
