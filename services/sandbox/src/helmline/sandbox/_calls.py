@@ -1,0 +1,143 @@
+"""What the log says about a call, and the events that record how a call went. Pure."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Iterable
+from typing import assert_never
+
+from helmline.contracts import (
+    EVENTS_STREAM,
+    Event,
+    ResourceUsage,
+    SandboxExecutionRequested,
+    SandboxLimitExceeded,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolError,
+    encode_event,
+)
+from helmline.sandbox._tools import Completed, Failed, Outcome
+
+SOURCE = "helmline/sandbox"
+
+INTERRUPTED = ToolError(
+    kind="internal",
+    message="interrupted: the sandbox stopped while the call ran; not re-run so it cannot "
+    "run twice",
+    retryable=False,
+    suggestion="check the workspace for partial effects before running it again",
+)
+CANCELLED_BEFORE_START = ToolError(
+    kind="cancelled",
+    message="the session was cancelled before the call started; it did not run",
+)
+
+_ENVELOPE_ROOM = 4096
+"""Bytes kept free in a message for the envelope and headers around a call's output."""
+
+
+class Progress(enum.Enum):
+    """How far a call got, as far as the log knows."""
+
+    NOT_STARTED = "not started"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+def progress_of(events: Iterable[Event], call_id: str) -> Progress:
+    """How far the call got according to a session's events."""
+    progress = Progress.NOT_STARTED
+    for event in events:
+        match event.data:
+            case ToolCallCompleted() | ToolCallFailed() if event.data.call_id == call_id:
+                return Progress.FINISHED
+            case ToolCallStarted() if event.data.call_id == call_id:
+                progress = Progress.STARTED
+            case _:
+                pass
+    return progress
+
+
+def process_marker(cause: Event) -> str:
+    """The marker of the processes a request runs; the same for every delivery of it."""
+    return uuid.uuid5(cause.id, f"{SOURCE}/processes").hex
+
+
+def started(cause: Event, request: SandboxExecutionRequested) -> Event:
+    """`tool.call.started`, recorded before the call runs."""
+    return cause.derive(
+        ToolCallStarted(call_id=request.call_id, step_id=request.step_id, tool=request.tool),
+        source=SOURCE,
+    )
+
+
+def failed(
+    cause: Event, request: SandboxExecutionRequested, error: ToolError, duration_ms: float = 0.0
+) -> Event:
+    """`tool.call.failed` with a structured error.
+
+    Every failure of a call derives the same id, so at most one is stored.
+    """
+    return cause.derive(
+        ToolCallFailed(
+            call_id=request.call_id,
+            step_id=request.step_id,
+            tool=request.tool,
+            error=error,
+            duration_ms=duration_ms,
+        ),
+        source=SOURCE,
+    )
+
+
+def results(
+    cause: Event, request: SandboxExecutionRequested, outcome: Outcome, duration_ms: float
+) -> list[Event]:
+    """The events that close a call: a limit hit, if any, then completed or failed."""
+    match outcome:
+        case Completed(output=output, truncated=truncated):
+            completed = cause.derive(
+                ToolCallCompleted(
+                    call_id=request.call_id,
+                    step_id=request.step_id,
+                    tool=request.tool,
+                    output=output,
+                    duration_ms=duration_ms,
+                    truncated=truncated,
+                ),
+                source=SOURCE,
+            )
+            size = len(encode_event(completed))
+            if size + _ENVELOPE_ROOM > EVENTS_STREAM.max_msg_size:
+                return [failed(cause, request, _too_large(size), duration_ms)]
+            return [completed]
+        case Failed(error=error, limit=limit):
+            events: list[Event] = []
+            if limit is not None:
+                events.append(
+                    cause.derive(
+                        SandboxLimitExceeded(
+                            call_id=request.call_id,
+                            step_id=request.step_id,
+                            hit=limit,
+                            usage=ResourceUsage(wall_ms=duration_ms),
+                        ),
+                        source=SOURCE,
+                    )
+                )
+            events.append(failed(cause, request, error, duration_ms))
+            return events
+        case _:
+            assert_never(outcome)
+
+
+def _too_large(size: int) -> ToolError:
+    return ToolError(
+        kind="limit",
+        message=f"the call's output ({size} bytes as an event) is too large to record; "
+        "it ran, but its output is lost",
+        suggestion="lower max_output_bytes, or write the output to a file and read parts",
+    )

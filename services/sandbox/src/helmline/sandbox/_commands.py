@@ -1,0 +1,254 @@
+"""Shell commands in a workspace: their own process group, a clean environment, a wall clock.
+
+A call leaves nothing running. When the shell ends (or is killed for a timeout or a cancel)
+its process group is killed, and so is every process that carries the call's marker in its
+environment, which catches children that left the group with `setsid`. Real isolation
+(namespaces, cgroups) replaces the marker in a later version of the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from helmline.contracts import ToolError
+from helmline.sandbox._errors import ToolRefused
+
+SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
+MARKER_VARIABLE = "HELMLINE_SANDBOX_CALL"
+SHELL = "/bin/sh"
+
+_OUTPUT_FDS = (1, 2)
+_SETTLE_S = 0.05
+"""How long output may take to close once the shell's group is dead, before the marked
+processes that may still hold it are hunted down."""
+_DRAIN_S = 1.0
+"""How long to wait for output after every marked process was killed."""
+_SWEEPS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRun:
+    """How a command ended and what it wrote."""
+
+    ended: Literal["exited", "timeout", "cancelled"]
+    """Whether the shell exited by itself or was killed for a timeout or a cancel."""
+    exit_code: int | None
+    """The shell's exit status (128 + N when signal N ended it); None when it was killed."""
+    stdout: bytes
+    """The first bytes of stdout, up to the cap."""
+    stderr: bytes
+    """The first bytes of stderr, up to the cap."""
+    stdout_total: int
+    """Bytes written to stdout in all."""
+    stderr_total: int
+    """Bytes written to stderr in all."""
+    wall_ms: float
+    """Elapsed time from start to end."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandControl:
+    """How one call's processes are found and stopped."""
+
+    marker: str
+    """Carried in the environment of every process of the call; derived from the request,
+    so a sandbox restarted after a crash finds the processes of the call it interrupted."""
+    cancel: asyncio.Event
+    """Set when the call's session is cancelled."""
+    reaper: Reaper
+    """Kills what the call leaves running once it has ended."""
+
+
+class _Capture(asyncio.SubprocessProtocol):
+    """Keeps the first `cap` bytes of each output stream and counts the rest away.
+
+    Reading never stops, so a chatty command is never blocked on a full pipe.
+    """
+
+    def __init__(self, cap: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.cap = cap
+        self.kept = {fd: bytearray() for fd in _OUTPUT_FDS}
+        self.totals = dict.fromkeys(_OUTPUT_FDS, 0)
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        kept = self.kept[fd]
+        room = self.cap - len(kept)
+        if room > 0:
+            kept += data[:room]
+        self.totals[fd] += len(data)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Called once the process has exited and every pipe is closed.
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def run_shell(
+    command: str, cwd: Path, *, timeout_s: float, cap: int, control: CommandControl
+) -> CommandRun:
+    """Run `/bin/sh -c command` in `cwd` until it ends, `timeout_s` passes or the call is
+    cancelled.
+
+    Whatever it started is killed before this returns, except processes that closed their
+    output and left the process group: the reaper kills those shortly after.
+    """
+    marker, reaper = control.marker, control.reaper
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    try:
+        transport, capture = await loop.subprocess_exec(
+            lambda: _Capture(cap),
+            SHELL,
+            "-c",
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env={"PATH": SEARCH_PATH, MARKER_VARIABLE: marker},
+            start_new_session=True,
+        )
+    except OSError as error:  # No process left to run it (EAGAIN), or the workspace vanished.
+        raise ToolRefused(
+            ToolError(
+                kind="unavailable",
+                message=f"the command could not be started: {error.strerror or error}",
+                retryable=True,
+            )
+        ) from error
+    group = transport.get_pid()
+    cancelled = asyncio.ensure_future(control.cancel.wait())
+    try:
+        await asyncio.wait(
+            (capture.exited, cancelled), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        if capture.exited.done():
+            ended: Literal["exited", "timeout", "cancelled"] = "exited"
+        else:
+            ended = "cancelled" if cancelled.done() else "timeout"
+        _kill_group(group)
+        if ended != "exited":
+            await asyncio.to_thread(kill_marked, marker)
+            await _settled(capture.exited, _DRAIN_S)
+        await _wait_for_output(capture, marker)
+        return_code = transport.get_returncode()
+    finally:
+        cancelled.cancel()
+        if transport.get_returncode() is None or not capture.closed.done():
+            # Interrupted (shutdown) or output held open by a process nothing could find.
+            _kill_group(group)
+            kill_marked(marker)
+        transport.close()
+    if ended == "exited":
+        # Daemons that closed their output and left the group may linger; no call leaves
+        # a process behind, but hunting them costs a scan of every process, so it is
+        # batched off the calls' critical path.
+        reaper.hunt(marker)
+    return CommandRun(
+        ended=ended,
+        exit_code=_exit_code(return_code) if ended == "exited" else None,
+        stdout=bytes(capture.kept[1]),
+        stderr=bytes(capture.kept[2]),
+        stdout_total=capture.totals[1],
+        stderr_total=capture.totals[2],
+        wall_ms=(time.perf_counter() - started) * 1000,
+    )
+
+
+async def _wait_for_output(capture: _Capture, marker: str) -> None:
+    """Wait until the output pipes close, killing marked processes that keep them open."""
+    if await _settled(capture.closed, _SETTLE_S):
+        return
+    await asyncio.to_thread(kill_marked, marker)
+    await _settled(capture.closed, _DRAIN_S)
+
+
+async def _settled(future: asyncio.Future[None], timeout_s: float) -> bool:
+    done, _ = await asyncio.wait((future,), timeout=timeout_s)
+    return bool(done)
+
+
+def _exit_code(return_code: int | None) -> int | None:
+    if return_code is None:
+        return None
+    return 128 - return_code if return_code < 0 else return_code
+
+
+def _kill_group(group: int) -> None:
+    # The group outlives its leader while any member lives, and Linux never hands out a
+    # process id still in use as a group id, so this cannot hit an unrelated process.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment carries the call's marker."""
+    # Repeated because a process may fork between being found and being killed.
+    for _ in range(_SWEEPS):
+        if not _sweep({marker}):
+            return
+
+
+def _sweep(markers: set[str]) -> set[str]:
+    """One pass over every process: SIGKILL those carrying a marker; the markers found."""
+    entries = {f"{MARKER_VARIABLE}={marker}".encode(): marker for marker in markers}
+    found: set[str] = set()
+    own = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own:
+            continue
+        for entry in _environment(name):
+            marker = entries.get(entry)
+            if marker is not None:
+                found.add(marker)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(name), signal.SIGKILL)
+                break
+    return found
+
+
+def _environment(pid: str) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return environ.read().split(b"\0")
+    except OSError:
+        return []
+
+
+class Reaper:
+    """Kills what finished calls left running, in batches, a moment after they end."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self._interval_s = interval_s
+        self._markers: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def hunt(self, marker: str) -> None:
+        """Kill the processes carrying `marker` soon."""
+        self._markers.add(marker)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        # Runs only while there is something to hunt, so an idle sandbox scans nothing.
+        while self._markers:
+            await asyncio.sleep(self._interval_s)
+            markers = set(self._markers)
+            found = await asyncio.to_thread(_sweep, markers)
+            # A marker found is hunted once more, for children forked meanwhile.
+            self._markers -= markers - found

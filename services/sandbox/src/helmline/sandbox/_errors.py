@@ -1,0 +1,17 @@
+"""The sandbox's errors."""
+
+from __future__ import annotations
+
+from helmline.contracts import ToolError
+
+
+class SandboxError(Exception):
+    """Root of every error raised by `helmline.sandbox`."""
+
+
+class ToolRefused(SandboxError):
+    """A call cannot be carried out as asked; `error` says why, for the call's failure event."""
+
+    def __init__(self, error: ToolError) -> None:
+        super().__init__(error.message)
+        self.error = error

@@ -1,0 +1,186 @@
+"""The file tools, on one session's workspace. Blocking: run them in a worker thread.
+
+Every path is resolved (symbolic links included) and must stay inside the workspace; the
+last component is opened with `O_NOFOLLOW`, so a link swapped in at the last moment is not
+followed either.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from pydantic import JsonValue
+
+from helmline.contracts import ToolError
+from helmline.sandbox._errors import ToolRefused
+from helmline.sandbox._output import cut_text
+from helmline.sandbox._paths import PATH_FIELD, is_inside, outside_workspace, workspace_path
+
+_READ_CHUNK = 1 << 16
+
+
+def read_file(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, bool]:
+    """`{"path", "content", "truncated"}` of a text file, cut to `limit` bytes."""
+    relative = workspace_path(argument)
+    target = _resolve(workspace, relative, argument)
+    with _refusing_os_errors(argument):
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise _not_a_file(argument, "list_files")
+            data = _read_up_to(fd, limit + 1)
+        finally:
+            os.close(fd)
+    content, truncated = cut_text(data, limit)
+    return {"path": str(relative), "content": content, "truncated": truncated}, truncated
+
+
+def write_file(workspace: Path, argument: str, content: str) -> JsonValue:
+    """Create or replace a file, making folders as needed: `{"path", "bytes"}`."""
+    relative = workspace_path(argument)
+    if relative == PurePosixPath("."):
+        raise _not_a_file(argument, None)
+    target = _resolve(workspace, relative, argument)
+    data = content.encode("utf-8")
+    with _refusing_os_errors(argument):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd = os.open(
+            target,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+        )
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    return {"path": str(relative), "bytes": len(data)}
+
+
+def list_files(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, bool]:
+    """`{"files", "truncated"}`: workspace-relative paths of every non-folder entry under
+    a folder, sorted; symbolic links are listed, never followed. The list stops once the
+    paths add up to `limit` bytes."""
+    relative = workspace_path(argument)
+    target = _resolve(workspace, relative, argument)
+    root = os.path.realpath(workspace)
+    with _refusing_os_errors(argument):
+        if not stat.S_ISDIR(os.stat(target, follow_symlinks=False).st_mode):
+            raise ToolRefused(
+                ToolError(
+                    kind="validation",
+                    message=f"path {argument!r} is a file, not a folder",
+                    suggestion="use read_file to read a file",
+                    field=PATH_FIELD,
+                )
+            )
+        found: list[str] = []
+        for folder, folders, files in os.walk(target, onerror=_raise):
+            found.extend(os.path.relpath(os.path.join(folder, name), root) for name in files)
+            # os.walk puts links to folders among the folders, and does not enter them.
+            found.extend(
+                os.path.relpath(os.path.join(folder, name), root)
+                for name in folders
+                if os.path.islink(os.path.join(folder, name))
+            )
+    found.sort()
+    kept: list[JsonValue] = []
+    size = 0
+    for path in found:
+        size += len(path.encode("utf-8", errors="surrogateescape")) + 4
+        if size > limit:
+            return {"files": kept, "truncated": True}, True
+        kept.append(path)
+    return {"files": kept, "truncated": False}, False
+
+
+def delete_file(workspace: Path, argument: str) -> JsonValue:
+    """Delete a file (a symbolic link itself, not what it points to): `{"path"}`."""
+    relative = workspace_path(argument)
+    if relative == PurePosixPath("."):
+        raise _not_a_file(argument, None)
+    folder = _resolve(workspace, relative.parent, argument)
+    target = os.path.join(folder, relative.name)
+    with _refusing_os_errors(argument):
+        if stat.S_ISDIR(os.stat(target, follow_symlinks=False).st_mode):
+            raise _not_a_file(argument, None)
+        os.unlink(target)
+    return {"path": str(relative)}
+
+
+def _resolve(workspace: Path, relative: PurePosixPath, argument: str) -> str:
+    root = os.path.realpath(workspace)
+    resolved = os.path.realpath(os.path.join(root, relative))
+    if not is_inside(root, resolved):
+        raise outside_workspace(argument, through_link=True)
+    return resolved
+
+
+def _read_up_to(fd: int, size: int) -> bytes:
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(left, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _not_a_file(argument: str, suggested_tool: str | None) -> ToolRefused:
+    return ToolRefused(
+        ToolError(
+            kind="validation",
+            message=f"path {argument!r} is a folder, not a file",
+            suggestion=f"use {suggested_tool} for folders" if suggested_tool else None,
+            field=PATH_FIELD,
+        )
+    )
+
+
+@contextmanager
+def _refusing_os_errors(argument: str) -> Iterator[None]:
+    """Turn what the operating system refused into a structured tool error."""
+    try:
+        yield
+    except FileNotFoundError as error:
+        raise ToolRefused(
+            ToolError(
+                kind="not_found",
+                message=f"path {argument!r} does not exist in the workspace",
+                suggestion="list_files shows what the workspace holds",
+                field=PATH_FIELD,
+            )
+        ) from error
+    except (IsADirectoryError, NotADirectoryError) as error:
+        raise ToolRefused(
+            ToolError(
+                kind="validation",
+                message=f"path {argument!r}: {error.strerror}",
+                field=PATH_FIELD,
+            )
+        ) from error
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            # O_NOFOLLOW met a link that appeared after the path was checked.
+            raise outside_workspace(argument, through_link=True) from error
+        kind = "permission" if isinstance(error, PermissionError) else "execution"
+        raise ToolRefused(
+            ToolError(
+                kind=kind,
+                message=f"path {argument!r}: {error.strerror or error}",
+                retryable=error.errno in (errno.EAGAIN, errno.EINTR, errno.EBUSY),
+                field=PATH_FIELD,
+            )
+        ) from error

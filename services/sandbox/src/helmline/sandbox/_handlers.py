@@ -1,0 +1,153 @@
+"""Events in, events out: sandbox requests become recorded calls; cancels kill commands.
+
+Exactly once: `tool.call.started` is in the log before a call runs. A first delivery has
+never run. A redelivery reads the session's log first: a call with a result is done; a call
+started without a result was cut short by a crash and is failed rather than run again, since
+its effects may already have happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from helmline.contracts import Event, SandboxExecutionRequested, SessionCancelRequested
+from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
+from helmline.sandbox._calls import (
+    CANCELLED_BEFORE_START,
+    INTERRUPTED,
+    Progress,
+    failed,
+    process_marker,
+    progress_of,
+    results,
+    started,
+)
+from helmline.sandbox._commands import CommandControl, Reaper, kill_marked
+from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._tools import execute
+
+logger = logging.getLogger(__name__)
+
+SessionKey = tuple[str, str]
+CallKey = tuple[str, str, str]
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Recent(Generic[K, V]):
+    """A mapping that forgets its oldest entries beyond a capacity."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[K, V] = OrderedDict()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def put(self, key: K, value: V) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: K) -> V | None:
+        return self._entries.pop(key, None)
+
+
+class SandboxHandler:
+    """Handles the sandbox consumer's events; `cancel_session` also serves the fast path."""
+
+    def __init__(self, store: EventStore, workspaces_dir: Path, *, memory: int = 10_000) -> None:
+        self._store = store
+        self._workspaces_dir = workspaces_dir
+        self._running: dict[CallKey, asyncio.Event] = {}
+        self._reaper = Reaper()
+        # What this process learnt from the log, kept to answer without reading it again.
+        self._cancelled: _Recent[SessionKey, None] = _Recent(memory)
+        self._finished: _Recent[CallKey, None] = _Recent(memory)
+        # Results that ran but could not be appended; appended on the redelivery.
+        self._unrecorded: _Recent[CallKey, list[Event]] = _Recent(memory)
+
+    @property
+    def running(self) -> int:
+        """How many calls are running now."""
+        return len(self._running)
+
+    async def __call__(self, delivery: Delivery) -> None:
+        event = delivery.event
+        match event.data:
+            case SandboxExecutionRequested() as request:
+                await self._execute(event, request, delivery.deliveries)
+            case SessionCancelRequested():
+                self.cancel_session(event.tenant, event.session_id)
+            case other:
+                raise PermanentError(f"the sandbox does not handle {other.TYPE} events")
+
+    def cancel_session(self, tenant: str, session_id: str) -> int:
+        """Kill the session's running commands, and start none of its calls from now on.
+
+        Returns how many running calls were stopped. Calling it again changes nothing.
+        """
+        self._cancelled.put((tenant, session_id), None)
+        stopped = 0
+        for (call_tenant, call_session, _), cancel in self._running.items():
+            if (call_tenant, call_session) == (tenant, session_id) and not cancel.is_set():
+                cancel.set()
+                stopped += 1
+        if stopped:
+            logger.info("cancelled %d running call(s) of %s/%s", stopped, tenant, session_id)
+        return stopped
+
+    async def _execute(
+        self, cause: Event, request: SandboxExecutionRequested, deliveries: int
+    ) -> None:
+        key = (cause.tenant, cause.session_id, request.call_id)
+        if key in self._running or key in self._finished:
+            return  # Running here now, or done: the run records (or recorded) the result.
+        unrecorded = self._unrecorded.pop(key)
+        if unrecorded is not None:
+            await self._record(key, unrecorded)
+            return
+        if deliveries > 1:
+            log = await self._store.read_all(cause.tenant, cause.session_id)
+            match progress_of((stored.event for stored in log), request.call_id):
+                case Progress.FINISHED:
+                    self._finished.put(key, None)
+                    return
+                case Progress.STARTED:
+                    logger.warning("call %s was interrupted; failing it", request.call_id)
+                    # A crash leaves the call's processes orphaned, not dead.
+                    await asyncio.to_thread(kill_marked, process_marker(cause))
+                    await self._record(key, [failed(cause, request, INTERRUPTED)])
+                    return
+                case Progress.NOT_STARTED:
+                    pass
+        if (cause.tenant, cause.session_id) in self._cancelled:
+            await self._record(key, [failed(cause, request, CANCELLED_BEFORE_START)])
+            return
+        cancel = asyncio.Event()
+        self._running[key] = cancel
+        try:
+            await self._store.append(started(cause, request))
+            began = time.perf_counter()
+            workspace = workspace_of(self._workspaces_dir, cause.tenant, cause.session_id)
+            control = CommandControl(process_marker(cause), cancel, self._reaper)
+            outcome = await execute(request, workspace, control)
+            duration_ms = (time.perf_counter() - began) * 1000
+        finally:
+            del self._running[key]
+        await self._record(key, results(cause, request, outcome, duration_ms))
+
+    async def _record(self, key: CallKey, events: list[Event]) -> None:
+        try:
+            await self._store.append_all(events)
+        except Exception as error:
+            # The call has run: keep its result for the redelivery rather than lose it.
+            self._unrecorded.put(key, events)
+            raise RetryableError(f"could not record the result of call {key[2]}") from error
+        self._finished.put(key, None)
