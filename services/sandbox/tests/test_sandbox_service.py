@@ -38,7 +38,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import Delivery, EventStore, Handler, ServiceHost, ensure_topology
 from helmline.runtime.testing import NatsServer, eventually, free_port
-from helmline.sandbox import SandboxHandler, SandboxSettings, sandbox_setup, watch_cancels
+from helmline.sandbox import SandboxHandler, SandboxSettings, sandbox_setup
 
 CallEvent = ToolCallStarted | ToolCallCompleted | ToolCallFailed | SandboxLimitExceeded
 
@@ -138,9 +138,7 @@ async def _service(
         if wrap is None:
             await sandbox_setup(settings, spec)(host)
         else:
-            handler = SandboxHandler(host.store, workspaces)
-            await watch_cancels(host, handler)
-            await host.consume(spec, wrap(handler))
+            await host.consume(spec, wrap(SandboxHandler(host.store, workspaces)))
         yield host
 
 

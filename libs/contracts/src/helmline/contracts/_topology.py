@@ -136,6 +136,9 @@ class ConsumerSpec(Contract):
     """Deliveries before a message is dead-lettered."""
     max_ack_pending: int = Field(default=1000, ge=1)
     """Messages in flight at once across all replicas."""
+    in_session_order: bool = True
+    """Hand a session's events over one at a time, in stream order. Off for services whose
+    work on one event must not wait for another (a sandbox killing a running command)."""
 
 
 class KeyValueSpec(Contract):
@@ -234,8 +237,10 @@ SANDBOX_CONSUMER = consumer_for(
     "sandbox",
     (SandboxExecutionRequested, SessionCancelRequested),
     "Runs built-in tools in session workspaces; kills running commands on cancel.",
-    # A command may run for minutes; its message is kept in progress meanwhile.
+    # A command may run for minutes; its message is kept in progress meanwhile. A cancel
+    # must reach the command it kills, and parallel steps run in parallel.
     max_ack_pending=256,
+    in_session_order=False,
 )
 STATE_CONSUMER = consumer_for(
     "state",

@@ -2,7 +2,8 @@
 
 Messages are pushed to a deliver subject that every replica subscribes to in one queue
 group, so a message reaches one replica as soon as it is stored, with no polling. Within a
-replica, events of one session are handled in stream order and sessions run concurrently.
+replica, events of one session are handled in stream order and sessions run concurrently
+(unless the consumer opts out of session order: then every message runs at once).
 How a message ends is decided by how its handler ends: normally (ack), `RetryableError` or
 an unexpected exception (redelivered after a backoff, at most `max_deliver` times), or
 `PermanentError` / an undecodable body (dead-lettered with the reason, then terminated).
@@ -127,7 +128,7 @@ class EventConsumer:
     async def _receive(self, message: Msg) -> None:
         # Returns at once so the next message is read; per-session order is kept by chaining
         # each session's messages on the task of the one before.
-        key = _ordering_key(message.subject)
+        key = _ordering_key(message.subject) if self._spec.in_session_order else message.reply
         previous = self._tails.get(key)
         task = asyncio.create_task(self._handle_after(previous, message))
         self._tails[key] = task

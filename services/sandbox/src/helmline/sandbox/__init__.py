@@ -6,7 +6,7 @@ their session is cancelled. No call runs twice, whatever crashes.
 """
 
 from helmline.sandbox._handlers import SandboxHandler
-from helmline.sandbox._service import sandbox_setup, watch_cancels
+from helmline.sandbox._service import sandbox_setup
 from helmline.sandbox._settings import SandboxSettings
 
-__all__ = ["SandboxHandler", "SandboxSettings", "sandbox_setup", "watch_cancels"]
+__all__ = ["SandboxHandler", "SandboxSettings", "sandbox_setup"]
