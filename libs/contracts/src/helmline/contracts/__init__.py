@@ -60,6 +60,7 @@ from helmline.contracts._errors import (
     UnknownEventType,
     UnknownSchemaVersion,
 )
+from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
 from helmline.contracts._plans import PlanStep, Playbook, find_dependency_problem
 from helmline.contracts._schema import event_schema, export_schemas
 from helmline.contracts._state import (
@@ -130,6 +131,7 @@ __all__ = [
     "DEAD_LETTER_STREAM",
     "EVENTS_STREAM",
     "EVENT_CLASSES",
+    "EXAMPLE_PAYLOADS",
     "KEY_VALUE_BUCKETS",
     "OBJECT_STORES",
     "PAYLOAD_CLASSES",
@@ -224,6 +226,7 @@ __all__ = [
     "event_subject",
     "event_type_filter",
     "evolve",
+    "example_event",
     "export_schemas",
     "find_dependency_problem",
     "fold",

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from helmline.contracts._asyncapi import asyncapi_document
 from helmline.contracts._catalogue import Payload
 from helmline.contracts._deadletters import DeadLetter
 from helmline.contracts._envelope import EVENT_CLASSES
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+CATALOGUE_VERSION = "1.0.0"
+"""Version of the published catalogue: minor for new types or versions, major never."""
 
 
 def event_schema(payload_class: type[Payload]) -> dict[str, Any]:
@@ -44,4 +47,5 @@ def export_schemas() -> dict[str, dict[str, Any]]:
         **DeadLetter.model_json_schema(by_alias=True),
     }
     files["index.json"] = {"title": "Helmline event catalogue", "events": index}
+    files["asyncapi.json"] = asyncapi_document(CATALOGUE_VERSION)
     return files

@@ -1,0 +1,122 @@
+"""The AsyncAPI 3 document of every subject and event, for teams that subscribe."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from helmline.contracts._catalogue import Payload
+from helmline.contracts._envelope import encode_event
+from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
+from helmline.contracts._topology import Headers, dead_letter_subject, event_subject
+
+CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
+
+
+def _name(payload_class: type[Payload]) -> str:
+    # AsyncAPI component keys must match ^[a-zA-Z0-9.\-_]+$; the type string does.
+    return payload_class.TYPE
+
+
+def asyncapi_document(version: str) -> dict[str, Any]:
+    """AsyncAPI 3.0 for the session event stream; payloads refer to the exported JSON Schemas."""
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for example in EXAMPLE_PAYLOADS:
+        payload_class = type(example)
+        name = _name(payload_class)
+        channels[name] = {
+            "address": event_subject("{tenant}", "{sessionId}", payload_class.TYPE),
+            "title": payload_class.TYPE,
+            "parameters": {
+                "tenant": {"$ref": "#/components/parameters/tenant"},
+                "sessionId": {"$ref": "#/components/parameters/sessionId"},
+            },
+            "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+        }
+        operations[f"receive.{name}"] = {
+            "action": "receive",
+            "channel": {"$ref": f"#/channels/{name}"},
+            "summary": f"Receive {payload_class.TYPE} events.",
+        }
+        messages[name] = {
+            "name": payload_class.TYPE,
+            "title": payload_class.TYPE,
+            "summary": (payload_class.__doc__ or "").strip(),
+            "contentType": CONTENT_TYPE,
+            "headers": {"$ref": "#/components/schemas/headers"},
+            "payload": {"$ref": f"events/{payload_class.TYPE}.json"},
+            "examples": [
+                {
+                    "name": f"{payload_class.TYPE} example",
+                    "payload": json.loads(encode_event(example_event(example))),
+                }
+            ],
+        }
+    channels["dead-letter"] = {
+        "address": dead_letter_subject("{consumer}"),
+        "title": "Dead letters",
+        "description": "Messages a consumer gave up on, with the reason. Kept 30 days.",
+        "parameters": {"consumer": {"description": "The durable consumer that gave up."}},
+        "messages": {"dead-letter": {"$ref": "#/components/messages/dead-letter"}},
+    }
+    operations["receive.dead-letter"] = {
+        "action": "receive",
+        "channel": {"$ref": "#/channels/dead-letter"},
+        "summary": "Receive dead letters.",
+    }
+    messages["dead-letter"] = {
+        "name": "dead-letter",
+        "contentType": "application/json",
+        "payload": {"$ref": "dead-letter.json"},
+    }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Helmline session events",
+            "version": version,
+            "description": (
+                "Every fact about every agent session, as CloudEvents 1.0 (structured JSON) "
+                "on NATS JetStream, stream HELMLINE_EVENTS. Subscribe with a durable consumer "
+                "and a subject filter; see docs/subscribers.md."
+            ),
+        },
+        "defaultContentType": CONTENT_TYPE,
+        "servers": {
+            "nats": {
+                "host": "localhost:4222",
+                "protocol": "nats",
+                "description": "The NATS server of your Helmline installation.",
+            }
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {
+            "parameters": {
+                "tenant": {"description": "Tenant id (lower-case letters, digits, - and _)."},
+                "sessionId": {"description": "Session id within the tenant."},
+            },
+            "schemas": {
+                "headers": {
+                    "type": "object",
+                    "properties": {
+                        Headers.MSG_ID: {
+                            "type": "string",
+                            "description": "The event id; JetStream drops a "
+                            "re-published duplicate.",
+                        },
+                        Headers.EVENT_TYPE: {
+                            "type": "string",
+                            "description": "The CloudEvents type, as in the body.",
+                        },
+                        Headers.TRACEPARENT: {
+                            "type": "string",
+                            "description": "W3C trace context of the emitter.",
+                        },
+                    },
+                }
+            },
+            "messages": messages,
+        },
+    }

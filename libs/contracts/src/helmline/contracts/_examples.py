@@ -1,0 +1,186 @@
+"""One example of every event type: documentation for subscribers, checked by the tests."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from helmline.contracts._catalogue import (
+    ApprovalDecisionSubmitted,
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalGranted,
+    ApprovalRequested,
+    CheckpointCreated,
+    CompensationCompleted,
+    CompensationFailed,
+    CompensationScheduled,
+    Payload,
+    PlanApproved,
+    PlanProposed,
+    PlanRejected,
+    RollbackCompleted,
+    RollbackFailed,
+    RollbackRefused,
+    RollbackRequested,
+    SandboxExecutionRequested,
+    SandboxLimitExceeded,
+    SessionCancelled,
+    SessionCancelRequested,
+    SessionCompleted,
+    SessionFailed,
+    SessionPaused,
+    SessionPauseRequested,
+    SessionResumed,
+    SessionResumeRequested,
+    SessionStarted,
+    StepScheduled,
+    StepSkipped,
+    ThoughtRecorded,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+    ToolCallStarted,
+    WorkspaceRestored,
+    WorkspaceSnapshotted,
+)
+from helmline.contracts._envelope import Event, new_event
+from helmline.contracts._plans import PlanStep, Playbook
+from helmline.contracts._values import Actor, LimitHit, ResourceUsage, ToolError
+
+_ANA = Actor(id="ana", kind="user", roles=("operator", "approver"))
+_POLICY = Actor(id="default-policy", kind="policy")
+_AT = datetime(2026, 11, 30, 9, 30, tzinfo=UTC)
+_WRITE = PlanStep(
+    id="write",
+    description="Write the note",
+    tool="write_file",
+    arguments={"path": "notes.txt", "content": "hello"},
+)
+_COUNT = PlanStep(
+    id="count",
+    description="Count its bytes",
+    tool="run_command",
+    arguments={"command": "wc -c notes.txt"},
+    depends_on=("write",),
+)
+_CALL = {"call_id": "count.1", "step_id": "count", "tool": "run_command"}
+_UNDO = {"rollback_id": "rb-1", "compensation_id": "undo-write", "step_id": "write"}
+
+EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
+    SessionStarted(
+        goal="Write a note and count its bytes",
+        requested_by=_ANA,
+        playbook=Playbook(goal="Write a note and count its bytes", steps=(_WRITE, _COUNT)),
+        labels={"team": "docs"},
+    ),
+    SessionPauseRequested(requested_by=_ANA, reason="lunch"),
+    SessionPaused(),
+    SessionResumeRequested(requested_by=_ANA),
+    SessionResumed(),
+    SessionCancelRequested(requested_by=_ANA, reason="wrong goal"),
+    SessionCancelled(reason="wrong goal"),
+    SessionCompleted(summary="2 of 2 steps succeeded"),
+    SessionFailed(reason="step 'count' was denied: denied by ana", step_id="count"),
+    ThoughtRecorded(kind="decision", text="Count the bytes with wc", confidence=0.9),
+    PlanProposed(
+        revision=1,
+        steps=(_WRITE, _COUNT),
+        reasoning="declared playbook",
+        confidence=1.0,
+        permissions=("run_command", "write_file"),
+    ),
+    PlanApproved(revision=1, approved_by=_POLICY),
+    PlanRejected(revision=1, reason="plans touching production need a person", rejected_by=_POLICY),
+    ApprovalRequested(
+        request_id="count.1",
+        scope="step",
+        step_id="count",
+        call_id="count.1",
+        tool="run_command",
+        arguments={"command": "wc -c notes.txt"},
+        risk="high",
+        reason="high-risk tool calls need a person's approval",
+        rule="default: require approval for high and critical risk",
+        approver_roles=("approver",),
+        expires_at=_AT,
+    ),
+    ApprovalDecisionSubmitted(
+        request_id="count.1", decision="grant", decided_by=_ANA, comment="fine"
+    ),
+    ApprovalGranted(request_id="count.1", decided_by=(_ANA,), comment="fine"),
+    ApprovalDenied(request_id="count.1", decided_by=_ANA, comment="not now"),
+    ApprovalExpired(request_id="count.1"),
+    StepScheduled(
+        step_id="count",
+        call_id="count.1",
+        tool="run_command",
+        arguments={"command": "wc -c notes.txt"},
+    ),
+    StepSkipped(step_id="count", reason="denied: not now"),
+    ToolCallAuthorized(
+        **_CALL,
+        arguments={"command": "wc -c notes.txt"},
+        risk="high",
+        approval_request_id="count.1",
+    ),
+    ToolCallDenied(**_CALL, reason="denied by ana: not now", approval_request_id="count.1"),
+    ToolCallStarted(**_CALL),
+    ToolCallCompleted(**_CALL, output={"exit_code": 0, "stdout": "5 notes.txt\n"}, duration_ms=3.2),
+    ToolCallFailed(
+        **_CALL,
+        error=ToolError(kind="timeout", message="ran longer than 60 s", retryable=True),
+        duration_ms=60000,
+    ),
+    SandboxExecutionRequested(**_CALL, arguments={"command": "wc -c notes.txt"}),
+    SandboxLimitExceeded(
+        **{k: v for k, v in _CALL.items() if k != "tool"},
+        hit=LimitHit(limit="memory", value=256, command="python big.py"),
+        usage=ResourceUsage(wall_ms=850, peak_memory_mb=256),
+    ),
+    WorkspaceSnapshotted(
+        snapshot_id="snap-7", call_id="write.1", files=1, bytes=5, digest="sha256:2cf24dba5fb0a30e"
+    ),
+    WorkspaceRestored(snapshot_id="snap-6", compensation_id="undo-write"),
+    CheckpointCreated(
+        checkpoint_id="cp-count.1",
+        step_id="count",
+        call_id="count.1",
+        at_seq=42,
+        reversible=True,
+        compensation="nothing to undo",
+    ),
+    RollbackRequested(rollback_id="rb-1", checkpoint_id="cp-write.1", requested_by=_ANA),
+    RollbackRefused(
+        rollback_id="rb-1", reason="step 'deploy' cannot be undone", blocking_steps=("deploy",)
+    ),
+    CompensationScheduled(**_UNDO, kind="restore_workspace", snapshot_id="snap-6"),
+    CompensationCompleted(**_UNDO),
+    CompensationFailed(
+        **_UNDO,
+        error=ToolError(kind="unavailable", message="snapshot store unreachable", retryable=True),
+    ),
+    RollbackCompleted(rollback_id="rb-1", checkpoint_id="cp-write.1", undone_steps=("count",)),
+    RollbackFailed(
+        rollback_id="rb-1",
+        checkpoint_id="cp-write.1",
+        reason="an undo failed",
+        undone_steps=("count",),
+        not_undone_steps=("write",),
+    ),
+)
+"""An example payload of every event type, in catalogue order."""
+
+
+def example_event(payload: Payload) -> Event:
+    """The example payload in a complete, stable envelope."""
+    return new_event(
+        payload,
+        tenant="acme",
+        session_id="7f3c2a1b9d8e4f60a1b2c3d4e5f60718",
+        source="helmline/example",
+        at=_AT,
+        event_id=uuid.uuid5(uuid.NAMESPACE_URL, f"helmline:example:{payload.TYPE}"),
+        traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
