@@ -45,6 +45,7 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolCallStarted,
     decode_event,
+    fold,
 )
 from helmline.runtime import EventStore
 from helmline.runtime.testing import eventually
@@ -491,3 +492,28 @@ async def test_the_sample_session_is_started_once_per_log(
     (event,) = await Session(store, tenant, first).events()
     assert isinstance(event.data, SessionStarted)
     assert event.data.playbook == load_playbook(HELLO)
+
+
+async def test_show_at_each_sequence_is_the_fold_of_that_prefix(
+    nats_url: str, session: Session
+) -> None:
+    await _run_first_step(session)
+    await session.emit(_approval_request("r1"))
+    stored = await session.store.read_all(session.tenant, session.id)
+
+    for index, item in enumerate(stored):
+        result = await helmline(
+            nats_url, "show", session.id, "-t", session.tenant, "--at-seq", str(item.seq), "--json"
+        )
+        assert result.exit_code == 0, result.output
+        expected = fold(entry.event for entry in stored[: index + 1])
+        assert json.loads(result.stdout) == json.loads(
+            TypeAdapter(SessionState).dump_json(expected)
+        )
+
+    before = await helmline(
+        nats_url, "show", session.id, "-t", session.tenant, "--at-seq", str(stored[0].seq - 1)
+    )
+    if stored[0].seq > 1:
+        assert before.exit_code == 1
+        assert "at or before sequence" in before.stderr

@@ -140,12 +140,17 @@ def sessions(
 def show(
     session: SessionId,
     tenant: Tenant = DEFAULT_TENANT,
+    at_seq: Annotated[
+        int | None,
+        typer.Option("--at-seq", min=1, help="The state as it was after this stream sequence."),
+    ] = None,
     as_json: Json = False,
     data_dir: DataDir = None,
 ) -> None:
     """A session's state folded from its log: status, plan, steps, approvals, checkpoints.
 
-    With --json, the whole state exactly as folding the log yields it.
+    With --json, the whole state exactly as folding the log yields it; with --at-seq, as it
+    was after that event (time travel: `helmline events` shows each event's sequence).
     """
     from helmline.cli._connection import connect
     from helmline.cli._display import stdout
@@ -159,7 +164,7 @@ def show(
 
     async def load() -> SessionSnapshot:
         async with connect(url) as log:
-            return await load_session(log, tenant, session)
+            return await load_session(log, tenant, session, up_to_seq=at_seq)
 
     state = _run_async(load()).state
     if as_json:

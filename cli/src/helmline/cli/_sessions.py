@@ -40,11 +40,14 @@ async def start_session(log: EventLog, playbook: Playbook, *, tenant: str) -> tu
     return session_id, appended.seq
 
 
-async def load_session(log: EventLog, tenant: str, session_id: str) -> SessionSnapshot:
-    """The session folded from its whole log; an error if it has no events."""
-    snapshot = await log.store.load(tenant, session_id)
+async def load_session(
+    log: EventLog, tenant: str, session_id: str, *, up_to_seq: int | None = None
+) -> SessionSnapshot:
+    """The session folded from its log (up to a sequence); an error if it has no events."""
+    snapshot = await log.store.load(tenant, session_id, up_to_seq=up_to_seq)
     if snapshot.last_seq == 0:
-        raise CliError(f"no session {session_id} in tenant {tenant!r}")
+        where = f" at or before sequence {up_to_seq}" if up_to_seq is not None else ""
+        raise CliError(f"no session {session_id} in tenant {tenant!r}{where}")
     return snapshot
 
 
