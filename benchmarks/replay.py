@@ -18,6 +18,7 @@ from helmline.contracts import (
     Event,
     PlanProposed,
     PlanStep,
+    SessionFold,
     SessionStarted,
     StepScheduled,
     ToolCallAuthorized,
@@ -159,4 +160,46 @@ async def run() -> list[dict[str, Any]]:
             "raw_over_fold": round(raw / folded, 2),
             "target": ">= 50000 events/s and raw_over_fold <= 3",
         }
+    ]
+
+
+async def time_travel() -> list[dict[str, Any]]:
+    """State at the middle of a 1,000-step session, and every intermediate state of it."""
+    events = session_events(2 + 5 * 1000)
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        connection = await nats.connect(server.url)
+        js = connection.jetstream()
+        await ensure_topology(js)
+        for event in events:
+            await js.publish_async(
+                event_subject(event.tenant, event.session_id, event.type), encode_event(event)
+            )
+        await js.publish_async_completed()
+        store = EventStore(js)
+        middle = len(events) // 2
+        began = time.perf_counter()
+        snapshot = await store.load("bench", "replay", up_to_seq=middle)
+        at_middle_ms = (time.perf_counter() - began) * 1000
+        assert snapshot.last_seq == middle
+        await connection.close()
+    began = time.perf_counter()
+    folding = SessionFold()
+    states = []
+    for event in events:
+        folding.apply(event)
+        states.append(folding.state())
+    every_state_s = time.perf_counter() - began
+    return [
+        {
+            "figure": "state_at_middle_of_1000_steps_ms",
+            "events": middle,
+            "value": round(at_middle_ms, 1),
+            "target": "<= 50 ms",
+        },
+        {
+            "figure": "every_state_of_1000_steps_s",
+            "states": len(states),
+            "value": round(every_state_s, 3),
+            "target": "<= 1 s",
+        },
     ]

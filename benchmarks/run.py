@@ -19,6 +19,7 @@ import steps
 Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
 BENCHMARKS: dict[str, Benchmark] = {
     "replay": replay.run,
+    "time_travel": replay.time_travel,
     "steps": steps.run,
     "idle_memory": idle_memory.run,
 }

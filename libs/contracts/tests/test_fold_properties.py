@@ -19,6 +19,7 @@ from helmline.contracts import (
     Payload,
     PlanStep,
     Playbook,
+    SessionFold,
     decode_event,
     encode_event,
     evolve,
@@ -172,3 +173,15 @@ def test_evolving_one_event_at_a_time_equals_folding(events: list[Event]) -> Non
         state = evolve(state, event)
     assert state == fold(events)
     assert fold(events) == fold(events)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=_sessions())
+def test_states_taken_during_a_fold_never_change_afterwards(events: list[Event]) -> None:
+    folding = SessionFold()
+    taken = []
+    for event in events:
+        folding.apply(event)
+        taken.append(folding.state())
+    for index, state in enumerate(taken):
+        assert state == fold(events[: index + 1])

@@ -344,21 +344,43 @@ class SessionFold:
     `state()`. The starting state is never changed.
     """
 
-    __slots__ = ("approvals", "calls", "checkpoints", "rollbacks", "steps", "thoughts", "v")
+    __slots__ = (
+        "approvals",
+        "calls",
+        "checkpoints",
+        "handed_out",
+        "rollbacks",
+        "steps",
+        "thoughts",
+        "v",
+    )
 
     def __init__(self, state: SessionState | None = None) -> None:
         state = state or SessionState()
         # Scalars live in `v`; containers are copied once so the input state stays untouched.
         self.v: dict[str, Any] = {f.name: getattr(state, f.name) for f in fields(SessionState)}
+        self._copy_containers(state)
+
+    def _copy_containers(self, state: SessionState) -> None:
         self.steps: dict[str, StepState] = dict(state.steps)
         self.calls: dict[str, str] = dict(state.calls)
         self.approvals: dict[str, ApprovalState] = dict(state.approvals)
         self.rollbacks: dict[str, RollbackState] = dict(state.rollbacks)
         self.checkpoints: list[CheckpointState] = list(state.checkpoints)
         self.thoughts: list[ThoughtState] = list(state.thoughts)
+        self.handed_out: SessionState | None = None
 
     def state(self) -> SessionState:
-        """The state after every event applied so far."""
+        """The state after every event applied so far.
+
+        The state shares its containers with this fold until the next `apply`, which copies
+        them first (copy on write): taking a state after every event stays cheap, and a
+        state handed out never changes.
+        """
+        self.handed_out = self._freeze()
+        return self.handed_out
+
+    def _freeze(self) -> SessionState:
         return SessionState(
             **{
                 **self.v,
@@ -398,6 +420,8 @@ class SessionFold:
 
     def apply(self, event: Event) -> None:
         """Apply one more event."""
+        if self.handed_out is not None:
+            self._copy_containers(self.handed_out)
         v = self.v
         v["event_count"] += 1
         v["updated_at"] = event.time
