@@ -13,6 +13,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from helmline.cli import _archive_commands as archive_commands
 from helmline.cli import _session_commands as session_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
@@ -197,6 +198,8 @@ app.command()(session_commands.deny)
 app.command()(session_commands.pause)
 app.command()(session_commands.resume)
 app.command()(session_commands.cancel)
+app.command()(archive_commands.export)
+app.command("import")(archive_commands.import_)
 
 
 def _fail(error: CliError) -> NoReturn:

@@ -1,0 +1,87 @@
+"""`helmline export` and `helmline import`: sessions as NDJSON CloudEvents, for archives,
+investigations and moving sessions between clusters."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from helmline.cli._errors import CliError
+from helmline.cli._options import DataDir, Tenant
+from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, _run_async
+
+
+def export(
+    session: Annotated[
+        str | None, typer.Argument(help="The session to export; omit with --all.")
+    ] = None,
+    tenant: Tenant = DEFAULT_TENANT,
+    every_session: Annotated[
+        bool, typer.Option("--all", help="Every session of the tenant.")
+    ] = False,
+    since: Annotated[
+        datetime | None,
+        typer.Option(help="With --all: only sessions started since then (ISO 8601)."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write sessions' events as NDJSON CloudEvents, one event per line, oldest first."""
+    from helmline.cli._archive import export_session, export_tenant
+    from helmline.cli._connection import connect
+    from helmline.cli._intents import check_identifiers
+
+    _attempt(lambda: _one_selection(session, every_session))
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)  # A time without a zone is read as UTC.
+    _attempt(lambda: check_identifiers(tenant, session or "any"))
+    url = _nats_url(data_dir)
+
+    async def write() -> int:
+        out = output.open("w") if output else sys.stdout
+        try:
+            async with connect(url) as log:
+                if session is not None:
+                    return await export_session(log, tenant, session, out)
+                return await export_tenant(log, tenant, out, since)
+        finally:
+            if output:
+                out.close()
+
+    count = _run_async(write())
+    typer.echo(f"exported {count} events", err=True)
+
+
+def import_(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An export.")],
+    data_dir: DataDir = None,
+) -> None:
+    """Append an export's events to the log; events already there are skipped, so importing
+    twice stores everything once. A bad line stops the import before anything is written."""
+    from helmline.cli._archive import import_events, read_export
+    from helmline.cli._connection import connect
+
+    with file.open() as lines:
+        events = _attempt(lambda: read_export(lines, str(file)))
+    url = _nats_url(data_dir)
+
+    async def append() -> str:
+        async with connect(url) as log:
+            result = await import_events(log, events)
+        return (
+            f"imported {result.appended} events of {result.sessions} sessions "
+            f"({result.already_present} were already there)"
+        )
+
+    typer.echo(_run_async(append()))
+
+
+def _one_selection(session: str | None, every_session: bool) -> None:
+    if (session is None) != every_session:
+        raise CliError("name one SESSION, or give --all (not both)")

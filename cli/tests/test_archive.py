@@ -1,0 +1,112 @@
+"""Export and import: a session moves to another cluster unchanged; importing twice is a no-op."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from typer.testing import CliRunner, Result
+
+from helmline.cli import app
+from helmline.contracts import (
+    Actor,
+    Event,
+    PlanProposed,
+    PlanStep,
+    SessionStarted,
+    StepScheduled,
+    ToolCallCompleted,
+    new_event,
+)
+from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime.testing import NatsServer
+
+
+async def helmline(nats_url: str, *args: str) -> Result:
+    return await asyncio.to_thread(
+        CliRunner().invoke, app, list(args), env={"HELMLINE_NATS_URL": nats_url}
+    )
+
+
+@pytest.fixture
+async def other_cluster(tmp_path: Path) -> AsyncIterator[str]:
+    """A second, empty nats-server: the cluster sessions are moved to."""
+    with NatsServer(tmp_path) as server:
+        connection = await nats.connect(server.url)
+        await ensure_topology(connection.jetstream())
+        await connection.close()
+        yield server.url
+
+
+def _session(tenant: str, session_id: str) -> list[Event]:
+    started = new_event(
+        SessionStarted(goal="move me", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+    return [
+        started,
+        started.derive(
+            PlanProposed(revision=1, steps=(PlanStep(id="a", tool="echo"),)), source="test"
+        ),
+        started.derive(StepScheduled(step_id="a", call_id="a.1", tool="echo"), source="test"),
+        started.derive(
+            ToolCallCompleted(step_id="a", call_id="a.1", tool="echo", output={"message": "hi"}),
+            source="test",
+        ),
+    ]
+
+
+async def test_a_session_moves_unchanged_and_a_second_import_changes_nothing(
+    nats_url: str, other_cluster: str, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    await store.append_all(_session(tenant, "s1"))
+    export_file = tmp_path / "s1.ndjson"
+
+    exported = await helmline(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    assert exported.exit_code == 0, exported.output
+    assert len(export_file.read_text().splitlines()) == 4
+
+    first = await helmline(other_cluster, "import", str(export_file))
+    assert first.exit_code == 0, first.output
+    assert "imported 4 events of 1 sessions (0 were already there)" in first.stdout
+    again = await helmline(other_cluster, "import", str(export_file))
+    assert "imported 0 events of 1 sessions (4 were already there)" in again.stdout
+
+    here = await helmline(nats_url, "show", "s1", "-t", tenant, "--json")
+    there = await helmline(other_cluster, "show", "s1", "-t", tenant, "--json")
+    assert json.loads(there.stdout) == json.loads(here.stdout)
+
+
+async def test_a_bad_line_is_named_and_nothing_is_imported(
+    nats_url: str, other_cluster: str, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    await store.append_all(_session(tenant, "s1"))
+    export_file = tmp_path / "s1.ndjson"
+    await helmline(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    lines = export_file.read_text().splitlines()
+    lines[2] = lines[2].replace('"step.scheduled"', '"step.exploded"')
+    export_file.write_text("\n".join(lines) + "\n")
+
+    result = await helmline(other_cluster, "import", str(export_file))
+
+    assert result.exit_code == 1
+    assert f"{export_file}:3: unknown event type 'step.exploded'" in result.stderr
+    assert "no session" in (await helmline(other_cluster, "show", "s1", "-t", tenant)).stderr
+
+
+async def test_all_exports_only_that_tenant(nats_url: str, store: EventStore, tenant: str) -> None:
+    await store.append_all(_session(tenant, "s1"))
+    await store.append_all(_session(tenant, "s2"))
+    await store.append_all(_session(f"{tenant}x", "s3"))
+
+    result = await helmline(nats_url, "export", "--all", "-t", tenant)
+
+    assert result.exit_code == 0, result.output
+    sessions = {json.loads(line)["sessionid"] for line in result.stdout.splitlines()}
+    assert sessions == {"s1", "s2"}
