@@ -1,10 +1,14 @@
-"""The default policy and the judging of decisions, as pure functions."""
+"""Judging steps, people's decisions and expiries under a policy, as pure functions."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from helmline.approval._policy import judge_expiry, judge_step, judge_vote
+import pytest
+
+from helmline.approval import Policy, default_policy, parse_policy
+from helmline.approval._policy import judge_expiry, judge_plan, judge_step, judge_vote
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
@@ -13,6 +17,9 @@ from helmline.contracts import (
     ApprovalGranted,
     ApprovalRequested,
     Event,
+    PlanApproved,
+    PlanProposed,
+    PlanStep,
     SessionStarted,
     SessionState,
     StepScheduled,
@@ -24,15 +31,51 @@ from helmline.contracts import (
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ANA = Actor(id="ana", roles=("approver",))
+BOB = Actor(id="bob", roles=("sre",))
+CEM = Actor(id="cem", roles=("sre",))
+EVE = Actor(id="eve", roles=("viewer",))
+DEFAULT = default_policy()
+
+TWO_SRE = parse_policy(
+    b"""
+rules:
+  - name: deploys-need-two-sre
+    tool: run_command
+    arguments:
+      command: {regex: '^deploy '}
+    effect: require_approval
+    approval: {roles: [sre], quorum: 2, expires_in: 5m}
+    network: true
+    sandbox_profile: deploy
+  - name: no-rm
+    tool: run_command
+    arguments:
+      command: {regex: '\\brm\\b'}
+    effect: deny
+    reason: nothing is deleted from a shell here
+  - name: other-commands-need-one-person
+    tool: run_command
+    effect: require_approval
+    approval: {roles: [approver, sre]}
+  - name: the-rest
+    effect: allow
+""",
+    source="two-sre.yaml",
+)
 
 
-def _scheduled(tool: str, risk: str | None = None, **arguments: str) -> StepScheduled:
+def _scheduled(tool: str, risk: str | None = None, **arguments: Any) -> StepScheduled:
     return StepScheduled.model_validate(
         {"step_id": "s", "call_id": "s.1", "tool": tool, "arguments": arguments, "risk": risk}
     )
 
 
-def _waiting_session() -> tuple[SessionState, Event]:
+def _judge(scheduled: StepScheduled, policy: Policy = DEFAULT) -> Any:
+    (decision,) = judge_step(scheduled, policy, tenant="t", requester=ANA, now=NOW)
+    return decision.payload
+
+
+def _waiting(policy: Policy = DEFAULT, **arguments: Any) -> tuple[SessionState, list[Event], Event]:
     started = new_event(
         SessionStarted(goal="g", requested_by=ANA),
         tenant="t",
@@ -40,73 +83,167 @@ def _waiting_session() -> tuple[SessionState, Event]:
         source="test",
         at=NOW,
     )
-    (request,) = judge_step(_scheduled("run_command", command="ls"), NOW)
-    asked = started.derive(request.payload, source="test", at=NOW)
-    return fold([started, asked]), started
+    request = _judge(_scheduled("run_command", **(arguments or {"command": "ls"})), policy)
+    assert isinstance(request, ApprovalRequested)
+    events = [started, started.derive(request, source="test", at=NOW)]
+    return fold(events), events, started
 
 
-def test_unknown_tools_are_denied() -> None:
-    (decision,) = judge_step(_scheduled("format_disk"), NOW)
-    assert isinstance(decision.payload, ToolCallDenied)
-    assert "unknown tool 'format_disk'" in decision.payload.reason
+def _vote(
+    state: SessionState,
+    events: list[Event],
+    started: Event,
+    actor: Actor,
+    decision: str = "grant",
+    policy: Policy = DEFAULT,
+    **changes: Any,
+) -> tuple[SessionState, list[Any], str | None]:
+    vote = ApprovalDecisionSubmitted.model_validate(
+        {"request_id": "s.1", "decision": decision, "decided_by": actor, **changes}
+    )
+    # As in the service: the vote is in the log before it is judged.
+    events.append(started.derive(vote, source="test", key=str(len(events))))
+    state = fold(events)
+    outcome = judge_vote(state, vote, policy)
+    for decision_made in outcome.decisions:
+        events.append(started.derive(decision_made.payload, source="test", key=str(len(events))))
+    return fold(events), [d.payload for d in outcome.decisions], outcome.note
 
 
-def test_low_and_medium_risk_run_at_once() -> None:
+def test_unknown_tools_are_denied_whatever_the_rules_say() -> None:
+    everything = parse_policy(b"rules: [{name: all, effect: allow}]", source="all.yaml")
+    for policy in (DEFAULT, everything):
+        denial = _judge(_scheduled("format_disk"), policy)
+        assert isinstance(denial, ToolCallDenied)
+        assert "unknown tool 'format_disk'" in denial.reason
+        assert denial.rule == "unknown-tool"
+        assert denial.policy_hash == policy.hash
+
+
+def test_the_default_policy_runs_low_and_medium_risk_at_once() -> None:
     for tool in ("read_file", "write_file"):
-        (decision,) = judge_step(_scheduled(tool, path="a"), NOW)
-        assert isinstance(decision.payload, ToolCallAuthorized)
+        authorized = _judge(_scheduled(tool, path="a", content="x"))
+        assert isinstance(authorized, ToolCallAuthorized)
+        assert authorized.rule == "allow-low-and-medium-risk"
+        assert authorized.policy_hash == DEFAULT.hash
+        assert not authorized.network
 
 
 def test_a_plan_cannot_lower_a_tool_risk_but_can_raise_it() -> None:
-    (lowered,) = judge_step(_scheduled("run_command", risk="low", command="ls"), NOW)
-    assert isinstance(lowered.payload, ApprovalRequested)
-    (raised,) = judge_step(_scheduled("read_file", risk="critical", path="a"), NOW)
-    assert isinstance(raised.payload, ApprovalRequested)
-    assert raised.payload.risk == "critical"
+    lowered = _judge(_scheduled("run_command", risk="low", command="ls"))
+    assert isinstance(lowered, ApprovalRequested)
+    raised = _judge(_scheduled("read_file", risk="critical", path="a"))
+    assert isinstance(raised, ApprovalRequested)
+    assert raised.risk == "critical"
 
 
-def test_high_risk_asks_a_person_for_ten_minutes() -> None:
-    (decision,) = judge_step(_scheduled("run_command", command="ls"), NOW)
-    request = decision.payload
+def test_high_risk_asks_an_approver_for_ten_minutes_under_the_default_policy() -> None:
+    request = _judge(_scheduled("run_command", command="ls"))
     assert isinstance(request, ApprovalRequested)
     assert request.expires_at == NOW + timedelta(minutes=10)
-    assert "approver" in request.approver_roles
+    assert request.approver_roles == ("approver", "admin")
+    assert request.quorum == 1
+    assert request.policy_hash == DEFAULT.hash
 
 
-def test_a_decision_by_someone_without_the_role_changes_nothing() -> None:
-    state, _ = _waiting_session()
-    vote = ApprovalDecisionSubmitted(
-        request_id="s.1", decision="grant", decided_by=Actor(id="eve", roles=("viewer",))
-    )
-    assert judge_vote(state, vote) == []
+def test_plans_are_approved_under_the_policy_hash() -> None:
+    plan = PlanProposed(revision=1, steps=(PlanStep(id="a", tool="echo"),))
+    (decision,) = judge_plan(plan, TWO_SRE)
+    assert isinstance(decision.payload, PlanApproved)
+    assert decision.payload.policy_hash == TWO_SRE.hash
+
+
+def test_a_decision_by_someone_without_the_role_is_refused() -> None:
+    state, events, started = _waiting()
+    _, decisions, note = _vote(state, events, started, EVE)
+    assert decisions == []
+    assert "eve holds none of the roles" in (note or "")
 
 
 def test_a_grant_authorises_the_call_with_modified_arguments() -> None:
-    state, _ = _waiting_session()
-    vote = ApprovalDecisionSubmitted(
-        request_id="s.1", decision="grant", decided_by=ANA, modified_arguments={"command": "ls -l"}
+    state, events, started = _waiting()
+    state, (granted, authorized), _ = _vote(
+        state, events, started, ANA, modified_arguments={"command": "ls -l"}
     )
-    granted, authorized = (d.payload for d in judge_vote(state, vote))
     assert isinstance(granted, ApprovalGranted)
+    assert granted.modified_arguments == {"command": "ls -l"}
     assert isinstance(authorized, ToolCallAuthorized)
     assert authorized.arguments == {"command": "ls -l"}
     assert authorized.approval_request_id == "s.1"
+    # Both versions stay in the log: the request keeps what the agent asked for.
+    assert state.approvals["s.1"].arguments == {"command": "ls"}
+    assert state.approvals["s.1"].modified_arguments == {"command": "ls -l"}
+
+
+@pytest.mark.parametrize(
+    ("modified", "problem"),
+    [
+        ({"command": ""}, "schema at /command"),
+        ({"command": "ls", "sudo": True}, "schema at /"),
+        ({"command": "rm -rf /"}, "deny by rule no-rm"),
+        ({"command": "deploy prod"}, "require_approval by rule deploys-need-two-sre"),
+    ],
+)
+def test_modified_arguments_that_the_schema_or_the_policy_refuse_are_refused(
+    modified: dict[str, Any], problem: str
+) -> None:
+    state, events, started = _waiting(TWO_SRE, command="ls")
+    state, decisions, note = _vote(
+        state, events, started, BOB, policy=TWO_SRE, modified_arguments=modified
+    )
+    assert decisions == []
+    assert problem in (note or "")
+    assert state.approvals["s.1"].status == "pending"
 
 
 def test_a_denial_denies_the_call_with_who_and_why() -> None:
-    state, _ = _waiting_session()
-    vote = ApprovalDecisionSubmitted(
-        request_id="s.1", decision="deny", decided_by=ANA, comment="too broad"
-    )
-    denied, call = (d.payload for d in judge_vote(state, vote))
+    state, events, started = _waiting()
+    _, (denied, call), _ = _vote(state, events, started, ANA, "deny", comment="too broad")
     assert isinstance(denied, ApprovalDenied)
     assert isinstance(call, ToolCallDenied)
     assert call.reason == "denied by ana: too broad"
+    assert call.policy_hash == DEFAULT.hash
+
+
+def test_two_distinct_approvers_with_the_role_are_needed_and_the_same_one_twice_is_not() -> None:
+    state, events, started = _waiting(TWO_SRE, command="deploy prod")
+    request = state.approvals["s.1"]
+    assert (request.quorum, request.approver_roles) == (2, ("sre",))
+
+    state, decisions, note = _vote(state, events, started, BOB, policy=TWO_SRE)
+    assert decisions == []
+    assert "1 of 2" in (note or "")
+    state, decisions, note = _vote(state, events, started, BOB, policy=TWO_SRE)
+    assert decisions == []
+    assert "1 of 2" in (note or "")
+    state, decisions, note = _vote(state, events, started, ANA, policy=TWO_SRE)
+    assert decisions == []
+    assert "holds none of the roles" in (note or "")
+    state, (granted, authorized), _ = _vote(state, events, started, CEM, policy=TWO_SRE)
+
+    assert isinstance(granted, ApprovalGranted)
+    assert [actor.id for actor in granted.decided_by] == ["bob", "cem"]
+    assert isinstance(authorized, ToolCallAuthorized)
+    assert (authorized.network, authorized.sandbox_profile) == (True, "deploy")
+    assert state.approvals["s.1"].status == "granted"
+
+
+def test_grants_of_different_arguments_do_not_add_up() -> None:
+    state, events, started = _waiting(TWO_SRE, command="deploy prod")
+    state, _, _ = _vote(
+        state, events, started, BOB, policy=TWO_SRE, modified_arguments={"command": "deploy a"}
+    )
+    state, decisions, note = _vote(state, events, started, CEM, policy=TWO_SRE)
+    assert decisions == []
+    assert "1 of 2" in (note or "")
 
 
 def test_a_request_expires_only_after_its_expiry() -> None:
-    state, _ = _waiting_session()
-    assert judge_expiry(state, "s.1", NOW + timedelta(minutes=9)) == []
-    expired, call = (d.payload for d in judge_expiry(state, "s.1", NOW + timedelta(minutes=11)))
+    state, _, _ = _waiting()
+    assert judge_expiry(state, "s.1", NOW + timedelta(minutes=9), DEFAULT) == []
+    expired, call = (
+        d.payload for d in judge_expiry(state, "s.1", NOW + timedelta(minutes=11), DEFAULT)
+    )
     assert isinstance(expired, ApprovalExpired)
     assert isinstance(call, ToolCallDenied)
+    assert call.policy_hash == DEFAULT.hash

@@ -1,1 +1,40 @@
-"""Helmline approval service: policy decisions and human approvals."""
+"""Helmline approval service: policy decisions and human approvals.
+
+The policy file format and its evaluation are public so that the CLI can check a file and
+explain a decision exactly as the service makes it.
+"""
+
+from helmline.approval._document import (
+    ApprovalTerms,
+    ArgumentCondition,
+    PolicyDocument,
+    RuleDocument,
+)
+from helmline.approval._policy_file import (
+    BUILT_IN,
+    PolicyFileError,
+    Problem,
+    default_policy,
+    load_policy,
+    parse_policy,
+    policy_hash,
+)
+from helmline.approval._rules import CallFacts, Policy, RuleCheck, Verdict
+
+__all__ = [
+    "BUILT_IN",
+    "ApprovalTerms",
+    "ArgumentCondition",
+    "CallFacts",
+    "Policy",
+    "PolicyDocument",
+    "PolicyFileError",
+    "Problem",
+    "RuleCheck",
+    "RuleDocument",
+    "Verdict",
+    "default_policy",
+    "load_policy",
+    "parse_policy",
+    "policy_hash",
+]

@@ -1,25 +1,48 @@
 """`helmline serve approval`: run the approval service until SIGTERM."""
 
+import asyncio
+import contextlib
+
 from helmline.approval._handlers import ApprovalHandler
+from helmline.approval._policy_file import PolicyFileError
+from helmline.approval._policy_source import PolicySource
+from helmline.approval._settings import ApprovalSettings
 from helmline.contracts import APPROVAL_CONSUMER, ConsumerSpec
-from helmline.runtime import RuntimeSettings, ServiceHost, Setup, run_service
+from helmline.runtime import ServiceHost, Setup, run_service
 
 
-def setup_approval(consumer: ConsumerSpec = APPROVAL_CONSUMER) -> Setup:
+def setup_approval(
+    policies: PolicySource,
+    settings: ApprovalSettings,
+    consumer: ConsumerSpec = APPROVAL_CONSUMER,
+) -> Setup:
     """Wire the approval service onto a started host (tests pass their own consumer)."""
 
     async def setup(host: ServiceHost) -> None:
-        handler = ApprovalHandler(host.store)
+        handler = ApprovalHandler(host.store, policies)
+        watcher = asyncio.create_task(policies.watch())
+
+        async def stop_watching() -> None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+        host.on_shutdown(stop_watching)
         host.on_shutdown(handler.close)
-        await handler.recover()
+        await handler.recover(settings.expiry_lookback)
         await host.consume(consumer, handler)
 
     return setup
 
 
 def main() -> None:
-    """Run the approval service."""
-    run_service("approval", RuntimeSettings(), setup_approval())
+    """Run the approval service (refusing to start with an invalid policy file)."""
+    settings = ApprovalSettings()
+    try:
+        policies = PolicySource(settings.policy, poll_s=settings.policy_poll_s)
+    except PolicyFileError as error:
+        raise SystemExit(f"approval: {error}") from error
+    run_service("approval", settings, setup_approval(policies, settings))
 
 
 if __name__ == "__main__":

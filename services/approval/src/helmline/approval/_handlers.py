@@ -9,14 +9,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from helmline.approval._policy import (
-    APPROVAL_EXPIRY,
     Decision,
     judge_expiry,
     judge_plan,
     judge_step,
     judge_vote,
 )
+from helmline.approval._policy_source import PolicySource
 from helmline.contracts import (
+    Actor,
     ApprovalDecisionSubmitted,
     ApprovalRequested,
     Event,
@@ -27,44 +28,56 @@ from helmline.contracts import (
 from helmline.runtime import Delivery, EventStore
 
 SOURCE = "helmline/approval"
+REQUESTER_CACHE_LIMIT = 10_000
 logger = logging.getLogger(__name__)
 
 
 class ApprovalHandler:
     """Applies the policy to plans and steps, records decisions, expires requests."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore, policies: PolicySource) -> None:
         self._store = store
+        self._policies = policies
         self._timers: dict[str, asyncio.Task[None]] = {}
+        # Who started a session never changes, so it is looked up once per session, and
+        # only when some rule asks about the requester.
+        self._requesters: dict[tuple[str, str], Actor | None] = {}
 
     async def __call__(self, delivery: Delivery) -> None:
         event = delivery.event
         data = event.data
-        now = datetime.now(UTC)
+        policy = self._policies.current
         match data:
             case PlanProposed():
-                await self._append(event, judge_plan(data))
+                await self._append(event, judge_plan(data, policy))
             case StepScheduled():
                 if delivery.deliveries > 1 and await self._already_judged(event, data):
                     return
-                await self._append(event, judge_step(data, now))
+                requester = await self._requester(event) if policy.uses_requester else None
+                decisions = judge_step(
+                    data, policy, tenant=event.tenant, requester=requester, now=datetime.now(UTC)
+                )
+                await self._append(event, decisions)
             case ApprovalRequested():
                 self._expire_later(event, data)
             case ApprovalDecisionSubmitted():
                 snapshot = await self._store.load(event.tenant, event.session_id)
-                decisions = judge_vote(snapshot.state, data)
-                if not decisions:
+                outcome = judge_vote(snapshot.state, data, policy)
+                if outcome.note is not None:
                     logger.warning(
-                        "ignored decision on %s by %s: not pending or not allowed",
-                        data.request_id,
+                        "decision by %s on %s/%s appends nothing: %s",
                         data.decided_by.id,
+                        event.session_id,
+                        data.request_id,
+                        outcome.note,
                     )
-                await self._append(event, decisions)
-                self._cancel_timer(event.tenant, event.session_id, data.request_id)
+                await self._append(event, outcome.decisions)
+                if outcome.decisions:
+                    self._cancel_timer(event.tenant, event.session_id, data.request_id)
             case _:
                 pass
 
-    async def recover(self, lookback: timedelta = APPROVAL_EXPIRY * 6) -> None:
+    async def recover(self, lookback: timedelta) -> None:
         """Re-arm expiry timers of requests made before a restart (expired ones fire now)."""
         since = datetime.now(UTC) - lookback
         for stored in await self._store.read_matching(
@@ -81,6 +94,15 @@ class ApprovalHandler:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._timers.clear()
+
+    async def _requester(self, event: Event) -> Actor | None:
+        key = (event.tenant, event.session_id)
+        if key not in self._requesters:
+            if len(self._requesters) >= REQUESTER_CACHE_LIMIT:
+                self._requesters.clear()
+            state = (await self._store.load(event.tenant, event.session_id)).state
+            self._requesters[key] = state.requested_by
+        return self._requesters[key]
 
     async def _already_judged(self, event: Event, scheduled: StepScheduled) -> bool:
         state = (await self._store.load(event.tenant, event.session_id)).state
@@ -106,7 +128,10 @@ class ApprovalHandler:
         if delay > 0:
             await asyncio.sleep(delay)
         state = (await self._store.load(event.tenant, event.session_id)).state
-        await self._append(event, judge_expiry(state, request.request_id, datetime.now(UTC)))
+        decisions = judge_expiry(
+            state, request.request_id, datetime.now(UTC), self._policies.current
+        )
+        await self._append(event, decisions)
         self._timers.pop(_timer_key(event.tenant, event.session_id, request.request_id), None)
 
     async def _append(self, cause: Event, decisions: Sequence[Decision]) -> None:

@@ -1,12 +1,18 @@
-"""The default policy, and how decisions on approval requests are judged. Pure functions."""
+"""How plans, steps, people's decisions and expiries are judged under a policy. Pure functions.
+
+Every decision event records the rule that made it and the hash of the policy in force.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime
 
+from jsonschema import Draft202012Validator
+
+from helmline.approval._document import DEFAULT_APPROVER_ROLES
+from helmline.approval._rules import Policy
 from helmline.contracts import (
-    BUILTIN_TOOLS_BY_NAME,
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
@@ -17,17 +23,13 @@ from helmline.contracts import (
     Payload,
     PlanApproved,
     PlanProposed,
-    Risk,
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
     ToolCallDenied,
 )
 
-POLICY = Actor(id="default-policy", kind="policy")
-APPROVAL_EXPIRY = timedelta(minutes=10)
-APPROVER_ROLES = ("approver", "admin")
-RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
+POLICY = Actor(id="policy", kind="policy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,84 +40,133 @@ class Decision:
     identity: str | None = None
 
 
-def judge_plan(proposed: PlanProposed) -> list[Decision]:
-    """The default policy approves plans; risky steps are asked about one by one."""
-    approval = PlanApproved(revision=proposed.revision, approved_by=POLICY)
+@dataclass(frozen=True, slots=True)
+class VoteOutcome:
+    """What a person's decision leads to: events, or why it changes nothing (for the log)."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    note: str | None = None
+    """Why nothing is appended: a refusal, or a grant that waits for more approvers."""
+
+
+def judge_plan(proposed: PlanProposed, policy: Policy) -> list[Decision]:
+    """Plans are approved; each step is judged by the policy when it is scheduled."""
+    approval = PlanApproved(revision=proposed.revision, approved_by=POLICY, policy_hash=policy.hash)
     return [Decision(approval, f"plan.approved/{proposed.revision}")]
 
 
-def judge_step(scheduled: StepScheduled, now: datetime) -> list[Decision]:
-    """Unknown tools are denied; low and medium risk run; high and critical need a person."""
+def judge_step(
+    scheduled: StepScheduled,
+    policy: Policy,
+    *,
+    tenant: str,
+    requester: Actor | None,
+    now: datetime,
+) -> list[Decision]:
+    """Allow, deny or ask a person, as the first matching rule says."""
     identity = f"judged/{scheduled.call_id}"
-    tool = BUILTIN_TOOLS_BY_NAME.get(scheduled.tool)
-    if tool is None:
-        denial = ToolCallDenied(
-            call_id=scheduled.call_id,
-            step_id=scheduled.step_id,
-            tool=scheduled.tool,
-            reason=f"unknown tool {scheduled.tool!r}: only registered tools may run",
-            rule="default: deny unknown tools",
-        )
-        return [Decision(denial, identity)]
-    # A plan may raise a step's risk, never lower it below the tool's own.
-    risk = max(tool.risk, scheduled.risk or tool.risk, key=RISK_ORDER.index)
-    if risk in ("low", "medium"):
-        authorized = ToolCallAuthorized(
-            call_id=scheduled.call_id,
-            step_id=scheduled.step_id,
-            tool=scheduled.tool,
-            arguments=scheduled.arguments,
-            risk=risk,
-            rule="default: allow low and medium risk",
-        )
-        return [Decision(authorized, identity)]
-    request = ApprovalRequested(
-        request_id=scheduled.call_id,
-        scope="step",
-        step_id=scheduled.step_id,
-        call_id=scheduled.call_id,
+    verdict = policy.judge(
+        tenant=tenant,
         tool=scheduled.tool,
         arguments=scheduled.arguments,
-        risk=risk,
-        reason=f"{risk}-risk tool calls need a person's approval",
-        rule="default: require approval for high and critical risk",
-        approver_roles=APPROVER_ROLES,
-        expires_at=now + APPROVAL_EXPIRY,
+        declared_risk=scheduled.risk,
+        requester=requester,
     )
-    return [Decision(request, identity)]
+    payload: Payload
+    match verdict.effect:
+        case "deny":
+            payload = ToolCallDenied(
+                call_id=scheduled.call_id,
+                step_id=scheduled.step_id,
+                tool=scheduled.tool,
+                reason=verdict.reason,
+                rule=verdict.rule,
+                policy_hash=policy.hash,
+            )
+        case "allow":
+            payload = ToolCallAuthorized(
+                call_id=scheduled.call_id,
+                step_id=scheduled.step_id,
+                tool=scheduled.tool,
+                arguments=scheduled.arguments,
+                risk=verdict.risk,
+                rule=verdict.rule,
+                policy_hash=policy.hash,
+                sandbox_profile=verdict.sandbox_profile,
+                network=verdict.network,
+            )
+        case "require_approval":
+            assert verdict.approval is not None
+            payload = ApprovalRequested(
+                request_id=scheduled.call_id,
+                scope="step",
+                step_id=scheduled.step_id,
+                call_id=scheduled.call_id,
+                tool=scheduled.tool,
+                arguments=scheduled.arguments,
+                risk=verdict.risk,
+                reason=verdict.reason,
+                rule=verdict.rule,
+                policy_hash=policy.hash,
+                approver_roles=verdict.approval.roles,
+                quorum=verdict.approval.quorum,
+                expires_at=now + verdict.approval.expires_in,
+            )
+    return [Decision(payload, identity)]
 
 
-def judge_vote(state: SessionState, vote: ApprovalDecisionSubmitted) -> list[Decision]:
-    """A person's decision on a pending request, if they may make it."""
+def judge_vote(state: SessionState, vote: ApprovalDecisionSubmitted, policy: Policy) -> VoteOutcome:
+    """A person's decision on a pending request, if they may make it.
+
+    One denial by someone allowed to decide denies the request. Grants count once per
+    person, and only grants of the very same arguments count together, so the quorum is of
+    people who approved exactly what runs. Modified arguments must fit the tool's schema and
+    still be allowed, or need approval under the same rule, by the policy in force.
+    """
     request = state.approvals.get(vote.request_id)
-    if request is None or request.status != "pending":
-        return []
-    if not set(vote.decided_by.roles) & set(request.approver_roles or APPROVER_ROLES):
-        return []
+    voter = vote.decided_by
+    if request is None:
+        return VoteOutcome(note=f"no approval request {vote.request_id}")
+    if request.status != "pending":
+        return VoteOutcome(note=f"request {request.request_id} is already {request.status}")
+    roles = request.approver_roles or DEFAULT_APPROVER_ROLES
+    if not _may_decide(voter, roles):
+        return VoteOutcome(
+            note=f"{voter.id} holds none of the roles that may decide ({', '.join(roles)})"
+        )
     if vote.decision == "deny":
-        reason = f"denied by {vote.decided_by.id}" + (f": {vote.comment}" if vote.comment else "")
-        return [
-            Decision(
-                ApprovalDenied(
-                    request_id=request.request_id, decided_by=vote.decided_by, comment=vote.comment
-                ),
-                f"decided/{request.request_id}",
-            ),
-            *_deny_call(request, reason),
-        ]
-    arguments = (
-        vote.modified_arguments
-        if vote.modified_arguments is not None
-        else (request.arguments or {})
-    )
-    granted = ApprovalGranted(
-        request_id=request.request_id,
-        decided_by=(vote.decided_by,),
-        comment=vote.comment,
-        modified_arguments=vote.modified_arguments,
-    )
-    decisions = [Decision(granted, f"decided/{request.request_id}")]
+        reason = f"denied by {voter.id}" + (f": {vote.comment}" if vote.comment else "")
+        denied = ApprovalDenied(
+            request_id=request.request_id, decided_by=voter, comment=vote.comment
+        )
+        return VoteOutcome(
+            [
+                Decision(denied, f"decided/{request.request_id}"),
+                *_deny_call(request, reason, policy.hash),
+            ]
+        )
+    arguments = vote.modified_arguments
+    if arguments is None:
+        arguments = request.arguments or {}
+    authorized: ToolCallAuthorized | None = None
     if request.call_id is not None and request.step_id is not None and request.tool:
+        problem = _modified_arguments_problem(request, vote, policy)
+        if problem is not None:
+            return VoteOutcome(note=problem)
+        verdict = policy.judge(
+            tenant=state.tenant,
+            tool=request.tool,
+            arguments=arguments,
+            declared_risk=request.risk,
+            requester=state.requested_by,
+        )
+        if verdict.effect == "deny" or (
+            verdict.effect == "require_approval" and verdict.rule != request.rule
+        ):
+            return VoteOutcome(
+                note=f"the policy in force no longer lets a person approve this call "
+                f"({verdict.effect} by rule {verdict.rule}); deny it or let it expire"
+            )
         authorized = ToolCallAuthorized(
             call_id=request.call_id,
             step_id=request.step_id,
@@ -123,24 +174,78 @@ def judge_vote(state: SessionState, vote: ApprovalDecisionSubmitted) -> list[Dec
             arguments=arguments,
             risk=request.risk,
             rule=request.rule,
+            policy_hash=policy.hash,
             approval_request_id=request.request_id,
+            sandbox_profile=verdict.sandbox_profile,
+            network=verdict.network,
         )
+    granters = _granters(request, vote, roles)
+    if len(granters) < request.quorum:
+        return VoteOutcome(
+            note=f"grant by {voter.id} counted: {len(granters)} of {request.quorum} "
+            f"distinct approvers for {request.request_id}"
+        )
+    granted = ApprovalGranted(
+        request_id=request.request_id,
+        decided_by=granters,
+        comment=vote.comment,
+        modified_arguments=vote.modified_arguments,
+    )
+    decisions = [Decision(granted, f"decided/{request.request_id}")]
+    if authorized is not None:
         decisions.append(Decision(authorized, f"outcome/{request.request_id}"))
-    return decisions
+    return VoteOutcome(decisions)
 
 
-def judge_expiry(state: SessionState, request_id: str, now: datetime) -> list[Decision]:
+def _may_decide(actor: Actor, roles: tuple[str, ...]) -> bool:
+    return not set(actor.roles).isdisjoint(roles)
+
+
+def _granters(
+    request: ApprovalState, vote: ApprovalDecisionSubmitted, roles: tuple[str, ...]
+) -> tuple[Actor, ...]:
+    # The state folded for this vote normally holds it already; a caller may not have.
+    votes = request.votes if vote in request.votes else (*request.votes, vote)
+    granters: dict[str, Actor] = {}
+    for earlier in votes:
+        if (
+            earlier.decision == "grant"
+            and earlier.modified_arguments == vote.modified_arguments
+            and _may_decide(earlier.decided_by, roles)
+        ):
+            granters.setdefault(earlier.decided_by.id, earlier.decided_by)
+    return tuple(granters.values())
+
+
+def _modified_arguments_problem(
+    request: ApprovalState, vote: ApprovalDecisionSubmitted, policy: Policy
+) -> str | None:
+    if vote.modified_arguments is None or request.tool is None:
+        return None
+    spec = policy.tools.get(request.tool)
+    if spec is None:
+        return f"modified arguments for unknown tool {request.tool!r}"
+    failure = next(Draft202012Validator(spec.parameters).iter_errors(vote.modified_arguments), None)
+    if failure is None:
+        return None
+    where = "/" + "/".join(str(part) for part in failure.absolute_path)
+    return f"modified arguments do not fit {request.tool}'s schema at {where}: {failure.message}"
+
+
+def judge_expiry(
+    state: SessionState, request_id: str, now: datetime, policy: Policy
+) -> list[Decision]:
     """An unanswered request past its expiry becomes a denial."""
     request = state.approvals.get(request_id)
     if request is None or request.status != "pending" or request.expires_at > now:
         return []
     return [
         Decision(ApprovalExpired(request_id=request_id), f"decided/{request_id}"),
-        *_deny_call(request, "nobody decided before the approval request expired"),
+        *_deny_call(request, "nobody decided before the approval request expired", policy.hash),
     ]
 
 
-def _deny_call(request: ApprovalState, reason: str) -> list[Decision]:
+def _deny_call(request: ApprovalState, reason: str, policy_hash: str) -> list[Decision]:
     if request.call_id is None or request.step_id is None or not request.tool:
         return []
     denial = ToolCallDenied(
@@ -149,6 +254,7 @@ def _deny_call(request: ApprovalState, reason: str) -> list[Decision]:
         tool=request.tool,
         reason=reason,
         rule=request.rule,
+        policy_hash=policy_hash,
         approval_request_id=request.request_id,
     )
     return [Decision(denial, f"outcome/{request.request_id}")]

@@ -1,0 +1,160 @@
+"""What a policy file may say: the pydantic model every policy document is validated against.
+
+A policy is an ordered list of rules. A rule matches a tool call when every condition it
+states holds (a condition left out matches anything); the first rule that matches decides.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from helmline.contracts import Risk
+
+DEFAULT_APPROVAL_EXPIRY = timedelta(minutes=10)
+DEFAULT_APPROVER_ROLES = ("approver", "admin")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(value: object) -> object:
+    # People write "90s", "10m", "2h"; a bare number is seconds, as pydantic reads it.
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration such as 30s, 10m, 2h or 1d")
+        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    return value
+
+
+def _one_or_many(value: object) -> object:
+    # `tool: run_command` and `tool: [run_command, write_file]` mean the same kind of thing.
+    return [value] if isinstance(value, str) else value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+Patterns = Annotated[tuple[str, ...], BeforeValidator(_one_or_many), Field(min_length=1)]
+Names = Annotated[tuple[str, ...], BeforeValidator(_one_or_many), Field(min_length=1)]
+Risks = Annotated[tuple[Risk, ...], BeforeValidator(_one_or_many), Field(min_length=1)]
+Effect = Literal["allow", "deny", "require_approval"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArgumentCondition(_Strict):
+    """A condition on one argument of the call; every test given must hold."""
+
+    glob: Patterns | None = None
+    """Path globs, any of which the (normalised) string value must match: `*` stays within
+    one folder, `**` crosses folders, `?` is one character."""
+    regex: str | None = None
+    """A regular expression the string value must contain a match of (Python `re.search`)."""
+    min: float | None = None
+    """Smallest allowed number (inclusive)."""
+    max: float | None = None
+    """Largest allowed number (inclusive)."""
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"invalid regular expression: {error}") from error
+        return pattern
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ArgumentCondition:
+        if self.glob is None and self.regex is None and self.min is None and self.max is None:
+            raise ValueError("an argument condition needs glob, regex, min or max")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class ApprovalTerms(_Strict):
+    """Who must approve, how many of them, and for how long the request waits."""
+
+    roles: Names = DEFAULT_APPROVER_ROLES
+    """Roles whose holders may decide (any one of them)."""
+    quorum: int = Field(default=1, ge=1, le=20)
+    """How many distinct people holding one of the roles must grant."""
+    expires_in: Duration = DEFAULT_APPROVAL_EXPIRY
+    """How long the request waits before it becomes a denial."""
+
+    @field_validator("expires_in")
+    @classmethod
+    def _positive(cls, expiry: timedelta) -> timedelta:
+        if expiry <= timedelta(0):
+            raise ValueError("expires_in must be longer than zero")
+        return expiry
+
+
+class RuleDocument(_Strict):
+    """One rule: conditions on the call, and the effect when they all hold."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+    """Unique within the policy; recorded in every decision the rule makes."""
+    description: str = ""
+    """Why the rule exists, for the people who read the policy."""
+    tenant: Patterns | None = None
+    """Globs of tenants the rule applies to."""
+    user: Patterns | None = None
+    """Globs of the ids of people whose sessions the rule applies to (the session's requester)."""
+    role: Names | None = None
+    """Roles of the session's requester; the rule applies if they hold any of them."""
+    tool: Patterns | None = None
+    """Globs of tool names."""
+    server: Patterns | None = None
+    """Globs of the server a tool lives on (`builtin` for the built-in tools)."""
+    risk: Risks | None = None
+    """Risk levels of the call (the tool's own risk, raised by the plan if it says so)."""
+    arguments: dict[str, ArgumentCondition] = Field(default_factory=dict)
+    """Conditions on arguments by name; a call without the argument does not match."""
+    effect: Effect
+    """What happens to a matching call."""
+    reason: str | None = None
+    """Why, in words: shown to the planner on deny, to approvers on require_approval."""
+    approval: ApprovalTerms | None = None
+    """Who approves, for require_approval (the policy's `approval` defaults otherwise)."""
+    sandbox_profile: str | None = None
+    """Sandbox profile the call runs under, when it runs."""
+    network: bool = False
+    """Whether the call may use the network, when it runs."""
+
+    @model_validator(mode="after")
+    def _fits_its_effect(self) -> RuleDocument:
+        if self.approval is not None and self.effect != "require_approval":
+            raise ValueError(f"`approval` only applies to require_approval, not {self.effect}")
+        if self.effect == "deny" and (self.sandbox_profile is not None or self.network):
+            raise ValueError("a deny rule grants nothing: drop sandbox_profile and network")
+        return self
+
+
+class PolicyDocument(_Strict):
+    """A policy file: ordered rules, first match wins; anything unmatched is denied."""
+
+    version: Literal[1] = 1
+    """Version of the policy file format."""
+    description: str = ""
+    """What the policy is for."""
+    approval: ApprovalTerms = Field(default_factory=ApprovalTerms)
+    """Default approval terms of require_approval rules that state none."""
+    rules: tuple[RuleDocument, ...] = ()
+    """The rules, in the order they are tried."""
+
+    @model_validator(mode="after")
+    def _names_are_unique(self) -> PolicyDocument:
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.name in seen:
+                raise ValueError(f"rule name {rule.name!r} is used twice")
+            seen.add(rule.name)
+        return self

@@ -1,0 +1,170 @@
+"""Policy files: YAML read into a compiled `Policy`, every problem named by line and field.
+
+Composing the YAML keeps each node's position, which is how a validation error on the
+plain data is traced back to the line a person must fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from helmline.approval._document import PolicyDocument
+from helmline.approval._rules import Policy
+
+BUILT_IN = "built-in"
+"""The source name of the default policy, in force when no policy file is given."""
+
+Location = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a policy file."""
+
+    line: int
+    """1-based line in the file."""
+    field: str
+    """Where in the document, as `rules[2].arguments.path.regex`; empty for the whole file."""
+    message: str
+
+
+class PolicyFileError(Exception):
+    """A policy file that cannot be used; the message lists every problem, line by line."""
+
+    def __init__(self, source: str, problems: Sequence[Problem]) -> None:
+        self.source = source
+        self.problems = tuple(sorted(problems, key=lambda problem: problem.line))
+        lines = [
+            f"{source}:{p.line}: {p.field + ': ' if p.field else ''}{p.message}"
+            for p in self.problems
+        ]
+        super().__init__("invalid policy\n" + "\n".join(lines))
+
+
+def policy_hash(content: bytes) -> str:
+    """How decisions name the policy they were made under."""
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
+def load_policy(path: Path) -> Policy:
+    """The policy in `path`, or `PolicyFileError` naming each problem."""
+    try:
+        content = path.read_bytes()
+    except OSError as error:
+        raise PolicyFileError(str(path), [Problem(1, "", f"cannot read: {error}")]) from error
+    return parse_policy(content, source=str(path))
+
+
+def default_policy() -> Policy:
+    """The built-in policy: unknown tools denied, low and medium run, the rest need a person."""
+    content = resources.files("helmline.approval").joinpath("default_policy.yaml").read_bytes()
+    return parse_policy(content, source=BUILT_IN)
+
+
+def parse_policy(content: bytes, *, source: str) -> Policy:
+    """Validate and compile a policy document."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PolicyFileError(source, [Problem(1, "", f"not UTF-8 text: {error}")]) from error
+    root, document = _parse(source, text)
+    try:
+        validated = PolicyDocument.model_validate(document)
+    except ValidationError as error:
+        raise PolicyFileError(source, _problems(root, document, error)) from error
+    return Policy(validated, policy_hash=policy_hash(content), source=source)
+
+
+def _parse(source: str, text: str) -> tuple[yaml.Node, Any]:
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise PolicyFileError(source, [Problem(1, "", "the file is empty")])
+        document = loader.construct_document(root)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        reason = error.problem or error.context or "unreadable"
+        raise PolicyFileError(source, [Problem(line, "", f"invalid YAML: {reason}")]) from error
+    except yaml.YAMLError as error:
+        raise PolicyFileError(source, [Problem(1, "", f"invalid YAML: {error}")]) from error
+    finally:
+        loader.dispose()
+    if not isinstance(document, dict):
+        raise PolicyFileError(
+            source, [Problem(_line(root), "", "expected a mapping with `rules` at the top")]
+        )
+    return root, document
+
+
+def _problems(root: yaml.Node, document: dict[str, Any], error: ValidationError) -> list[Problem]:
+    problems = []
+    for detail in error.errors(include_url=False):
+        # Union members and wrappers add their own names to the location; keep the document's.
+        location: Location = tuple(
+            part for part in detail["loc"] if isinstance(part, int) or _in_document(part)
+        )
+        message = detail["msg"].removeprefix("Value error, ")
+        match detail["type"]:
+            case "missing":
+                *parent, name = location
+                location = tuple(parent)
+                message = f"missing field {name!r}"
+            case "extra_forbidden":
+                message = "unknown field"
+            case "value_error" if location == () and "used twice" in message:
+                location = _second_use_of_a_name(document)
+        problems.append(Problem(_line(_node_at(root, location)), _field(location), message))
+    return problems
+
+
+def _in_document(part: str) -> bool:
+    # pydantic names function validators and tuple wrappers in locations (`function-before[...]`);
+    # field names never hold brackets.
+    return "[" not in part
+
+
+def _second_use_of_a_name(document: dict[str, Any]) -> Location:
+    seen: set[object] = set()
+    rules = document.get("rules") or []
+    for index, rule in enumerate(rules):
+        name = rule.get("name") if isinstance(rule, dict) else None
+        if name in seen:
+            return ("rules", index, "name")
+        seen.add(name)
+    return ("rules",)
+
+
+def _node_at(root: yaml.Node, location: Location) -> yaml.Node:
+    """The deepest node along `location`; a missing field is reported at its parent."""
+    node = root
+    for part in location:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((value for key, value in node.value if key.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            child = node.value[part] if 0 <= part < len(node.value) else None
+        if child is None:
+            break
+        node = child
+    return node
+
+
+def _line(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _field(location: Location) -> str:
+    field = ""
+    for part in location:
+        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+    return field

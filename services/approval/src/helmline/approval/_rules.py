@@ -1,0 +1,413 @@
+"""A policy compiled for evaluation: what a tool call is, and which rule decides it. Pure.
+
+Globs and regular expressions are compiled once, when the policy is loaded. The conditions
+that depend only on tenant, tool and server are evaluated once per combination and the
+surviving rules remembered, so a call is checked only against rules that could apply to it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+from pydantic import JsonValue
+
+from helmline.approval._document import ApprovalTerms, Effect, PolicyDocument, RuleDocument
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
+
+RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
+BUILTIN_SERVER = "builtin"
+UNKNOWN_TOOL_RULE = "unknown-tool"
+NO_RULE_MATCHED = "no-rule-matched"
+_CANDIDATE_CACHE_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class CallFacts:
+    """What the policy knows about a tool call when it decides."""
+
+    tenant: str
+    tool: str
+    server: str
+    risk: Risk
+    arguments: Mapping[str, JsonValue]
+    requester: Actor | None
+    """Who started the session, with their roles; None when unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """Who must approve a call, how many, and how long the request waits."""
+
+    roles: tuple[str, ...]
+    quorum: int
+    expires_in: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the policy decided about a call, and which rule decided it."""
+
+    effect: Effect
+    rule: str
+    reason: str
+    risk: Risk
+    approval: Approval | None = None
+    sandbox_profile: str | None = None
+    network: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck:
+    """One rule tried against a call: the condition that failed, or None if it matched."""
+
+    rule: str
+    failed: str | None
+    held: tuple[str, ...]
+
+
+class _Condition(Protocol):
+    def holds(self, facts: CallFacts) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+def _glob_regex(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
+def _path_glob_regex(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    # fnmatch lets `*` cross folders; a path rule such as `src/*` must not reach `src/a/b`.
+    def translate(glob: str) -> str:
+        out, i = [], 0
+        while i < len(glob):
+            if glob.startswith("**/", i):
+                out.append("(?:.*/)?")
+                i += 3
+            elif glob.startswith("**", i):
+                out.append(".*")
+                i += 2
+            else:
+                char = glob[i]
+                out.append("[^/]*" if char == "*" else "[^/]" if char == "?" else re.escape(char))
+                i += 1
+        return "".join(out)
+
+    return re.compile("(?:" + "|".join(translate(p) for p in patterns) + r")\Z")
+
+
+def _quoted(patterns: tuple[str, ...]) -> str:
+    return " or ".join(repr(p) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class _TenantIs:
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return self.regex.match(facts.tenant) is not None
+
+    def describe(self) -> str:
+        return f"tenant matches {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolIs:
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return self.regex.match(facts.tool) is not None
+
+    def describe(self) -> str:
+        return f"tool matches {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ServerIs:
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return self.regex.match(facts.server) is not None
+
+    def describe(self) -> str:
+        return f"server matches {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _UserIs:
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return facts.requester is not None and self.regex.match(facts.requester.id) is not None
+
+    def describe(self) -> str:
+        return f"requester matches {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _RoleIs:
+    roles: frozenset[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return facts.requester is not None and not self.roles.isdisjoint(facts.requester.roles)
+
+    def describe(self) -> str:
+        return f"requester holds a role of {sorted(self.roles)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _RiskIs:
+    risks: frozenset[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return facts.risk in self.risks
+
+    def describe(self) -> str:
+        return f"risk is {' or '.join(r for r in RISK_ORDER if r in self.risks)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ArgumentMatchesPath:
+    name: str
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        value = facts.arguments.get(self.name)
+        # Normalised, so that `src/../etc/passwd` is judged as the `etc/passwd` it reaches.
+        return isinstance(value, str) and self.regex.match(posixpath.normpath(value)) is not None
+
+    def describe(self) -> str:
+        return f"argument {self.name} matches path {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ArgumentContains:
+    name: str
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        value = facts.arguments.get(self.name)
+        return isinstance(value, str) and self.regex.search(value) is not None
+
+    def describe(self) -> str:
+        return f"argument {self.name} matches regex {self.regex.pattern!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ArgumentWithin:
+    name: str
+    low: float | None
+    high: float | None
+
+    def holds(self, facts: CallFacts) -> bool:
+        value = facts.arguments.get(self.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        bounds = [f">= {self.low:g}"] if self.low is not None else []
+        bounds += [f"<= {self.high:g}"] if self.high is not None else []
+        return f"argument {self.name} is a number {' and '.join(bounds)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    name: str
+    verdict_template: RuleDocument
+    approval: Approval | None
+    static: tuple[_Condition, ...]
+    """Conditions on tenant, tool and server: the same for every call of one tool."""
+    dynamic: tuple[_Condition, ...]
+    """Conditions on the requester, the risk and the arguments."""
+
+    def matches_call(self, facts: CallFacts) -> bool:
+        # A plain loop: this runs for every candidate rule of every call, and all() over a
+        # generator costs a frame per rule.
+        for condition in self.dynamic:  # noqa: SIM110
+            if not condition.holds(facts):
+                return False
+        return True
+
+    def check(self, facts: CallFacts) -> RuleCheck:
+        held: list[str] = []
+        for condition in (*self.static, *self.dynamic):
+            if not condition.holds(facts):
+                return RuleCheck(self.name, f"not: {condition.describe()}", tuple(held))
+            held.append(condition.describe())
+        return RuleCheck(self.name, None, tuple(held))
+
+    def verdict(self, facts: CallFacts) -> Verdict:
+        rule = self.verdict_template
+        return Verdict(
+            effect=rule.effect,
+            rule=self.name,
+            reason=rule.reason or _default_reason(rule),
+            risk=facts.risk,
+            approval=self.approval,
+            sandbox_profile=rule.sandbox_profile,
+            network=rule.network,
+        )
+
+
+def _default_reason(rule: RuleDocument) -> str:
+    match rule.effect:
+        case "allow":
+            return f"allowed by policy rule {rule.name}"
+        case "deny":
+            return f"denied by policy rule {rule.name}"
+        case "require_approval":
+            return f"policy rule {rule.name} asks a person to approve"
+
+
+def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
+    static: list[_Condition] = []
+    dynamic: list[_Condition] = []
+    if rule.tenant is not None:
+        static.append(_TenantIs(rule.tenant, _glob_regex(rule.tenant)))
+    if rule.tool is not None:
+        static.append(_ToolIs(rule.tool, _glob_regex(rule.tool)))
+    if rule.server is not None:
+        static.append(_ServerIs(rule.server, _glob_regex(rule.server)))
+    if rule.risk is not None:
+        dynamic.append(_RiskIs(frozenset(rule.risk)))
+    if rule.user is not None:
+        dynamic.append(_UserIs(rule.user, _glob_regex(rule.user)))
+    if rule.role is not None:
+        dynamic.append(_RoleIs(frozenset(rule.role)))
+    for name, condition in rule.arguments.items():
+        if condition.glob is not None:
+            dynamic.append(
+                _ArgumentMatchesPath(name, condition.glob, _path_glob_regex(condition.glob))
+            )
+        if condition.regex is not None:
+            dynamic.append(_ArgumentContains(name, re.compile(condition.regex)))
+        if condition.min is not None or condition.max is not None:
+            dynamic.append(_ArgumentWithin(name, condition.min, condition.max))
+    approval = None
+    if rule.effect == "require_approval":
+        terms = rule.approval or defaults
+        approval = Approval(terms.roles, terms.quorum, terms.expires_in)
+    return _Rule(rule.name, rule, approval, tuple(static), tuple(dynamic))
+
+
+class Policy:
+    """A validated policy document, compiled, with the hash that identifies it in the log."""
+
+    def __init__(
+        self,
+        document: PolicyDocument,
+        *,
+        policy_hash: str,
+        source: str,
+        tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME,
+    ) -> None:
+        self.document = document
+        self.hash = policy_hash
+        """`sha256:` and the hex digest of the policy file's bytes."""
+        self.source = source
+        """Where the policy came from: a file path, or `built-in`."""
+        self.tools = tools
+        self._rules = tuple(_compile_rule(rule, document.approval) for rule in document.rules)
+        self.uses_requester = any(
+            isinstance(condition, _UserIs | _RoleIs)
+            for rule in self._rules
+            for condition in rule.dynamic
+        )
+        """Whether any rule looks at who started the session (else it need not be looked up)."""
+        self._candidates: dict[tuple[str, str, str], tuple[_Rule, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def facts(
+        self,
+        *,
+        tenant: str,
+        tool: str,
+        arguments: Mapping[str, JsonValue],
+        declared_risk: Risk | None,
+        requester: Actor | None,
+    ) -> CallFacts | None:
+        """The facts of a call, or None for a tool the catalogue does not know."""
+        spec = self.tools.get(tool)
+        if spec is None:
+            return None
+        # A plan may raise a step's risk, never lower it below the tool's own.
+        risk = max(spec.risk, declared_risk or spec.risk, key=RISK_ORDER.index)
+        return CallFacts(tenant, tool, BUILTIN_SERVER, risk, arguments, requester)
+
+    def judge(
+        self,
+        *,
+        tenant: str,
+        tool: str,
+        arguments: Mapping[str, JsonValue],
+        declared_risk: Risk | None = None,
+        requester: Actor | None = None,
+    ) -> Verdict:
+        """The verdict on a call: unknown tools are denied, then the first matching rule."""
+        facts = self.facts(
+            tenant=tenant,
+            tool=tool,
+            arguments=arguments,
+            declared_risk=declared_risk,
+            requester=requester,
+        )
+        if facts is None:
+            return unknown_tool_verdict(tool, declared_risk)
+        return self.evaluate(facts)
+
+    def evaluate(self, facts: CallFacts) -> Verdict:
+        """The first matching rule's verdict; a call no rule matches is denied."""
+        for rule in self._candidates_for(facts):
+            if rule.matches_call(facts):
+                return rule.verdict(facts)
+        return Verdict(
+            effect="deny",
+            rule=NO_RULE_MATCHED,
+            reason="no policy rule allows this call (calls are denied unless a rule allows them)",
+            risk=facts.risk,
+        )
+
+    def explain(self, facts: CallFacts) -> tuple[tuple[RuleCheck, ...], Verdict]:
+        """Every rule tried, in order, up to the one that matched; and the verdict."""
+        checks = []
+        for rule in self._rules:
+            check = rule.check(facts)
+            checks.append(check)
+            if check.failed is None:
+                break
+        return tuple(checks), self.evaluate(facts)
+
+    def _candidates_for(self, facts: CallFacts) -> tuple[_Rule, ...]:
+        key = (facts.tenant, facts.tool, facts.server)
+        candidates = self._candidates.get(key)
+        if candidates is None:
+            candidates = tuple(
+                rule for rule in self._rules if all(c.holds(facts) for c in rule.static)
+            )
+            if len(self._candidates) >= _CANDIDATE_CACHE_LIMIT:
+                self._candidates.clear()  # Tenants come and go; start over rather than grow.
+            self._candidates[key] = candidates
+        return candidates
+
+
+def unknown_tool_verdict(tool: str, declared_risk: Risk | None) -> Verdict:
+    """Tools outside the catalogue are denied whatever the rules say: nothing can run them."""
+    return Verdict(
+        effect="deny",
+        rule=UNKNOWN_TOOL_RULE,
+        reason=f"unknown tool {tool!r}: only registered tools may run",
+        risk=declared_risk or "critical",
+    )

@@ -1,0 +1,166 @@
+"""A policy file in force across the services as processes: quorum, modified arguments, and
+requests that expire while the approval service is down."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionSubmitted,
+    ApprovalGranted,
+    ApprovalRequested,
+    Event,
+    PlanStep,
+    Playbook,
+    SessionStarted,
+    SessionState,
+    ToolCallAuthorized,
+    ToolCallDenied,
+    new_event,
+)
+from helmline.runtime import EventStore
+from helmline.runtime.testing import ServiceProcesses, eventually
+
+POLICY = """
+rules:
+  - name: touch-expires-fast
+    tool: run_command
+    arguments:
+      command: {regex: '^touch '}
+    effect: require_approval
+    approval: {roles: [approver], expires_in: 3s}
+  - name: echo-needs-two-sre
+    tool: run_command
+    arguments:
+      command: {regex: '^echo '}
+    effect: require_approval
+    approval: {roles: [sre], quorum: 2, expires_in: 10m}
+  - name: the-rest
+    effect: allow
+"""
+SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
+REQUESTER = Actor(id="ana", roles=("operator",))
+BOB = Actor(id="bob", roles=("sre",))
+CEM = Actor(id="cem", roles=("sre",))
+EVE = Actor(id="eve", roles=("viewer",))
+
+
+class PolicyStack:
+    """The services, with the approval service under the test's policy file."""
+
+    def __init__(self, processes: ServiceProcesses, policy: Path) -> None:
+        self.processes = processes
+        self.policy = policy
+
+    def start(self, name: str) -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            if name == "approval":
+                patch.setenv("HELMLINE_POLICY", str(self.policy))
+            self.processes.start(name)
+
+
+@pytest.fixture(scope="module")
+def stack(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyStack]:
+    folder = tmp_path_factory.mktemp("policy-stack")
+    policy = folder / "policy.yaml"
+    policy.write_text(POLICY)
+    running = PolicyStack(ServiceProcesses(nats_url, folder), policy)
+    try:
+        for name in SERVICES:
+            running.start(name)
+        yield running
+    finally:
+        running.processes.stop_all()
+
+
+async def _start(store: EventStore, tenant: str, command: str) -> tuple[str, Event]:
+    playbook = Playbook(
+        goal="one command",
+        steps=(PlanStep(id="cmd", tool="run_command", arguments={"command": command}),),
+    )
+    session_id = uuid.uuid4().hex
+    started = new_event(
+        SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=REQUESTER),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+    await store.append(started)
+    return session_id, started
+
+
+async def _until(store: EventStore, tenant: str, session_id: str, *statuses: str) -> SessionState:
+    async def reached() -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        return state if state.status in statuses else None
+
+    state: SessionState = await eventually(
+        reached, timeout_s=30, what=f"session {' or '.join(statuses)}"
+    )
+    return state
+
+
+async def _vote(store: EventStore, started: Event, actor: Actor, **changes: Any) -> None:
+    vote = ApprovalDecisionSubmitted.model_validate(
+        {"request_id": "cmd.1", "decision": "grant", "decided_by": actor, **changes}
+    )
+    await store.append(started.derive(vote, source="test", key=uuid.uuid4().hex))
+
+
+async def test_a_request_that_expires_while_the_approval_service_is_down_is_denied_at_restart(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    session_id, _ = await _start(store, tenant, "touch never")
+    waiting = await _until(store, tenant, session_id, "waiting")
+    (request,) = waiting.pending_approvals
+    assert request.rule == "touch-expires-fast"
+
+    stack.processes.kill("approval")
+    await eventually(
+        lambda: datetime.now(UTC) > request.expires_at, timeout_s=10, what="the expiry"
+    )
+    # Nobody else expires requests: the session still waits while the service is down.
+    assert (await store.load(tenant, session_id)).state.status == "waiting"
+    stack.start("approval")
+
+    state = await _until(store, tenant, session_id, "failed", "completed")
+    assert state.status == "failed"  # The plan's default: a denied step fails the session.
+    assert state.approvals[request.request_id].status == "expired"
+    assert state.steps["cmd"].status == "denied"
+    assert "expired" in (state.steps["cmd"].reason or "")
+
+
+async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_arguments(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    session_id, started = await _start(store, tenant, "echo hello")
+    await _until(store, tenant, session_id, "waiting")
+    changed = {"command": "echo goodbye"}
+
+    await _vote(store, started, BOB, modified_arguments=changed)
+    await _vote(store, started, BOB, modified_arguments=changed)
+    await _vote(store, started, EVE, modified_arguments=changed)
+    # Appended one after the other, so judged in this order: one grant of two so far.
+    await _vote(store, started, CEM, modified_arguments=changed)
+
+    state = await _until(store, tenant, session_id, "completed", "failed")
+    assert state.status == "completed", state.outcome
+    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+    (requested,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    (granted,) = [e for e in events if isinstance(e, ApprovalGranted)]
+    (authorized,) = [e for e in events if isinstance(e, ToolCallAuthorized)]
+    assert not [e for e in events if isinstance(e, ToolCallDenied)]
+    assert requested.arguments == {"command": "echo hello"}
+    assert (requested.policy_hash or "").startswith("sha256:")
+    assert [actor.id for actor in granted.decided_by] == ["bob", "cem"]
+    assert granted.modified_arguments == changed
+    assert authorized.arguments == changed
+    assert authorized.policy_hash == requested.policy_hash
+    assert "goodbye" in str(state.steps["cmd"].output)
