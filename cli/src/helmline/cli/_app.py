@@ -14,6 +14,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from helmline.cli import _archive_commands as archive_commands
+from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _session_commands as session_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
@@ -28,6 +29,9 @@ app = typer.Typer(
 )
 schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_help=True)
 app.add_typer(schema_app, name="schema")
+policy_app = typer.Typer(
+    help="The approval policy: check a file, explain a decision.", no_args_is_help=True
+)
 
 
 # Exit status of `status` when the data folder has no stack (systemctl's "inactive").
@@ -52,12 +56,15 @@ def up(
             "--no-sample", help="Do not start the sample session (examples/playbooks/hello.yaml)."
         ),
     ] = False,
+    policy: policy_commands.PolicyFile = None,
 ) -> None:
     """Start NATS, PostgreSQL and every service in the background, and wait until all are ready.
 
     With HELMLINE_NATS_URL or HELMLINE_DATABASE_URL set, those servers are used instead of
     starting embedded ones. A newly started stack gets one sample session, which stops at
-    an approval (unless --no-sample).
+    an approval (unless --no-sample). With --policy (or HELMLINE_POLICY), the approval
+    service decides by that policy file, checked before anything starts, and reloads it
+    whenever it changes.
     """
     from helmline.cli._display import StartupProgress, render_status, stderr, stdout
     from helmline.cli._settings import load_settings
@@ -66,9 +73,14 @@ def up(
     settings = load_settings(
         data_dir=data_dir, api_port=api_port, nats_port=nats_port, pg_port=pg_port
     )
+    environ = dict(os.environ)
     try:
+        if policy is not None:
+            policy_commands.load_policy_file(policy)
+            # Services run in the data folder, so a relative path would not reach the file.
+            environ["HELMLINE_POLICY"] = str(policy.resolve())
         with StartupProgress(stderr()) as progress:
-            result = start_stack(settings, dict(os.environ), progress)
+            result = start_stack(settings, environ, progress)
     except CliError as error:
         _fail(error)
     if result.already_running:
@@ -198,6 +210,9 @@ app.command()(session_commands.deny)
 app.command()(session_commands.pause)
 app.command()(session_commands.resume)
 app.command()(session_commands.cancel)
+app.add_typer(policy_app, name="policy")
+policy_app.command("check")(policy_commands.check)
+policy_app.command("explain")(policy_commands.explain)
 app.command()(archive_commands.export)
 app.command("import")(archive_commands.import_)
 

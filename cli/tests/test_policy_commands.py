@@ -1,0 +1,169 @@
+"""`helmline policy check` and `helmline policy explain`."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from helmline.approval import default_policy, parse_policy
+from helmline.cli._app import app
+from helmline.contracts import (
+    Actor,
+    ApprovalRequested,
+    PlanProposed,
+    PlanStep,
+    SessionStarted,
+    StepScheduled,
+    new_event,
+)
+from helmline.runtime import EventStore
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "policies"
+
+
+def test_check_accepts_a_valid_file_and_prints_its_hash() -> None:
+    path = EXAMPLES / "team.yaml"
+    result = CliRunner().invoke(app, ["policy", "check", str(path)])
+
+    assert result.exit_code == 0, result.output
+    assert "valid, 8 rules" in result.stdout
+    assert parse_policy(path.read_bytes(), source="x").hash in result.stdout
+
+
+def test_check_refuses_an_invalid_file_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: ok\n"
+        "    effect: allow\n"
+        "  - name: broken\n"
+        "    effect: require_approval\n"
+        "    approval: {quorum: many}\n"
+    )
+    result = CliRunner().invoke(app, ["policy", "check", str(path)])
+
+    assert result.exit_code == 2
+    assert f"{path}:6: rules[1].approval.quorum:" in result.stderr
+
+
+def test_check_names_a_missing_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["policy", "check", str(tmp_path / "nope.yaml")])
+
+    assert result.exit_code == 2
+    assert "nope.yaml:1: cannot read" in result.stderr
+
+
+async def _session_waiting_on_a_command(store: EventStore, tenant: str) -> str:
+    session_id = uuid.uuid4().hex
+    started = new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana", roles=("operator",))),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+    wipe = PlanStep(id="wipe", tool="run_command", arguments={"command": "rm -rf build"})
+    policy = default_policy()
+    verdict = policy.judge(tenant=tenant, tool="run_command", arguments=wipe.arguments)
+    assert verdict.approval is not None
+    events = [
+        started,
+        started.derive(PlanProposed(revision=1, steps=(wipe,)), source="test"),
+        started.derive(
+            StepScheduled(
+                step_id="wipe", call_id="wipe.1", tool="run_command", arguments=wipe.arguments
+            ),
+            source="test",
+        ),
+        started.derive(
+            ApprovalRequested(
+                request_id="wipe.1",
+                scope="step",
+                step_id="wipe",
+                call_id="wipe.1",
+                tool="run_command",
+                arguments=wipe.arguments,
+                risk=verdict.risk,
+                reason=verdict.reason,
+                rule=verdict.rule,
+                policy_hash=policy.hash,
+                expires_at=datetime.now(UTC) + timedelta(minutes=10),
+            ),
+            source="test",
+        ),
+    ]
+    for event in events:
+        await store.append(event)
+    return session_id
+
+
+async def test_explain_shows_the_recorded_rule_and_why_each_rule_did_or_did_not_match(
+    store: EventStore, nats_url: str, tenant: str, tmp_path: Path
+) -> None:
+    session_id = await _session_waiting_on_a_command(store, tenant)
+    runner = CliRunner()
+
+    built_in = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["policy", "explain", session_id, "wipe", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url, "HELMLINE_POLICY": None},
+    )
+
+    assert built_in.exit_code == 0, built_in.output
+    lines = built_in.stdout.splitlines()
+    assert lines[0].startswith('step wipe: run_command {"command": "rm -rf build"} (risk high)')
+    assert "requested by ana (roles: operator)" in lines
+    assert any(
+        line.startswith("recorded: require_approval by rule approve-high-and-critical-risk")
+        for line in lines
+    )
+    assert any("is the one it was decided under" in line for line in lines)
+    assert "  1. allow-low-and-medium-risk: skipped, not: risk is low or medium" in lines
+    assert any(line.startswith("  2. approve-high-and-critical-risk: MATCHED") for line in lines)
+
+    stricter = tmp_path / "stricter.yaml"
+    stricter.write_text(
+        "rules:\n  - name: no-rm\n    arguments:\n      command: {regex: '\\brm\\b'}\n"
+        "    effect: deny\n    reason: nothing is deleted\n"
+    )
+    other = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["policy", "explain", session_id, "wipe", "--tenant", tenant, "--policy", str(stricter)],
+        env={"HELMLINE_NATS_URL": nats_url},
+    )
+    assert other.exit_code == 0, other.output
+    assert "is NOT the one it was decided under" in other.stdout
+    assert "verdict: deny by rule no-rm: nothing is deleted" in other.stdout
+
+
+async def test_explain_names_the_steps_when_the_step_is_unknown(
+    store: EventStore, nats_url: str, tenant: str
+) -> None:
+    session_id = await _session_waiting_on_a_command(store, tenant)
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["policy", "explain", session_id, "nope", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url},
+    )
+    assert result.exit_code == 1
+    assert "has no step 'nope' (steps: wipe)" in result.stderr
+
+
+def test_up_refuses_an_invalid_policy_before_starting_anything(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules:\n  - name: a\n    effect: allow\n    tool: [\n")
+    data_dir = tmp_path / "data"
+
+    result = CliRunner().invoke(
+        app, ["up", "--policy", str(policy), "--data-dir", str(data_dir), "--no-sample"]
+    )
+
+    assert result.exit_code == 2
+    assert f"{policy}:5: invalid YAML" in result.stderr
+    assert not data_dir.exists()
