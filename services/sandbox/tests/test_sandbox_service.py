@@ -38,7 +38,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import Delivery, EventStore, Handler, ServiceHost, ensure_topology
 from helmline.runtime.testing import NatsServer, eventually, free_port
-from helmline.sandbox import SandboxHandler, SandboxSettings, sandbox_setup
+from helmline.sandbox import SandboxHandler, SandboxSettings, sandbox_setup, tools_for
 
 CallEvent = ToolCallStarted | ToolCallCompleted | ToolCallFailed | SandboxLimitExceeded
 
@@ -138,7 +138,8 @@ async def _service(
         if wrap is None:
             await sandbox_setup(settings, spec)(host)
         else:
-            await host.consume(spec, wrap(SandboxHandler(host.store, workspaces)))
+            tools = await tools_for(settings)
+            await host.consume(spec, wrap(SandboxHandler(host.store, workspaces, tools)))
         yield host
 
 
@@ -155,6 +156,19 @@ async def sandbox(
     async with _service(nats_url, spec, workspaces):
         yield Sandbox(store, tenant, workspaces)
     await js.delete_consumer(EVENTS_STREAM.name, spec.durable)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Host processes running as `uid` (a session's commands run as the session's uid)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid and not _dead(int(name)):
+                    found.append(int(name))
+            except FileNotFoundError:
+                pass
+    return found
 
 
 def _dead(pid: int) -> bool:
@@ -235,10 +249,10 @@ async def test_run_command_reports_exit_code_and_output_in_a_clean_environment(
     assert isinstance(stdout, str)
     lines = stdout.splitlines()
     assert lines[0] == "out"
-    assert lines[1] == str(sandbox.workspace())  # The workspaces fixture is resolved.
+    assert lines[1] == "/workspace"
     variables = {line.split("=", 1)[0] for line in lines[2:]}
-    assert "PATH" in variables
-    assert not variables & {"HOME", "HELMLINE_NATS_URL", "HELMLINE_WORKSPACES_DIR"}
+    # The allow-list, plus what the shell sets itself.
+    assert variables - {"PWD", "SHLVL", "OLDPWD", "_"} == {"PATH", "HOME", "TMPDIR", "LANG"}
     assert result.output["stderr"] == "err\n"
     assert result.output["stdout_truncated"] is False
     assert not result.truncated
@@ -350,9 +364,11 @@ async def test_a_timeout_kills_the_command_and_children_that_left_its_group(
         timeout_s=1,
     )
     workspace = sandbox.workspace()
-    escaped = await _pid_from(workspace / "escaped.pid")
-    child = await _pid_from(workspace / "child.pid")
-    assert os.getpgid(escaped) != os.getpgid(child)
+    await _pid_from(workspace / "escaped.pid")
+    await _pid_from(workspace / "child.pid")
+    uid = workspace.stat().st_uid
+    assert uid != 0
+    assert len(processes_of(uid)) >= 3  # Both sleeps, and the shell waiting.
 
     result = await sandbox.result(request)
     assert isinstance(result, ToolCallFailed)
@@ -364,7 +380,7 @@ async def test_a_timeout_kills_the_command_and_children_that_left_its_group(
     assert len(limits) == 1
     assert limits[0].hit.limit == "timeout"
     assert limits[0].hit.value == 1
-    await eventually(lambda: _dead(escaped) and _dead(child), timeout_s=2, what="all killed")
+    await eventually(lambda: not processes_of(uid), timeout_s=2, what="all killed")
 
 
 async def test_a_call_leaves_no_process_behind(sandbox: Sandbox) -> None:
@@ -375,15 +391,16 @@ async def test_a_call_leaves_no_process_behind(sandbox: Sandbox) -> None:
     )
     assert isinstance(result.output, dict)
     assert result.output["stdout"] == "started\n"
-    daemon = await _pid_from(sandbox.workspace() / "daemon.pid")
-    await eventually(lambda: _dead(daemon), timeout_s=2, what="the daemon killed")
+    assert not processes_of(sandbox.workspace().stat().st_uid)  # Gone before the result.
 
 
 async def test_cancel_kills_a_running_command_within_two_seconds(
     sandbox: Sandbox, js: JetStreamContext
 ) -> None:
     request = await sandbox.request("run_command", command="echo $$ > cmd.pid; exec sleep 60")
-    pid = await _pid_from(sandbox.workspace() / "cmd.pid")
+    await _pid_from(sandbox.workspace() / "cmd.pid")
+    uid = sandbox.workspace().stat().st_uid
+    assert processes_of(uid)
 
     cancel = new_event(
         SessionCancelRequested(requested_by=Actor(id="operator"), reason="test"),
@@ -397,7 +414,7 @@ async def test_cancel_kills_a_running_command_within_two_seconds(
     assert time.monotonic() - began < 2
     assert isinstance(result, ToolCallFailed)
     assert result.error.kind == "cancelled"
-    assert _dead(pid)
+    assert not processes_of(uid)
 
     # The cancel itself is acknowledged, and the session's next call does not run.
     info = await eventually(
@@ -456,7 +473,7 @@ async def test_a_call_running_in_this_process_is_not_started_twice(
     store: EventStore, tenant: str, workspaces: Path
 ) -> None:
     sandbox = Sandbox(store, tenant, workspaces)
-    handler = SandboxHandler(store, workspaces)
+    handler = SandboxHandler(store, workspaces, await tools_for(SandboxSettings()))
     request = await sandbox.request("run_command", command="echo ran >> count.txt")
     await asyncio.gather(
         handler(Delivery(request, seq=1, deliveries=1)),
@@ -547,12 +564,14 @@ async def test_after_a_crash_the_interrupted_call_is_failed_not_run_again(
         request = await sandbox.request(
             "run_command", command="echo ran >> count.txt; echo $$ > cmd.pid; exec sleep 60"
         )
-        pid = await _pid_from(sandbox.workspace() / "cmd.pid")
+        await _pid_from(sandbox.workspace() / "cmd.pid")
+        uid = sandbox.workspace().stat().st_uid
+        assert processes_of(uid)
         process.kill()
         await process.wait()
-    # Started is in the log with no result, and the command outlived the sandbox.
+    # Started is in the log with no result; the sandbox died with the service.
     assert [type(data) for data in await sandbox.events(request)] == [ToolCallStarted]
-    assert not _dead(pid)
+    await eventually(lambda: not processes_of(uid), timeout_s=2, what="the command dead")
 
     # Restarted (here in this process, with a short ack wait so the redelivery comes soon).
     spec = SANDBOX_CONSUMER.model_copy(update={"ack_wait_s": 1.0})
@@ -566,4 +585,3 @@ async def test_after_a_crash_the_interrupted_call_is_failed_not_run_again(
     assert result.error.message.startswith("interrupted:")
     assert not result.error.retryable
     assert _lines(count) == 1
-    await eventually(lambda: _dead(pid), timeout_s=2, what="the orphaned command killed")

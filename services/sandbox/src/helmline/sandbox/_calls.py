@@ -114,7 +114,7 @@ def results(
             if size + _ENVELOPE_ROOM > EVENTS_STREAM.max_msg_size:
                 return [failed(cause, request, _too_large(size), duration_ms)]
             return [completed]
-        case Failed(error=error, limit=limit):
+        case Failed(error=error, limit=limit, usage=usage):
             events: list[Event] = []
             if limit is not None:
                 events.append(
@@ -123,7 +123,7 @@ def results(
                             call_id=request.call_id,
                             step_id=request.step_id,
                             hit=limit,
-                            usage=ResourceUsage(wall_ms=duration_ms),
+                            usage=usage or ResourceUsage(wall_ms=duration_ms),
                         ),
                         source=SOURCE,
                     )

@@ -1,9 +1,10 @@
-"""Shell commands in a workspace: their own process group, a clean environment, a wall clock.
+"""Running a call's process: its own process group, a wall clock, a cancel, a watchdog.
 
-A call leaves nothing running. When the shell ends (or is killed for a timeout or a cancel)
-its process group is killed, and so is every process that carries the call's marker in its
-environment, which catches children that left the group with `setsid`. Real isolation
-(namespaces, cgroups) replaces the marker in a later version of the sandbox.
+A call leaves nothing running. When the launched process ends (or is killed for a timeout,
+a cancel or a limit) its process group is killed, and so is every process that carries the
+call's marker in its environment, which catches children that left the group with
+`setsid`. Under bubblewrap the marker is on bubblewrap itself, whose death takes the whole
+sandbox (its pid namespace) with it.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from helmline.contracts import ToolError
 from helmline.sandbox._errors import ToolRefused
+from helmline.sandbox._limits import LimitName
 
-SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 MARKER_VARIABLE = "HELMLINE_SANDBOX_CALL"
-SHELL = "/bin/sh"
 
 _OUTPUT_FDS = (1, 2)
 _SETTLE_S = 0.05
@@ -34,12 +35,36 @@ _DRAIN_S = 1.0
 _SWEEPS = 5
 
 
+Ended = Literal["exited", "timeout", "cancelled", "limit"]
+Watch = Callable[[], Awaitable[LimitName]]
+"""Returns once a limit is crossed (and never otherwise): the call is then killed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """The process that runs a call."""
+
+    argv: Sequence[str]
+    """What to execute."""
+    cwd: Path
+    """Where."""
+    env: Mapping[str, str]
+    """Its whole environment (the call's marker is added)."""
+    prepare: Callable[[], None] | None = None
+    """Runs in the child between fork and exec: joins cgroups, sets rlimits."""
+    contained: bool = False
+    """Whether everything the process starts dies with it (a pid namespace), so nothing
+    needs hunting once it has exited."""
+
+
 @dataclass(frozen=True, slots=True)
 class CommandRun:
     """How a command ended and what it wrote."""
 
-    ended: Literal["exited", "timeout", "cancelled"]
-    """Whether the shell exited by itself or was killed for a timeout or a cancel."""
+    ended: Ended
+    """Whether it exited by itself or was killed for a timeout, a cancel or a limit."""
+    limit: LimitName | None
+    """The limit the watchdog saw crossed, when that killed it."""
     exit_code: int | None
     """The shell's exit status (128 + N when signal N ended it); None when it was killed."""
     stdout: bytes
@@ -98,11 +123,16 @@ class _Capture(asyncio.SubprocessProtocol):
             self.closed.set_result(None)
 
 
-async def run_shell(
-    command: str, cwd: Path, *, timeout_s: float, cap: int, control: CommandControl
+async def run_process(
+    launch: Launch,
+    *,
+    timeout_s: float,
+    cap: int,
+    control: CommandControl,
+    watch: Watch | None = None,
 ) -> CommandRun:
-    """Run `/bin/sh -c command` in `cwd` until it ends, `timeout_s` passes or the call is
-    cancelled.
+    """Run `launch` until it ends, `timeout_s` passes, the call is cancelled or `watch`
+    returns.
 
     Whatever it started is killed before this returns, except processes that closed their
     output and left the process group: the reaper kills those shortly after.
@@ -113,34 +143,45 @@ async def run_shell(
     try:
         transport, capture = await loop.subprocess_exec(
             lambda: _Capture(cap),
-            SHELL,
-            "-c",
-            command,
+            *launch.argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=cwd,
-            env={"PATH": SEARCH_PATH, MARKER_VARIABLE: marker},
+            cwd=launch.cwd,
+            env={**launch.env, MARKER_VARIABLE: marker},
             start_new_session=True,
+            preexec_fn=launch.prepare,
         )
-    except OSError as error:  # No process left to run it (EAGAIN), or the workspace vanished.
+    except (OSError, subprocess.SubprocessError) as error:
+        # No process left to run it (EAGAIN), the workspace vanished, or `prepare` failed.
         raise ToolRefused(
             ToolError(
                 kind="unavailable",
-                message=f"the command could not be started: {error.strerror or error}",
+                message="the command could not be started: "
+                f"{getattr(error, 'strerror', None) or error}",
                 retryable=True,
             )
         ) from error
     group = transport.get_pid()
     cancelled = asyncio.ensure_future(control.cancel.wait())
+    crossed: asyncio.Future[LimitName] = (
+        asyncio.ensure_future(watch()) if watch is not None else loop.create_future()
+    )
     try:
         await asyncio.wait(
-            (capture.exited, cancelled), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            (capture.exited, cancelled, crossed),
+            timeout=timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
         )
+        ended: Ended
         if capture.exited.done():
-            ended: Literal["exited", "timeout", "cancelled"] = "exited"
+            ended = "exited"
+        elif cancelled.done():
+            ended = "cancelled"
+        elif crossed.done():
+            ended = "limit"
         else:
-            ended = "cancelled" if cancelled.done() else "timeout"
+            ended = "timeout"
         _kill_group(group)
         if ended != "exited":
             await asyncio.to_thread(kill_marked, marker)
@@ -149,18 +190,21 @@ async def run_shell(
         return_code = transport.get_returncode()
     finally:
         cancelled.cancel()
+        if not crossed.done():
+            crossed.cancel()
         if transport.get_returncode() is None or not capture.closed.done():
             # Interrupted (shutdown) or output held open by a process nothing could find.
             _kill_group(group)
             kill_marked(marker)
         transport.close()
-    if ended == "exited":
+    if ended == "exited" and not launch.contained:
         # Daemons that closed their output and left the group may linger; no call leaves
         # a process behind, but hunting them costs a scan of every process, so it is
         # batched off the calls' critical path.
         reaper.hunt(marker)
     return CommandRun(
         ended=ended,
+        limit=crossed.result() if ended == "limit" else None,
         exit_code=_exit_code(return_code) if ended == "exited" else None,
         stdout=bytes(capture.kept[1]),
         stderr=bytes(capture.kept[2]),

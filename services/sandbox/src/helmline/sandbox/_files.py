@@ -40,21 +40,27 @@ def read_file(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, bo
     return {"path": str(relative), "content": content, "truncated": truncated}, truncated
 
 
-def write_file(workspace: Path, argument: str, content: str) -> JsonValue:
-    """Create or replace a file, making folders as needed: `{"path", "bytes"}`."""
+def write_file(workspace: Path, argument: str, content: str, owner: int | None) -> JsonValue:
+    """Create or replace a file, making folders as needed: `{"path", "bytes"}`.
+
+    What it creates belongs to `owner` (the uid the session's commands run as), so that
+    commands can change it too.
+    """
     relative = workspace_path(argument)
     if relative == PurePosixPath("."):
         raise _not_a_file(argument, None)
     target = _resolve(workspace, relative, argument)
     data = content.encode("utf-8")
     with _refusing_os_errors(argument):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _make_folders(os.path.dirname(target), owner)
         fd = os.open(
             target,
             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o644,
         )
         try:
+            if owner is not None:
+                os.fchown(fd, owner, owner)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -112,6 +118,18 @@ def delete_file(workspace: Path, argument: str) -> JsonValue:
             raise _not_a_file(argument, None)
         os.unlink(target)
     return {"path": str(relative)}
+
+
+def _make_folders(folder: str, owner: int | None) -> None:
+    if os.path.isdir(folder):
+        return
+    _make_folders(os.path.dirname(folder), owner)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        return  # Made meanwhile by a parallel call.
+    if owner is not None:
+        os.chown(folder, owner, owner)
 
 
 def _resolve(workspace: Path, relative: PurePosixPath, argument: str) -> str:

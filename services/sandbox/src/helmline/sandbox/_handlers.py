@@ -29,7 +29,7 @@ from helmline.sandbox._calls import (
 )
 from helmline.sandbox._commands import CommandControl, Reaper, kill_marked
 from helmline.sandbox._paths import workspace_of
-from helmline.sandbox._tools import execute
+from helmline.sandbox._tools import Tools
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +62,12 @@ class _Recent(Generic[K, V]):
 class SandboxHandler:
     """Handles the sandbox consumer's events; `cancel_session` also serves the fast path."""
 
-    def __init__(self, store: EventStore, workspaces_dir: Path, *, memory: int = 10_000) -> None:
+    def __init__(
+        self, store: EventStore, workspaces_dir: Path, tools: Tools, *, memory: int = 10_000
+    ) -> None:
         self._store = store
         self._workspaces_dir = workspaces_dir
+        self._tools = tools
         self._running: dict[CallKey, asyncio.Event] = {}
         self._reaper = Reaper()
         # What this process learnt from the log, kept to answer without reading it again.
@@ -137,7 +140,9 @@ class SandboxHandler:
             began = time.perf_counter()
             workspace = workspace_of(self._workspaces_dir, cause.tenant, cause.session_id)
             control = CommandControl(process_marker(cause), cancel, self._reaper)
-            outcome = await execute(request, workspace, control)
+            outcome = await self._tools.execute(
+                request, workspace, (cause.tenant, cause.session_id), control
+            )
             duration_ms = (time.perf_counter() - began) * 1000
         finally:
             del self._running[key]

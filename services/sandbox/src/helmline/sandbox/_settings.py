@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -15,10 +15,31 @@ def _default_workspaces_dir(data: dict[str, Any]) -> Path:
 
 
 class SandboxSettings(RuntimeSettings):
-    """Where workspaces live, from `HELMLINE_*` environment variables."""
+    """Where workspaces live and how commands are confined, from `HELMLINE_*` variables."""
 
     data_dir: Path = Path(".helmline")
     """The stack's data folder (`HELMLINE_DATA_DIR`, set by `helmline up`)."""
     workspaces_dir: Path = Field(default_factory=_default_workspaces_dir)
     """Root of the session workspaces, `<tenant>/<session_id>/` under it; by default
     `workspaces` in the data folder."""
+    sandbox_backend: Literal["process", "unsandboxed"] = "process"
+    """How `run_command` is confined: `process` runs it under bubblewrap with cgroup and
+    rlimit limits (the service refuses to start without bubblewrap); `unsandboxed` runs it
+    as a plain child process, for development on machines without bubblewrap only."""
+    bwrap_path: str = "bwrap"
+    """The bubblewrap executable, looked up on PATH unless absolute."""
+    sandbox_uid_base: int = Field(default=200_000, ge=1000)
+    """First host uid given to sandboxed commands (when the service runs as root): each
+    session runs as its own uid in `[base, base + count)`, owning only its workspace."""
+    sandbox_uid_count: int = Field(default=100_000, ge=1)
+    """How many uids sessions are spread over."""
+    default_cpu_s: float = Field(default=60.0, gt=0)
+    """CPU seconds of a call whose request sets none."""
+    default_memory_mb: int = Field(default=1024, gt=0)
+    """Memory (MiB) of a call whose request sets none."""
+    default_max_processes: int = Field(default=256, gt=0)
+    """Processes a call may have at once, when its request sets none."""
+    default_max_file_mb: int = Field(default=1024, gt=0)
+    """Largest file (MiB) a call may write, when its request sets none."""
+    tmp_size_mb: int = Field(default=256, gt=0)
+    """Size of each call's private /tmp (memory-backed, charged to the call's memory)."""

@@ -10,10 +10,12 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from pydantic import JsonValue
 
-from helmline.contracts import LimitHit, SandboxExecutionRequested, ToolError
-from helmline.sandbox._commands import CommandControl, run_shell
+from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, ToolError
+from helmline.sandbox._backends import CommandBackend, CommandJob, prepare_workspace
+from helmline.sandbox._commands import CommandControl
 from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._files import delete_file, list_files, read_file, write_file
+from helmline.sandbox._limits import Defaults, LimitName, Limits, effective_limits
 from helmline.sandbox._output import cut_marker, cut_text
 
 
@@ -35,6 +37,8 @@ class Failed:
     """Why, for the planner and for people."""
     limit: LimitHit | None = None
     """The resource limit that stopped it, if one did."""
+    usage: ResourceUsage | None = None
+    """What it had used, where measured."""
 
 
 Outcome = Completed | Failed
@@ -43,33 +47,133 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-async def execute(
-    request: SandboxExecutionRequested, workspace: Path, control: CommandControl
-) -> Outcome:
-    """Run one built-in tool in a session's workspace, creating the workspace if needed.
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """The built-in tools, with commands run by `backend` under limits (defaults filling in
+    what a request leaves unset)."""
 
-    A cancel kills a running command; file tools are too short to interrupt.
-    """
+    backend: CommandBackend
+    defaults: Defaults
+
+    async def execute(
+        self,
+        request: SandboxExecutionRequested,
+        workspace: Path,
+        session: tuple[str, str],
+        control: CommandControl,
+    ) -> Outcome:
+        """Run one built-in tool in a session's (tenant, session id) workspace, creating the
+        workspace if needed.
+
+        A cancel kills a running command; file tools are too short to interrupt.
+        """
+        owner = self.backend.workspace_owner(*session)
+        if request.tool == "run_command":
+            try:
+                return await self._run_command(request, workspace, session, control)
+            except ToolRefused as refused:
+                return Failed(refused.error)
+        return await _file_tool(request, workspace, owner)
+
+    async def _run_command(
+        self,
+        request: SandboxExecutionRequested,
+        workspace: Path,
+        session: tuple[str, str],
+        control: CommandControl,
+    ) -> Outcome:
+        command = _string(request.arguments, "command")
+        limits = effective_limits(request.limits, _timeout(request), self.defaults)
+        job = CommandJob(command, workspace, *session, limits=limits, network=request.network)
+        result = await self.backend.run(job, control)
+        run = result.run
+        usage = ResourceUsage(
+            wall_ms=run.wall_ms, cpu_ms=result.cpu_ms, peak_memory_mb=result.peak_memory_mb
+        )
+        if result.limit is not None:
+            return _limit_failure(result.limit, limits, command, usage)
+        match run.ended:
+            case "timeout":
+                return _limit_failure("timeout", limits, command, usage)
+            case "cancelled":
+                return Failed(
+                    ToolError(
+                        kind="cancelled",
+                        message="the session was cancelled while the command ran; it was killed",
+                    )
+                )
+            case "exited" | "limit":
+                cap = limits.max_output_bytes
+                stdout, stdout_truncated = _cut_stream(run.stdout, run.stdout_total, cap)
+                stderr, stderr_truncated = _cut_stream(run.stderr, run.stderr_total, cap)
+                return Completed(
+                    {
+                        "exit_code": run.exit_code,
+                        "stdout": stdout,
+                        "stderr": stderr,
+                        "stdout_truncated": stdout_truncated,
+                        "stderr_truncated": stderr_truncated,
+                    },
+                    stdout_truncated or stderr_truncated,
+                )
+
+
+_LIMIT_WORDS: dict[LimitName, tuple[str, str]] = {
+    "timeout": (
+        "ran longer than {value:g} s",
+        "raise timeout_s, or make the command finish sooner",
+    ),
+    "cpu": ("used more than {value:g} s of CPU", "raise cpu_s, or do less work per call"),
+    "memory": ("used more than {value:g} MiB of memory", "raise memory_mb, or use less memory"),
+    "processes": (
+        "tried to run more than {value:g} processes at once",
+        "raise max_processes, or start fewer processes",
+    ),
+    "file_size": (
+        "tried to write a file larger than {value:g} MiB",
+        "raise max_file_mb, or write smaller files",
+    ),
+    "output": ("wrote more than {value:g} bytes of output", "raise max_output_bytes"),
+}
+
+
+def _limit_failure(limit: LimitName, limits: Limits, command: str, usage: ResourceUsage) -> Failed:
+    value = limits.value_of(limit)
+    what, suggestion = _LIMIT_WORDS[limit]
+    return Failed(
+        ToolError(
+            kind="timeout" if limit == "timeout" else "limit",
+            message=f"the command {what.format(value=value)} and was killed",
+            suggestion=suggestion,
+        ),
+        LimitHit(limit=limit, value=value, command=command),
+        usage,
+    )
+
+
+async def _file_tool(
+    request: SandboxExecutionRequested, workspace: Path, owner: int | None
+) -> Outcome:
     arguments = request.arguments
     cap = request.limits.max_output_bytes
     try:
         match request.tool:
             case "read_file":
                 path = _string(arguments, "path")
-                output, truncated = await _in_workspace(workspace, read_file, path, cap)
+                output, truncated = await _in_workspace(workspace, owner, read_file, path, cap)
                 return Completed(output, truncated)
             case "write_file":
                 path, content = _string(arguments, "path"), _string(arguments, "content")
-                return Completed(await _in_workspace(workspace, write_file, path, content))
+                return Completed(
+                    await _in_workspace(workspace, owner, write_file, path, content, owner)
+                )
             case "list_files":
                 path = _string(arguments, "path", default=".")
-                output, truncated = await _in_workspace(workspace, list_files, path, cap)
+                output, truncated = await _in_workspace(workspace, owner, list_files, path, cap)
                 return Completed(output, truncated)
             case "delete_file":
                 path = _string(arguments, "path")
-                return Completed(await _in_workspace(workspace, delete_file, path))
-            case "run_command":
-                return await _run_command(request, workspace, control)
+                return Completed(await _in_workspace(workspace, owner, delete_file, path))
             case other:
                 raise ToolRefused(
                     ToolError(
@@ -81,46 +185,6 @@ async def execute(
                 )
     except ToolRefused as refused:
         return Failed(refused.error)
-
-
-async def _run_command(
-    request: SandboxExecutionRequested, workspace: Path, control: CommandControl
-) -> Outcome:
-    command = _string(request.arguments, "command")
-    timeout_s = _timeout(request)
-    cap = request.limits.max_output_bytes
-    await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
-    run = await run_shell(command, workspace, timeout_s=timeout_s, cap=cap, control=control)
-    match run.ended:
-        case "timeout":
-            return Failed(
-                ToolError(
-                    kind="timeout",
-                    message=f"the command ran longer than {timeout_s:g} s and was killed",
-                    suggestion="raise timeout_s, or make the command finish sooner",
-                ),
-                LimitHit(limit="timeout", value=timeout_s, command=command),
-            )
-        case "cancelled":
-            return Failed(
-                ToolError(
-                    kind="cancelled",
-                    message="the session was cancelled while the command ran; it was killed",
-                )
-            )
-        case "exited":
-            stdout, stdout_truncated = _cut_stream(run.stdout, run.stdout_total, cap)
-            stderr, stderr_truncated = _cut_stream(run.stderr, run.stderr_total, cap)
-            return Completed(
-                {
-                    "exit_code": run.exit_code,
-                    "stdout": stdout,
-                    "stderr": stderr,
-                    "stdout_truncated": stdout_truncated,
-                    "stderr_truncated": stderr_truncated,
-                },
-                stdout_truncated or stderr_truncated,
-            )
 
 
 def _cut_stream(kept: bytes, total: int, cap: int) -> tuple[str, bool]:
@@ -138,12 +202,16 @@ def _timeout(request: SandboxExecutionRequested) -> float:
 
 
 async def _in_workspace(
-    workspace: Path, tool: Callable[Concatenate[Path, P], R], *args: P.args, **kwargs: P.kwargs
+    workspace: Path,
+    owner: int | None,
+    tool: Callable[Concatenate[Path, P], R],
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> R:
     """Run a blocking file tool in a worker thread, on a workspace that exists."""
 
     def run() -> R:
-        workspace.mkdir(parents=True, exist_ok=True)
+        prepare_workspace(workspace, owner)
         return tool(workspace, *args, **kwargs)
 
     return await asyncio.to_thread(run)

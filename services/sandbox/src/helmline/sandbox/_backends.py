@@ -1,0 +1,296 @@
+"""Where `run_command` runs: under bubblewrap with cgroups and rlimits (the default), or as
+a plain child process for development (`unsandboxed`, chosen explicitly)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import resource
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from helmline.sandbox._cgroups import CallCgroups, CgroupLayout, detect_layout, join
+from helmline.sandbox._commands import CommandControl, CommandRun, Launch, Reaper, run_process
+from helmline.sandbox._confinement import (
+    SEARCH_PATH,
+    SHELL,
+    Confinement,
+    bwrap_argv,
+    session_uid,
+)
+from helmline.sandbox._errors import SandboxError
+from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
+from helmline.sandbox._settings import SandboxSettings
+
+logger = logging.getLogger(__name__)
+
+_SANDBOX_PROCESSES = 2
+"""bubblewrap and its pid-namespace init, counted by the pids cgroup besides the command."""
+_WATCH_INTERVAL_S = 0.05
+_REMOVAL_ATTEMPTS = 100
+
+
+class SandboxUnavailable(SandboxError):
+    """The configured backend cannot run on this host; the service must not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandJob:
+    """One `run_command` call."""
+
+    command: str
+    workspace: Path
+    tenant: str
+    session_id: str
+    limits: Limits
+    network: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """How the command ended, the limit that stopped it, and what it used."""
+
+    run: CommandRun
+    limit: LimitName | None
+    cpu_ms: float | None = None
+    peak_memory_mb: float | None = None
+
+
+class CommandBackend(Protocol):
+    """Runs commands in workspaces."""
+
+    def workspace_owner(self, tenant: str, session_id: str) -> int | None:
+        """The uid that must own the session's workspace, None to keep the service's."""
+        ...
+
+    async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
+        """Run one command to its end, killing everything it started."""
+        ...
+
+
+def prepare_workspace(workspace: Path, owner: int | None) -> None:
+    """Create the workspace if needed, owned by `owner` and private to it. Blocking."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        stat = workspace.stat()
+        if stat.st_uid != owner:
+            # Group root may only pass through: bubblewrap, root without capabilities by
+            # then, must enter it to start the command there.
+            os.chown(workspace, owner, 0)
+            workspace.chmod(0o710)
+
+
+class ProcessBackend:
+    """bubblewrap namespaces, the call's own cgroups and rlimits."""
+
+    def __init__(self, settings: SandboxSettings, bwrap: str, layout: CgroupLayout) -> None:
+        self._settings = settings
+        self._bwrap = bwrap
+        self._layout = layout
+        self._as_root = os.geteuid() == 0
+        self._removals: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def start(cls, settings: SandboxSettings) -> ProcessBackend:
+        """The backend, once bubblewrap is found and has run `true` confined.
+
+        Raises `SandboxUnavailable`, saying what to install or configure, otherwise.
+        """
+        bwrap = shutil.which(settings.bwrap_path)
+        if bwrap is None:
+            raise SandboxUnavailable(
+                f"bubblewrap ({settings.bwrap_path!r}) is not installed: run_command cannot "
+                "be confined. Install it (Debian/Ubuntu: apt-get install -y bubblewrap), or "
+                "set HELMLINE_SANDBOX_BACKEND=unsandboxed on a development machine only"
+            )
+        layout = await asyncio.to_thread(detect_layout)
+        logger.info(
+            "sandbox: bubblewrap %s, cgroups %s (controllers: %s)",
+            bwrap,
+            layout.version,
+            ", ".join(sorted(layout.places)) or "none; rlimits only",
+        )
+        backend = cls(settings, bwrap, layout)
+        await backend._probe()
+        return backend
+
+    async def _probe(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="helmline-probe-") as folder:
+            workspace = Path(folder) / "workspace"
+            result = await self.run(
+                CommandJob(
+                    command="true",
+                    workspace=workspace,
+                    tenant="probe",
+                    session_id="probe",
+                    limits=Limits(10.0, 10.0, 64, 16, 1, 4096),
+                    network=False,
+                ),
+                CommandControl(f"probe-{os.getpid()}", asyncio.Event(), Reaper()),
+            )
+        if result.run.exit_code != 0:
+            raise SandboxUnavailable(
+                f"bubblewrap cannot create a sandbox here (exit {result.run.exit_code}): "
+                f"{result.run.stderr.decode(errors='replace').strip()}"
+            )
+
+    def workspace_owner(self, tenant: str, session_id: str) -> int | None:
+        if not self._as_root:
+            return None
+        return session_uid(
+            tenant, session_id, self._settings.sandbox_uid_base, self._settings.sandbox_uid_count
+        )
+
+    async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
+        limits = job.limits
+        uid = self.workspace_owner(job.tenant, job.session_id)
+        await asyncio.to_thread(prepare_workspace, job.workspace, uid)
+        confinement = Confinement(job.workspace, job.network, uid, self._settings.tmp_size_mb)
+        cgroups = CallCgroups(self._layout, f"helmline-{control.marker}")
+        await asyncio.to_thread(
+            cgroups.create, limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES
+        )
+        rlimits = _rlimits(
+            limits,
+            per_uid=uid is not None,
+            # Where the pids cgroup counts (and reports) processes, the per-uid count is
+            # only a loose backstop, so the cgroup is the limit that trips.
+            nproc_slack=2 if "pids" in self._layout.places else 1,
+        )
+        procs_files = cgroups.procs_files
+
+        def prepare() -> None:
+            join(procs_files)
+            _apply(rlimits)
+
+        async def watch() -> LimitName:
+            # The kernel enforces; this only notices, so a call that met a limit ends now
+            # instead of at its wall-clock limit (a fork bomb refused forks forever).
+            while True:
+                await asyncio.sleep(_WATCH_INTERVAL_S)
+                usage = cgroups.usage()
+                if usage.oom_kills:
+                    return "memory"
+                if usage.forks_refused:
+                    return "processes"
+                if usage.cpu_s is not None and usage.cpu_s >= limits.cpu_s:
+                    return "cpu"
+
+        launch = Launch(
+            bwrap_argv(self._bwrap, confinement, job.command),
+            cwd=job.workspace,
+            env={},
+            prepare=prepare,
+            contained=True,
+        )
+        try:
+            run = await run_process(
+                launch,
+                timeout_s=limits.timeout_s,
+                cap=limits.max_output_bytes,
+                control=control,
+                watch=watch if self._layout.places else None,
+            )
+        finally:
+            await asyncio.to_thread(cgroups.kill_all)
+            usage = await asyncio.to_thread(cgroups.usage)
+            if not cgroups.remove():
+                removal = asyncio.create_task(_remove_soon(cgroups))
+                self._removals.add(removal)
+                removal.add_done_callback(self._removals.discard)
+        limit = run.limit
+        if run.ended == "exited":
+            observed = Observed(run.exit_code, usage.oom_kills, usage.forks_refused, usage.cpu_s)
+            limit = limit_that_stopped(observed, limits)
+        return CommandResult(
+            run,
+            limit,
+            cpu_ms=usage.cpu_s * 1000 if usage.cpu_s is not None else None,
+            peak_memory_mb=usage.peak_memory_mb,
+        )
+
+
+async def _remove_soon(cgroups: CallCgroups) -> None:
+    # Off the call's path: its processes are dead, the kernel only has to finish with them.
+    for _ in range(_REMOVAL_ATTEMPTS):
+        await asyncio.sleep(_WATCH_INTERVAL_S)
+        if cgroups.remove():
+            return
+    logger.warning("cgroups %s could not be removed", cgroups.name)
+
+
+class UnsandboxedBackend:
+    """A plain child process with rlimits: no isolation at all. Development only."""
+
+    def workspace_owner(self, tenant: str, session_id: str) -> int | None:
+        return None
+
+    async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
+        await asyncio.to_thread(prepare_workspace, job.workspace, None)
+        rlimits = _rlimits(job.limits, per_uid=False, nproc_slack=1)
+        launch = Launch(
+            [SHELL, "-c", job.command],
+            cwd=job.workspace,
+            env={"PATH": SEARCH_PATH},
+            prepare=lambda: _apply(rlimits),
+        )
+        run = await run_process(
+            launch, timeout_s=job.limits.timeout_s, cap=job.limits.max_output_bytes, control=control
+        )
+        limit = (
+            limit_that_stopped(Observed(run.exit_code), job.limits)
+            if run.ended == "exited"
+            else None
+        )
+        return CommandResult(run, limit)
+
+
+async def start_backend(settings: SandboxSettings) -> CommandBackend:
+    """The backend the settings choose, checked to work on this host."""
+    match settings.sandbox_backend:
+        case "process":
+            return await ProcessBackend.start(settings)
+        case "unsandboxed":
+            logger.warning(
+                "sandbox backend 'unsandboxed': commands run WITHOUT isolation, with the "
+                "service's privileges; never use this outside development"
+            )
+            return UnsandboxedBackend()
+
+
+Rlimits = tuple[tuple[int, int, int], ...]
+
+
+def _rlimits(limits: Limits, *, per_uid: bool, nproc_slack: int) -> Rlimits:
+    cpu = math.ceil(limits.cpu_s)
+    size = limits.max_file_mb * 1024 * 1024
+    chosen = [
+        # The soft limit sends SIGXCPU, which a program may catch; the hard one kills.
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_FSIZE, size, size),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
+    if per_uid:
+        # Counted per uid host-wide, so only meaningful for a uid of the session's own.
+        nproc = limits.max_processes * nproc_slack
+        chosen.append((resource.RLIMIT_NPROC, nproc, nproc))
+    return tuple(_within_hard(kind, soft, hard) for kind, soft, hard in chosen)
+
+
+def _within_hard(kind: int, soft: int, hard: int) -> tuple[int, int, int]:
+    # Without CAP_SYS_RESOURCE no limit can rise above the host's hard limit.
+    _, host_hard = resource.getrlimit(kind)
+    if host_hard != resource.RLIM_INFINITY:
+        hard = min(hard, host_hard)
+        soft = min(soft, hard)
+    return kind, soft, hard
+
+
+def _apply(rlimits: Rlimits) -> None:
+    for kind, soft, hard in rlimits:
+        resource.setrlimit(kind, (soft, hard))

@@ -1,0 +1,268 @@
+"""Control groups for each call: which hierarchy the host has, limits, counters, cleanup.
+
+Hosts differ: cgroup v1 (a hierarchy per controller), v2 (one unified hierarchy) or hybrid
+(v1 controllers next to an empty v2 mount). `parse_layout` decides, per controller, where
+its cgroups live; a call's cgroups are children of the service's own cgroups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+Controller = Literal["memory", "pids", "cpu"]
+CONTROLLERS: tuple[Controller, ...] = ("memory", "pids", "cpu")
+_V1_NAMES: dict[Controller, str] = {"memory": "memory", "pids": "pids", "cpu": "cpuacct"}
+_V2_NAMES: dict[Controller, str] = {"memory": "memory", "pids": "pids", "cpu": "cpu"}
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where one controller's cgroups are made."""
+
+    parent: Path
+    """The service's own cgroup in that hierarchy."""
+    v2: bool
+    """Whether it is the unified (v2) hierarchy."""
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """The host's cgroup hierarchies, as far as calls use them."""
+
+    version: Literal["v1", "v2", "hybrid", "none"]
+    """Which kind of host this is."""
+    places: dict[Controller, Place]
+    """The usable controllers and where their cgroups go."""
+
+
+def parse_layout(own_cgroups: str, mounts: str, v2_controllers: str | None) -> CgroupLayout:
+    """The layout from `/proc/self/cgroup`, `/proc/self/mounts` and the controllers of the
+    service's v2 cgroup (`cgroup.controllers`, None if there is no v2 mount)."""
+    own_v1: dict[str, str] = {}
+    own_v2: str | None = None
+    for line in own_cgroups.splitlines():
+        number, names, path = line.split(":", 2)
+        if number == "0" and not names:
+            own_v2 = path
+        for name in names.split(","):
+            if name:
+                own_v1[name] = path
+    v1_mounts: dict[str, Path] = {}
+    v2_mount: Path | None = None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        if fields[2] == "cgroup2":
+            v2_mount = Path(fields[1])
+        elif fields[2] == "cgroup":
+            for option in fields[3].split(","):
+                v1_mounts.setdefault(option, Path(fields[1]))
+    places: dict[Controller, Place] = {}
+    available_v2 = set((v2_controllers or "").split())
+    for controller in CONTROLLERS:
+        name = _V1_NAMES[controller]
+        if name in v1_mounts and name in own_v1:
+            places[controller] = Place(_under(v1_mounts[name], own_v1[name]), v2=False)
+        elif v2_mount is not None and own_v2 is not None and _V2_NAMES[controller] in available_v2:
+            places[controller] = Place(_under(v2_mount, own_v2), v2=True)
+    has_v1 = bool(v1_mounts.keys() & set(_V1_NAMES.values()))
+    version: Literal["v1", "v2", "hybrid", "none"]
+    if has_v1 and v2_mount is not None:
+        version = "hybrid"
+    elif has_v1:
+        version = "v1"
+    elif v2_mount is not None:
+        version = "v2"
+    else:
+        version = "none"
+    return CgroupLayout(version, places)
+
+
+def _under(mount: Path, path: str) -> Path:
+    return mount / path.lstrip("/")
+
+
+def detect_layout() -> CgroupLayout:
+    """This host's layout, keeping only the controllers the service may create cgroups in."""
+    own = Path("/proc/self/cgroup").read_text()
+    mounts = Path("/proc/self/mounts").read_text()
+    v2_controllers: str | None = None
+    for line in own.splitlines():
+        if line.startswith("0::"):
+            for mount_line in mounts.splitlines():
+                fields = mount_line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    own_dir = _under(Path(fields[1]), line[3:])
+                    with contextlib.suppress(OSError):
+                        v2_controllers = (own_dir / "cgroup.controllers").read_text()
+                        _delegate(own_dir, v2_controllers)
+    layout = parse_layout(own, mounts, v2_controllers)
+    usable = {
+        controller: place
+        for controller, place in layout.places.items()
+        if _can_create_under(place.parent)
+    }
+    return CgroupLayout(layout.version, usable)
+
+
+def _delegate(own_dir: Path, controllers: str) -> None:
+    # v2 lets children use a controller only once their parent enables it; refused while the
+    # parent itself holds processes, in which case v2 limits are not available.
+    wanted = [f"+{name}" for name in ("memory", "pids", "cpu") if name in controllers.split()]
+    for entry in wanted:
+        try:
+            (own_dir / "cgroup.subtree_control").write_text(entry)
+        except OSError as error:
+            logger.warning("cannot enable %s for child cgroups: %s", entry, error)
+
+
+def _can_create_under(parent: Path) -> bool:
+    probe = parent / f"helmline-probe-{os.getpid()}"
+    try:
+        probe.mkdir(exist_ok=True)
+        probe.rmdir()
+    except OSError as error:
+        logger.warning("cannot create cgroups under %s: %s", parent, error)
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a call's cgroups counted."""
+
+    oom_kills: int = 0
+    forks_refused: int = 0
+    cpu_s: float | None = None
+    peak_memory_mb: float | None = None
+
+
+class CallCgroups:
+    """The cgroups of one call: made with limits, joined by its first process, emptied and
+    removed when it ends."""
+
+    def __init__(self, layout: CgroupLayout, name: str) -> None:
+        self.name = name
+        self._dirs: dict[Controller, tuple[Path, bool]] = {
+            controller: (place.parent / name, place.v2)
+            for controller, place in layout.places.items()
+        }
+
+    def create(self, memory_mb: int, max_processes: int) -> None:
+        """Make the cgroups and set their limits."""
+        for directory, _ in set(self._dirs.values()):
+            directory.mkdir(exist_ok=True)
+        if "memory" in self._dirs:
+            directory, v2 = self._dirs["memory"]
+            limit = str(memory_mb * 1024 * 1024)
+            if v2:
+                (directory / "memory.max").write_text(limit)
+                _write_if_present(directory / "memory.swap.max", "0")
+            else:
+                (directory / "memory.limit_in_bytes").write_text(limit)
+                _write_if_present(directory / "memory.memsw.limit_in_bytes", limit)
+        if "pids" in self._dirs:
+            directory, _ = self._dirs["pids"]
+            (directory / "pids.max").write_text(str(max_processes))
+
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """The files a process writes its pid to, to join every cgroup of the call."""
+        return tuple(
+            sorted({str(directory / "cgroup.procs") for directory, _ in self._dirs.values()})
+        )
+
+    def usage(self) -> Usage:
+        """The counters now."""
+        oom_kills = forks_refused = 0
+        cpu_s = peak = None
+        if "memory" in self._dirs:
+            directory, v2 = self._dirs["memory"]
+            counters = _counters(directory / ("memory.events" if v2 else "memory.oom_control"))
+            oom_kills = counters.get("oom_kill", 0)
+            peak_bytes = _number(directory / ("memory.peak" if v2 else "memory.max_usage_in_bytes"))
+            peak = peak_bytes / (1024 * 1024) if peak_bytes is not None else None
+        if "pids" in self._dirs:
+            directory, _ = self._dirs["pids"]
+            forks_refused = _counters(directory / "pids.events").get("max", 0)
+        if "cpu" in self._dirs:
+            directory, v2 = self._dirs["cpu"]
+            if v2:
+                usec = _counters(directory / "cpu.stat").get("usage_usec")
+                cpu_s = usec / 1e6 if usec is not None else None
+            else:
+                nanoseconds = _number(directory / "cpuacct.usage")
+                cpu_s = nanoseconds / 1e9 if nanoseconds is not None else None
+        return Usage(oom_kills, forks_refused, cpu_s, peak)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the call's cgroups, until none is left."""
+        for _ in range(20):
+            pids = self._members()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def remove(self) -> bool:
+        """Remove the cgroups; whether all are gone. A cgroup whose last process is still
+        exiting is busy for a moment: call again."""
+        gone = True
+        for directory, _ in set(self._dirs.values()):
+            try:
+                directory.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                gone = False
+        return gone
+
+    def _members(self) -> set[int]:
+        pids: set[int] = set()
+        for directory, _ in set(self._dirs.values()):
+            with contextlib.suppress(FileNotFoundError):
+                pids.update(int(pid) for pid in (directory / "cgroup.procs").read_text().split())
+        return pids
+
+
+def join(procs_files: tuple[str, ...]) -> None:
+    """Move the calling process into the cgroups; for a child, before it runs the command."""
+    pid = str(os.getpid())
+    for path in procs_files:
+        with open(path, "w") as procs:
+            procs.write(pid)
+
+
+def _write_if_present(path: Path, value: str) -> None:
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        path.write_text(value)
+
+
+def _counters(path: Path) -> dict[str, int]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    counters: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            counters[key] = int(value)
+    return counters
+
+
+def _number(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,97 @@
+"""The bubblewrap command line that confines one call. Pure.
+
+Inside: /usr (and the /bin, /lib links into it) read-only, fresh /proc, /dev and a private
+/tmp, the session workspace at /workspace as the only writable host folder, nothing else of
+the host (no /root, no /home, no other workspace, no /etc beyond what programs need), no
+network unless granted, no capabilities, a clean environment and an unprivileged uid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKSPACE_MOUNT = "/workspace"
+SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
+ENVIRONMENT: dict[str, str] = {
+    "PATH": SEARCH_PATH,
+    "HOME": WORKSPACE_MOUNT,
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+}
+"""The whole environment a command sees: nothing of the service's leaks in."""
+SETPRIV = "/usr/bin/setpriv"
+SHELL = "/bin/sh"
+
+_SYSTEM = ("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin",
+           "/sbin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+           "--ro-bind-try", "/etc/alternatives", "/etc/alternatives")  # fmt: skip
+_NAME_SERVICE = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl",
+                 "/etc/ca-certificates")  # fmt: skip
+"""What a program needs to resolve names and check certificates, bound only with a network."""
+
+
+@dataclass(frozen=True, slots=True)
+class Confinement:
+    """What one call may touch."""
+
+    workspace: Path
+    """The session's workspace on the host."""
+    network: bool
+    """Whether the call keeps the host's network (policy granted it)."""
+    uid: int | None
+    """The host uid the command runs as, switched to inside the sandbox; None when the
+    service is not root and the command keeps the service's own uid."""
+    tmp_size_mb: int
+    """Size of the private /tmp."""
+
+
+def bwrap_argv(bwrap: str, confinement: Confinement, command: str) -> list[str]:
+    """The argv that runs `/bin/sh -c command` confined."""
+    argv = [bwrap, *_SYSTEM]
+    if confinement.network:
+        for path in _NAME_SERVICE:
+            argv += ["--ro-bind-try", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(confinement.tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    argv += ["--bind", str(confinement.workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+    argv += ["--die-with-parent", "--new-session", "--clearenv"]
+    for name, value in ENVIRONMENT.items():
+        argv += ["--setenv", name, value]
+    if confinement.uid is None:
+        # Unprivileged: bubblewrap needs a user namespace, mapping the service's uid to
+        # itself; nothing can raise it.
+        argv += ["--unshare-all", "--cap-drop", "ALL"]
+        if confinement.network:
+            argv.append("--share-net")
+        return [*argv, "--", SHELL, "-c", command]
+    # As root, bubblewrap makes the namespaces without a user namespace (which would map
+    # the sandbox to host root), keeping only what setpriv needs to become the session's
+    # uid; from then on the command holds no capability, and no-new-privs (set by
+    # bubblewrap) stops setuid programs from giving any back.
+    argv += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+    if not confinement.network:
+        argv.append("--unshare-net")
+    argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    uid = str(confinement.uid)
+    return [
+        *argv,
+        "--",
+        SETPRIV,
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--",
+        SHELL,
+        "-c",
+        command,
+    ]
+
+
+def session_uid(tenant: str, session_id: str, base: int, count: int) -> int:
+    """The host uid of a session's commands: stable, and different between sessions
+    except for rare collisions (which share only the per-uid process count)."""
+    digest = hashlib.sha256(f"{tenant}/{session_id}".encode()).digest()
+    return base + int.from_bytes(digest[:8], "big") % count

@@ -1,0 +1,233 @@
+"""Attacks on the process backend, from inside run_command, against real bubblewrap and
+cgroups: each must fail, or be stopped and reported as the limit it hit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from pydantic import JsonValue
+
+from helmline.contracts import SandboxExecutionRequested, SandboxLimits
+from helmline.sandbox import SandboxSettings, Tools, tools_for
+from helmline.sandbox._commands import CommandControl, Reaper
+from helmline.sandbox._tools import Completed, Failed, Outcome
+
+
+@pytest.fixture(scope="module")
+async def tools() -> Tools:
+    return await tools_for(SandboxSettings())
+
+
+@pytest.fixture
+def workspaces(tmp_path: Path) -> Path:
+    return tmp_path / "workspaces"
+
+
+async def run(
+    tools: Tools,
+    workspaces: Path,
+    command: str,
+    *,
+    session_id: str = "s1",
+    network: bool = False,
+    **limits: float,
+) -> Outcome:
+    request = SandboxExecutionRequested(
+        call_id=f"call-{uuid.uuid4().hex[:8]}",
+        step_id="step-1",
+        tool="run_command",
+        arguments={"command": command},
+        limits=SandboxLimits(**limits),
+        network=network,
+    )
+    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper())
+    workspace = workspaces / "tenant" / session_id
+    return await tools.execute(request, workspace, ("tenant", session_id), control)
+
+
+def output_of(outcome: Outcome) -> dict[str, JsonValue]:
+    assert isinstance(outcome, Completed), outcome
+    assert isinstance(outcome.output, dict)
+    return outcome.output
+
+
+def on_host(path: str) -> bool:
+    """Whether the host has `path` (not the sandbox's view of it)."""
+    return os.path.exists(path)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live host processes of `uid` (zombies are dead, only not yet reaped)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+                if os.stat(f"/proc/{name}").st_uid == uid and state not in ("Z", "X"):
+                    found.append(int(name))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[int]:
+    """A TCP listener on the host's loopback; its port."""
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    yield server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+
+CONNECT = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\""
+
+
+async def test_the_host_loopback_is_unreachable_without_a_network(
+    tools: Tools, workspaces: Path, listener: int
+) -> None:
+    refused = output_of(await run(tools, workspaces, CONNECT.format(port=listener)))
+    assert refused["exit_code"] != 0
+    assert "ConnectionRefusedError" in str(refused["stderr"])
+    # The same command reaches the listener when policy grants a network.
+    granted = output_of(await run(tools, workspaces, CONNECT.format(port=listener), network=True))
+    assert granted["exit_code"] == 0, granted["stderr"]
+
+
+async def test_nothing_outside_the_workspace_is_writable(
+    tools: Tools, workspaces: Path, tmp_path: Path
+) -> None:
+    targets = ["/usr/pwned", "/etc/pwned", "/pwned", "/bin/pwned", str(tmp_path / "pwned")]
+    script = "; ".join(
+        f"(echo x > {target}) 2>/dev/null && echo WROTE {target}" for target in targets
+    )
+    result = output_of(await run(tools, workspaces, f"{script}; echo x > /tmp/mine; echo x > ok"))
+    assert "WROTE" not in str(result["stdout"])
+    assert result["exit_code"] == 0  # The private /tmp and the workspace are writable.
+    assert (workspaces / "tenant" / "s1" / "ok").read_text() == "x\n"
+    assert not on_host("/tmp/mine")
+    assert not any(on_host(target) for target in targets)
+
+
+async def test_the_hosts_root_and_other_workspaces_cannot_be_read(
+    tools: Tools, workspaces: Path
+) -> None:
+    assert isinstance(
+        await run(tools, workspaces, "echo secret > secret", session_id="other"), Completed
+    )
+    other = workspaces / "tenant" / "other" / "secret"
+    assert other.read_text() == "secret\n"
+    result = output_of(
+        await run(tools, workspaces, f"cat {other}; cat ../other/secret; ls /root; cat /etc/shadow")
+    )
+    assert "secret" not in str(result["stdout"])
+    assert result["exit_code"] != 0
+
+
+async def test_setsid_and_nohup_children_are_gone_when_the_call_returns(
+    tools: Tools, workspaces: Path
+) -> None:
+    result = output_of(
+        await run(
+            tools,
+            workspaces,
+            "nohup sleep 60 >/dev/null 2>&1 & setsid sleep 60 >/dev/null 2>&1 & echo started",
+        )
+    )
+    assert result["stdout"] == "started\n"
+    uid = (workspaces / "tenant" / "s1").stat().st_uid
+    assert uid >= SandboxSettings().sandbox_uid_base
+    assert not processes_of(uid)
+
+
+async def test_a_fork_bomb_is_stopped_by_the_process_limit(tools: Tools, workspaces: Path) -> None:
+    began = time.monotonic()
+    outcome = await run(tools, workspaces, "b() { b | b & }; b; wait", max_processes=32)
+    assert time.monotonic() - began < 10  # Far below its 30 s wall clock.
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.error.kind == "limit"
+    assert outcome.limit is not None
+    assert (outcome.limit.limit, outcome.limit.value) == ("processes", 32)
+    assert not processes_of((workspaces / "tenant" / "s1").stat().st_uid)
+
+
+async def test_twice_the_memory_limit_is_killed_and_reported_as_memory(
+    tools: Tools, workspaces: Path
+) -> None:
+    command = "python3 -c \"data = b'x' * (128 << 20); print(len(data))\""
+    outcome = await run(tools, workspaces, command, memory_mb=64)
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.error.kind == "limit"
+    assert "64 MiB" in outcome.error.message
+    assert outcome.limit is not None
+    assert (outcome.limit.limit, outcome.limit.value, outcome.limit.command) == (
+        "memory",
+        64,
+        command,
+    )
+    assert outcome.usage is not None
+    assert outcome.usage.peak_memory_mb is not None
+    assert outcome.usage.peak_memory_mb <= 65
+    # Within the limit, the same kind of command runs.
+    assert (
+        output_of(await run(tools, workspaces, command.replace("128", "16"), memory_mb=64))[
+            "exit_code"
+        ]
+        == 0
+    )
+
+
+async def test_writing_past_the_file_size_limit_fails(tools: Tools, workspaces: Path) -> None:
+    outcome = await run(tools, workspaces, "head -c 3000000 /dev/zero > big", max_file_mb=1)
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.limit is not None
+    assert (outcome.limit.limit, outcome.limit.value) == ("file_size", 1)
+    assert (workspaces / "tenant" / "s1" / "big").stat().st_size <= 1024 * 1024
+
+
+async def test_output_beyond_the_cap_is_truncated_and_flagged(
+    tools: Tools, workspaces: Path
+) -> None:
+    outcome = await run(tools, workspaces, "yes | head -c 100000", max_output_bytes=1000)
+    assert isinstance(outcome, Completed)
+    assert outcome.truncated
+    output = output_of(outcome)
+    assert output["stdout_truncated"] is True
+    assert str(output["stdout"]).startswith("y\n" * 500 + "\n[output cut: 100000 bytes")
+
+
+async def test_a_one_second_cpu_limit_stops_a_busy_loop(tools: Tools, workspaces: Path) -> None:
+    began = time.monotonic()
+    outcome = await run(tools, workspaces, "while :; do :; done", cpu_s=1)
+    assert time.monotonic() - began < 5
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.limit is not None
+    assert (outcome.limit.limit, outcome.limit.value) == ("cpu", 1)
+    assert outcome.usage is not None
+    assert outcome.usage.cpu_ms is not None
+    assert outcome.usage.cpu_ms >= 900
+
+
+async def test_a_busy_loop_split_over_processes_is_stopped_too(
+    tools: Tools, workspaces: Path
+) -> None:
+    # RLIMIT_CPU counts each process alone; the call's cgroup counts them together.
+    outcome = await run(
+        tools, workspaces, "for i in 1 2 3 4; do (while :; do :; done) & done; wait", cpu_s=1
+    )
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.limit is not None
+    assert outcome.limit.limit == "cpu"
+
+
+def test_listening_socket_helper_is_loopback() -> None:
+    # Guards the loopback test: the listener really is on the host's 127.0.0.1.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        assert server.getsockname()[0] == "127.0.0.1"
