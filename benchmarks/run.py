@@ -12,6 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import approval
 import idle_memory
 import replay
 import steps
@@ -22,6 +23,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "time_travel": replay.time_travel,
     "steps": steps.run,
     "idle_memory": idle_memory.run,
+    "approval": approval.run,
 }
 
 

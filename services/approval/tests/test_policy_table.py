@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from helmline.approval import parse_policy
+from helmline.approval import CallFacts, Policy, parse_policy
 from helmline.contracts import Actor, Risk
 
 POLICY = parse_policy(
@@ -411,3 +411,53 @@ def test_explain_names_why_each_earlier_rule_did_not_match() -> None:
     assert failed["quarantined-tenant"] == "not: tenant matches 'quarantine-*'"
     assert failed["sources-writable"] == "not: argument path matches path 'src/**' or 'tests/*.py'"
     assert failed["no-force-push"] == "not: tool matches 'run_command'"
+
+
+def _first_match_one_by_one(policy: Policy, facts: CallFacts) -> str:
+    checks, _ = policy.explain(facts)
+    matched = [check.rule for check in checks if check.failed is None]
+    return matched[0] if matched else "no-rule-matched"
+
+
+def test_many_regex_rules_on_one_argument_decide_as_if_tried_one_by_one() -> None:
+    # Long runs of regex rules are screened with their patterns joined; backreferences and
+    # global flags cannot be joined and are tried one by one.
+    patterns = [
+        r"^ls\b",
+        r"(a)\1",
+        r"(?i)^DEPLOY",
+        r"^git (push|pull)",
+        r"rm\s+-rf",
+        r"^make\b",
+        r"^make test",
+        r"(?P<x>y)(?P=x)",
+        r"^cat ",
+        r"\.sh$",
+    ]
+    lines = ["rules:"]
+    for index, pattern in enumerate(patterns * 3):
+        lines += [
+            f"  - name: r{index}",
+            "    tool: run_command",
+            "    arguments:",
+            f"      command: {{regex: '{pattern}'}}",
+            f"      timeout_s: {{max: {index}}}" if index % 4 == 0 else "",
+            f"    effect: {('allow', 'deny', 'require_approval')[index % 3]}",
+        ]
+    policy = parse_policy("\n".join(lines).encode(), source="regexes.yaml")
+    commands = ["ls", "ls -l", "aa", "deploy x", "git pull", "rm  -rf /", "make test", "yy"]
+    commands += ["cat x", "run.sh", "nothing", "MAKE", "git push", "xaa", "deployer"]
+    for command in commands:
+        for timeout in (None, 0, 5, 30):
+            arguments: dict[str, Any] = {"command": command}
+            if timeout is not None:
+                arguments["timeout_s"] = timeout
+            facts = policy.facts(
+                tenant="t",
+                tool="run_command",
+                arguments=arguments,
+                declared_risk=None,
+                requester=None,
+            )
+            assert facts is not None
+            assert policy.evaluate(facts).rule == _first_match_one_by_one(policy, facts), arguments

@@ -25,7 +25,7 @@ from helmline.contracts import (
     StepScheduled,
     event_type_filter,
 )
-from helmline.runtime import Delivery, EventStore
+from helmline.runtime import Delivery, EventStore, SessionCache
 
 SOURCE = "helmline/approval"
 REQUESTER_CACHE_LIMIT = 10_000
@@ -39,6 +39,9 @@ class ApprovalHandler:
         self._store = store
         self._policies = policies
         self._timers: dict[str, asyncio.Task[None]] = {}
+        # Requests and votes kept folded in memory, so that a decision is judged without
+        # replaying the session: it is on the path from a person's click to the tool.
+        self._sessions = SessionCache(store)
         # Who started a session never changes, so it is looked up once per session, and
         # only when some rule asks about the requester.
         self._requesters: dict[tuple[str, str], Actor | None] = {}
@@ -59,10 +62,11 @@ class ApprovalHandler:
                 )
                 await self._append(event, decisions)
             case ApprovalRequested():
+                await self._sessions.advance(delivery)
                 self._expire_later(event, data)
             case ApprovalDecisionSubmitted():
-                snapshot = await self._store.load(event.tenant, event.session_id)
-                outcome = judge_vote(snapshot.state, data, policy)
+                state = await self._sessions.advance(delivery)
+                outcome = judge_vote(state, data, policy)
                 if outcome.note is not None:
                     logger.warning(
                         "decision by %s on %s/%s appends nothing: %s",
@@ -71,7 +75,8 @@ class ApprovalHandler:
                         data.request_id,
                         outcome.note,
                     )
-                await self._append(event, outcome.decisions)
+                appended = await self._append(event, outcome.decisions)
+                self._sessions.record(state, appended)
                 if outcome.decisions:
                     self._cancel_timer(event.tenant, event.session_id, data.request_id)
             case _:
@@ -132,15 +137,20 @@ class ApprovalHandler:
             state, request.request_id, datetime.now(UTC), self._policies.current
         )
         await self._append(event, decisions)
+        # The cache did not see the expiry; the next decision on the session replays the log.
+        self._sessions.forget(event.tenant, event.session_id)
         self._timers.pop(_timer_key(event.tenant, event.session_id, request.request_id), None)
 
-    async def _append(self, cause: Event, decisions: Sequence[Decision]) -> None:
-        for index, decision in enumerate(decisions):
-            await self._store.append(
-                cause.derive(
-                    decision.payload, source=SOURCE, key=str(index), identity=decision.identity
-                )
+    async def _append(self, cause: Event, decisions: Sequence[Decision]) -> list[Event]:
+        events = [
+            cause.derive(
+                decision.payload, source=SOURCE, key=str(index), identity=decision.identity
             )
+            for index, decision in enumerate(decisions)
+        ]
+        for event in events:
+            await self._store.append(event)
+        return events
 
 
 def _timer_key(tenant: str, session_id: str, request_id: str) -> str:

@@ -39,7 +39,8 @@ class PolicySource:
             return
         while True:
             await asyncio.sleep(self._poll_s)
-            self.reload_if_changed()
+            # A large policy takes a while to compile; decisions go on meanwhile.
+            await asyncio.to_thread(self.reload_if_changed)
 
     def reload_if_changed(self) -> bool:
         """Load the file again if it changed on disk; whether another policy is now in force."""

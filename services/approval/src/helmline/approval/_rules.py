@@ -8,6 +8,7 @@ surviving rules remembered, so a call is checked only against rules that could a
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import posixpath
 import re
 from collections.abc import Mapping
@@ -25,6 +26,10 @@ BUILTIN_SERVER = "builtin"
 UNKNOWN_TOOL_RULE = "unknown-tool"
 NO_RULE_MATCHED = "no-rule-matched"
 _CANDIDATE_CACHE_LIMIT = 4096
+_SCREENED_BLOCK_MIN = 4
+"""Fewer consecutive rules than this are cheaper to test one by one than to screen."""
+_UNJOINABLE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(|^\(\?[aiLmsux]+\)")
+"""Backreferences and global flags change meaning (or fail) inside a joined pattern."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +330,9 @@ class Policy:
             for condition in rule.dynamic
         )
         """Whether any rule looks at who started the session (else it need not be looked up)."""
-        self._candidates: dict[tuple[str, str, str], tuple[_Rule, ...]] = {}
+        # Screens are compiled here, once: the blocks of a call's candidates are cut from them.
+        self._blocks = _blocks(self._rules)
+        self._candidates: dict[tuple[str, str, str], tuple[_Block, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._rules)
@@ -370,8 +377,9 @@ class Policy:
 
     def evaluate(self, facts: CallFacts) -> Verdict:
         """The first matching rule's verdict; a call no rule matches is denied."""
-        for rule in self._candidates_for(facts):
-            if rule.matches_call(facts):
+        for block in self._candidates_for(facts):
+            rule = block.first_match(facts)
+            if rule is not None:
                 return rule.verdict(facts)
         return Verdict(
             effect="deny",
@@ -390,17 +398,98 @@ class Policy:
                 break
         return tuple(checks), self.evaluate(facts)
 
-    def _candidates_for(self, facts: CallFacts) -> tuple[_Rule, ...]:
+    def _candidates_for(self, facts: CallFacts) -> tuple[_Block, ...]:
         key = (facts.tenant, facts.tool, facts.server)
         candidates = self._candidates.get(key)
         if candidates is None:
+            kept = {rule.name for rule in self._rules if all(c.holds(facts) for c in rule.static)}
             candidates = tuple(
-                rule for rule in self._rules if all(c.holds(facts) for c in rule.static)
+                narrowed
+                for block in self._blocks
+                if (narrowed := block.narrowed_to(kept)) is not None
             )
             if len(self._candidates) >= _CANDIDATE_CACHE_LIMIT:
                 self._candidates.clear()  # Tenants come and go; start over rather than grow.
             self._candidates[key] = candidates
         return candidates
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Consecutive candidate rules. When `screen` is set, each of them requires its regex to
+    be found in `argument`, so one search of all their patterns joined rules them all out;
+    a large screened block is split into screened halves, so that finding the rule that
+    matches takes a few searches rather than one per rule."""
+
+    rules: tuple[_Rule, ...]
+    argument: str = ""
+    screen: re.Pattern[str] | None = None
+    halves: tuple[_Block, ...] = ()
+
+    def narrowed_to(self, names: set[str]) -> _Block | None:
+        """The block with only the named rules (its screen still holds: it rules out more)."""
+        rules = tuple(rule for rule in self.rules if rule.name in names)
+        if not rules:
+            return None
+        if len(rules) == len(self.rules):
+            return self
+        halves = tuple(
+            narrowed for half in self.halves if (narrowed := half.narrowed_to(names)) is not None
+        )
+        return _Block(rules, self.argument, self.screen, halves)
+
+    def first_match(self, facts: CallFacts) -> _Rule | None:
+        if self.screen is not None:
+            value = facts.arguments.get(self.argument)
+            if not isinstance(value, str) or self.screen.search(value) is None:
+                return None
+        for half in self.halves:
+            found = half.first_match(facts)
+            if found is not None:
+                return found
+        if not self.halves:
+            for rule in self.rules:
+                if rule.matches_call(facts):
+                    return rule
+        return None
+
+
+def _screened_argument(rule: _Rule) -> str | None:
+    for condition in rule.dynamic:
+        if isinstance(condition, _ArgumentContains) and not _UNJOINABLE.search(
+            condition.regex.pattern
+        ):
+            return condition.name
+    return None
+
+
+def _screened(group: tuple[_Rule, ...], argument: str) -> _Block:
+    patterns = (
+        condition.regex.pattern
+        for rule in group
+        for condition in rule.dynamic
+        if isinstance(condition, _ArgumentContains) and condition.name == argument
+    )
+    try:
+        screen = re.compile("|".join(f"(?:{pattern})" for pattern in patterns))
+    except re.error:
+        return _Block(group)  # Say, one group name in two rules: test them one by one.
+    halves: tuple[_Block, ...] = ()
+    if len(group) > 2 * _SCREENED_BLOCK_MIN:
+        middle = len(group) // 2
+        halves = (_screened(group[:middle], argument), _screened(group[middle:], argument))
+    return _Block(group, argument, screen, halves)
+
+
+def _blocks(rules: tuple[_Rule, ...]) -> tuple[_Block, ...]:
+    blocks: list[_Block] = []
+    for argument, grouped in itertools.groupby(rules, key=_screened_argument):
+        group = tuple(grouped)
+        if argument is not None and len(group) >= _SCREENED_BLOCK_MIN:
+            blocks.append(_screened(group, argument))
+        else:
+            blocks.append(_Block(group))
+    return tuple(blocks)
 
 
 def unknown_tool_verdict(tool: str, declared_risk: Risk | None) -> Verdict:
