@@ -465,6 +465,10 @@ class WorkspaceSnapshotted(Payload):
     """Total size of the workspace."""
     digest: str = ""
     """Digest of the workspace manifest."""
+    irreversible_reason: str | None = None
+    """Set when the snapshot's contents could not be stored (above the size cap, or files
+    changing while read): the workspace cannot be restored to it, and the step is
+    irreversible for that reason."""
 
 
 class WorkspaceRestored(Payload):

@@ -17,8 +17,10 @@ from helmline.contracts import (
     ToolCallFailed,
     ToolCallStarted,
     ToolError,
+    WorkspaceSnapshotted,
     encode_event,
 )
+from helmline.sandbox._snapshots import Snapshot
 from helmline.sandbox._tools import Completed, Failed, Outcome
 
 SOURCE = "helmline/sandbox"
@@ -64,6 +66,32 @@ def progress_of(events: Iterable[Event], call_id: str) -> Progress:
 def process_marker(cause: Event) -> str:
     """The marker of the processes a request runs; the same for every delivery of it."""
     return uuid.uuid5(cause.id, f"{SOURCE}/processes").hex
+
+
+MUTATING_TOOLS = frozenset({"write_file", "delete_file", "run_command"})
+"""Built-in tools that may change the workspace: a snapshot is taken around each call."""
+
+
+def snapshot_id(cause: Event, when: str) -> str:
+    """The id of the snapshot taken `when` ("before" or "after") a request's call; the same
+    for every delivery of it."""
+    return f"snap-{uuid.uuid5(cause.id, f'{SOURCE}/snapshot/{when}').hex}"
+
+
+def snapshotted(cause: Event, snapshot: Snapshot, call_id: str | None) -> Event:
+    """`workspace.snapshotted` for a snapshot taken after `call_id` (None: before any)."""
+    return cause.derive(
+        WorkspaceSnapshotted(
+            snapshot_id=snapshot.snapshot_id,
+            call_id=call_id,
+            files=snapshot.files,
+            bytes=snapshot.bytes,
+            digest=snapshot.digest,
+            irreversible_reason=snapshot.refused,
+        ),
+        source=SOURCE,
+        key=snapshot.snapshot_id,
+    )
 
 
 def started(cause: Event, request: SandboxExecutionRequested) -> Event:

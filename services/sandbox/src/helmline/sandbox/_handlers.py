@@ -15,20 +15,26 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from nats.errors import Error as NatsError
+
 from helmline.contracts import Event, SandboxExecutionRequested, SessionCancelRequested
 from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
 from helmline.sandbox._calls import (
     CANCELLED_BEFORE_START,
     INTERRUPTED,
+    MUTATING_TOOLS,
     Progress,
     failed,
     process_marker,
     progress_of,
     results,
+    snapshot_id,
+    snapshotted,
     started,
 )
 from helmline.sandbox._commands import CommandControl, Reaper, kill_marked
 from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._snapshots import Snapshot, WorkspaceSnapshots
 from helmline.sandbox._tools import Tools
 
 logger = logging.getLogger(__name__)
@@ -63,11 +69,21 @@ class SandboxHandler:
     """Handles the sandbox consumer's events; `cancel_session` also serves the fast path."""
 
     def __init__(
-        self, store: EventStore, workspaces_dir: Path, tools: Tools, *, memory: int = 10_000
+        self,
+        store: EventStore,
+        workspaces_dir: Path,
+        tools: Tools,
+        *,
+        snapshots: WorkspaceSnapshots | None = None,
+        memory: int = 10_000,
     ) -> None:
         self._store = store
         self._workspaces_dir = workspaces_dir
         self._tools = tools
+        self._snapshots = snapshots
+        # Sessions whose latest state this process snapshotted: that snapshot is the
+        # "before" of their next call, so only the first call of a session takes one.
+        self._snapshotted: _Recent[SessionKey, None] = _Recent(memory)
         self._running: dict[CallKey, asyncio.Event] = {}
         self._reaper = Reaper()
         # What this process learnt from the log, kept to answer without reading it again.
@@ -135,18 +151,36 @@ class SandboxHandler:
             return
         cancel = asyncio.Event()
         self._running[key] = cancel
+        session = (cause.tenant, cause.session_id)
+        workspace = workspace_of(self._workspaces_dir, *session)
+        mutating = self._snapshots is not None and request.tool in MUTATING_TOOLS
+        before: list[Event] = []
         try:
+            if mutating and session not in self._snapshotted:
+                taken = await self._snapshot(workspace, session, snapshot_id(cause, "before"))
+                before.append(snapshotted(cause, taken, None))
             await self._store.append(started(cause, request))
             began = time.perf_counter()
-            workspace = workspace_of(self._workspaces_dir, cause.tenant, cause.session_id)
             control = CommandControl(process_marker(cause), cancel, self._reaper)
-            outcome = await self._tools.execute(
-                request, workspace, (cause.tenant, cause.session_id), control
-            )
+            outcome = await self._tools.execute(request, workspace, session, control)
             duration_ms = (time.perf_counter() - began) * 1000
         finally:
             del self._running[key]
-        await self._record(key, results(cause, request, outcome, duration_ms))
+        after: list[Event] = []
+        if mutating:
+            taken = await self._snapshot(workspace, session, snapshot_id(cause, "after"))
+            after.append(snapshotted(cause, taken, request.call_id))
+            self._snapshotted.put(session, None)
+        await self._record(key, [*before, *after, *results(cause, request, outcome, duration_ms)])
+
+    async def _snapshot(self, workspace: Path, session: SessionKey, snapshot: str) -> Snapshot:
+        assert self._snapshots is not None
+        try:
+            return await self._snapshots.take(workspace, *session, snapshot)
+        except (TimeoutError, OSError, NatsError) as error:
+            # The call ran (or is about to): its result matters more than its snapshot.
+            logger.warning("snapshot %s of %s/%s failed: %s", snapshot, *session, error)
+            return Snapshot(snapshot, (), "", 0, 0, 0, refused=f"snapshot failed: {error}")
 
     async def _record(self, key: CallKey, events: list[Event]) -> None:
         try:

@@ -8,6 +8,7 @@ from helmline.sandbox._backends import start_backend
 from helmline.sandbox._handlers import SandboxHandler
 from helmline.sandbox._limits import Defaults
 from helmline.sandbox._settings import SandboxSettings
+from helmline.sandbox._snapshots import WorkspaceSnapshots
 from helmline.sandbox._tools import Tools
 
 
@@ -28,7 +29,10 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
 
     async def setup(host: ServiceHost) -> None:
         tools = await tools_for(settings)
-        handler = SandboxHandler(host.store, settings.workspaces_dir.resolve(), tools)
+        snapshots = WorkspaceSnapshots(host.js, max_bytes=settings.snapshot_max_mb * 1024 * 1024)
+        handler = SandboxHandler(
+            host.store, settings.workspaces_dir.resolve(), tools, snapshots=snapshots
+        )
         await host.consume(consumer, handler)
 
     return setup

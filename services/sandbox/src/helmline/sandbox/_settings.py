@@ -43,3 +43,6 @@ class SandboxSettings(RuntimeSettings):
     """Largest file (MiB) a call may write, when its request sets none."""
     tmp_size_mb: int = Field(default=256, gt=0)
     """Size of each call's private /tmp (memory-backed, charged to the call's memory)."""
+    snapshot_max_mb: int = Field(default=256, gt=0)
+    """Most new content (MiB) one workspace snapshot may store; above it the snapshot is
+    recorded without content and the step is irreversible, with the reason."""

@@ -1,0 +1,258 @@
+"""Workspace snapshots in the JetStream object store: content-addressed blobs plus one
+manifest per snapshot, so that any snapshot restores the workspace byte for byte.
+
+A blob is stored once, whatever the number of snapshots holding it; a file whose size,
+mtime and inode have not changed since the last scan is not even read again. Only what
+changed costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from nats.js import JetStreamContext
+from nats.js.errors import ObjectNotFoundError
+from nats.js.object_store import ObjectStore
+
+from helmline.contracts import WORKSPACES_BUCKET
+from helmline.sandbox._manifests import (
+    Entry,
+    Manifest,
+    decode_manifest,
+    encode_manifest,
+    manifest_digest,
+    restore_plan,
+)
+
+_CHUNK = 1 << 20
+Fingerprint = tuple[int, int, int, int]
+"""(size, mtime_ns, inode, ctime_ns): when equal, the content is taken to be unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A stored (or refused) snapshot."""
+
+    snapshot_id: str
+    manifest: Manifest
+    digest: str
+    files: int
+    bytes: int
+    uploaded_bytes: int
+    """Bytes of blobs this snapshot had to store (the rest were stored before)."""
+    refused: str | None = None
+    """Why its blobs were not stored (above the size cap): it cannot be restored."""
+
+
+class HashCache:
+    """Content hashes of a workspace's files by fingerprint, from earlier scans."""
+
+    def __init__(self) -> None:
+        self._hashes: dict[str, tuple[Fingerprint, str]] = {}
+
+    def hash_of(self, path: str, absolute: str, fingerprint: Fingerprint) -> str:
+        known = self._hashes.get(path)
+        if known is not None and known[0] == fingerprint:
+            return known[1]
+        digest = _hash_file(absolute)
+        self._hashes[path] = (fingerprint, digest)
+        return digest
+
+
+def scan(workspace: Path, cache: HashCache) -> Manifest:
+    """The workspace's entries now. Blocking."""
+    entries: list[Entry] = []
+    root = str(workspace)
+    for folder, folders, files in os.walk(root):
+        for name in [*folders, *files]:
+            absolute = os.path.join(folder, name)
+            relative = os.path.relpath(absolute, root)
+            info = os.lstat(absolute)
+            mode = stat.S_IMODE(info.st_mode)
+            if stat.S_ISLNK(info.st_mode):
+                entries.append(Entry(relative, "link", 0, 0, os.readlink(absolute)))
+            elif stat.S_ISDIR(info.st_mode):
+                entries.append(Entry(relative, "dir", mode))
+            elif stat.S_ISREG(info.st_mode):
+                fingerprint = (info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+                digest = cache.hash_of(relative, absolute, fingerprint)
+                entries.append(Entry(relative, "file", mode, info.st_size, digest))
+            # Sockets, fifos and devices are not content: left out.
+    entries.sort(key=lambda entry: entry.path)
+    return tuple(entries)
+
+
+def _hash_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _blob_name(sha256: str) -> str:
+    return f"blobs/{sha256}"
+
+
+def _manifest_name(tenant: str, session_id: str, snapshot_id: str) -> str:
+    return f"manifests/{tenant}/{session_id}/{snapshot_id}"
+
+
+class WorkspaceSnapshots:
+    """Takes and restores snapshots of session workspaces."""
+
+    def __init__(self, js: JetStreamContext, *, max_bytes: int) -> None:
+        self._js = js
+        self._max_bytes = max_bytes
+        self._store: ObjectStore | None = None
+        self._stored_blobs: set[str] = set()
+        self._caches: dict[Path, HashCache] = {}
+
+    async def _bucket(self) -> ObjectStore:
+        if self._store is None:
+            self._store = await self._js.object_store(WORKSPACES_BUCKET.bucket)
+        return self._store
+
+    async def take(
+        self, workspace: Path, tenant: str, session_id: str, snapshot_id: str
+    ) -> Snapshot:
+        """Snapshot the workspace (empty if it does not exist yet) under `snapshot_id`.
+
+        When the blobs it would add come to more than the size cap, nothing is stored and
+        the snapshot says why.
+        """
+        cache = self._caches.setdefault(workspace, HashCache())
+        manifest: Manifest = ()
+        if await asyncio.to_thread(workspace.is_dir):
+            manifest = await asyncio.to_thread(scan, workspace, cache)
+        files = [entry for entry in manifest if entry.kind == "file"]
+        bucket = await self._bucket()
+        missing: dict[str, Entry] = {}
+        for entry in files:
+            if entry.sha256 not in self._stored_blobs and entry.sha256 not in missing:
+                if await _exists(bucket, _blob_name(entry.sha256)):
+                    self._stored_blobs.add(entry.sha256)
+                else:
+                    missing[entry.sha256] = entry
+        uploading = sum(entry.size for entry in missing.values())
+        snapshot = Snapshot(
+            snapshot_id=snapshot_id,
+            manifest=manifest,
+            digest=manifest_digest(manifest),
+            files=len(files),
+            bytes=sum(entry.size for entry in files),
+            uploaded_bytes=0,
+        )
+        if uploading > self._max_bytes:
+            return _refused(snapshot, uploading, self._max_bytes)
+        for sha256, entry in missing.items():
+            data = await asyncio.to_thread(_read, workspace / entry.path)
+            if hashlib.sha256(data).hexdigest() != sha256:
+                # Changed since the scan (a command still writing): the manifest would lie.
+                return _refused(snapshot, uploading, self._max_bytes, changing=entry.path)
+            await bucket.put(_blob_name(sha256), data)
+            self._stored_blobs.add(sha256)
+        await bucket.put(_manifest_name(tenant, session_id, snapshot_id), encode_manifest(manifest))
+        return Snapshot(
+            snapshot.snapshot_id,
+            manifest,
+            snapshot.digest,
+            snapshot.files,
+            snapshot.bytes,
+            uploaded_bytes=uploading,
+        )
+
+    async def restore(
+        self, workspace: Path, tenant: str, session_id: str, snapshot_id: str
+    ) -> Manifest:
+        """Make the workspace hold exactly what the snapshot held; its manifest."""
+        bucket = await self._bucket()
+        stored = await bucket.get(_manifest_name(tenant, session_id, snapshot_id))
+        target = decode_manifest(stored.data or b"")
+        await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
+        cache = self._caches.setdefault(workspace, HashCache())
+        current = await asyncio.to_thread(scan, workspace, cache)
+        plan = restore_plan(current, target)
+        owner = (await asyncio.to_thread(workspace.stat)).st_uid
+        for entry in plan.remove:
+            await asyncio.to_thread(_remove, workspace / entry.path)
+        for entry in plan.create:
+            data = b""
+            if entry.kind == "file":
+                blob = await bucket.get(_blob_name(entry.sha256))
+                data = blob.data or b""
+            await asyncio.to_thread(_create, workspace / entry.path, entry, data, owner)
+        return target
+
+
+def _refused(snapshot: Snapshot, uploading: int, cap: int, changing: str | None = None) -> Snapshot:
+    reason = (
+        f"file {changing!r} changed while it was being snapshotted"
+        if changing
+        else f"the snapshot would store {uploading} new bytes, above the cap of {cap}"
+    )
+    return Snapshot(
+        snapshot.snapshot_id,
+        snapshot.manifest,
+        snapshot.digest,
+        snapshot.files,
+        snapshot.bytes,
+        uploaded_bytes=0,
+        refused=reason,
+    )
+
+
+async def _exists(bucket: ObjectStore, name: str) -> bool:
+    try:
+        await bucket.get_info(name)
+    except ObjectNotFoundError:
+        return False
+    return True
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def _remove(path: Path) -> None:
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode):
+        # Its contents were removed first (deepest first), unless they were not content.
+        for child in os.listdir(path):
+            _remove(path / child)
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def _create(path: Path, entry: Entry, data: bytes, owner: int) -> None:
+    match entry.kind:
+        case "dir":
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            os.chmod(path, entry.mode)
+        case "link":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.symlink(entry.sha256, path)
+        case "file":
+            # Written beside, then renamed: a restore cut short never leaves half a file.
+            partial = path.with_name(f".{path.name}.restoring")
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchmod(fd, entry.mode)
+            finally:
+                os.close(fd)
+            os.rename(partial, path)
+    if os.geteuid() == 0 and owner != 0:
+        os.lchown(path, owner, owner)
