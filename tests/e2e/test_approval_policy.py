@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from helmline.approval import policy_hash
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
@@ -164,3 +165,34 @@ async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_ar
     assert authorized.arguments == changed
     assert authorized.policy_hash == requested.policy_hash
     assert "goodbye" in str(state.steps["cmd"].output)
+
+
+async def test_an_edited_policy_file_decides_the_next_call_and_an_invalid_edit_changes_nothing(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    log = stack.processes.data_dir / "approval.log"
+    original = stack.policy.read_text()
+    edited = (
+        "rules:\n  - name: no-echo\n    tool: run_command\n    arguments:\n"
+        "      command: {regex: '^echo '}\n    effect: deny\n    reason: not today\n"
+        "  - name: the-rest\n    effect: allow\n"
+    )
+    try:
+        stack.policy.write_text(edited)
+        await eventually(
+            lambda: "policy reloaded" in log.read_text(), timeout_s=10, what="the reload"
+        )
+        stack.policy.write_text("rules: [{name: broken}]\n")
+        await eventually(
+            lambda: "invalid; keeping" in log.read_text(), timeout_s=10, what="the refusal"
+        )
+
+        session_id, _ = await _start(store, tenant, "echo hello")
+        state = await _until(store, tenant, session_id, "failed", "completed")
+        events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+        (denied,) = [e for e in events if isinstance(e, ToolCallDenied)]
+        assert (denied.rule, denied.reason) == ("no-echo", "not today")
+        assert denied.policy_hash == policy_hash(edited.encode())
+        assert state.status == "failed"
+    finally:
+        stack.policy.write_text(original)
