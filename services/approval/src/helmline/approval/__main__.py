@@ -7,6 +7,7 @@ from helmline.approval._handlers import ApprovalHandler
 from helmline.approval._policy_file import PolicyFileError
 from helmline.approval._policy_source import PolicySource
 from helmline.approval._settings import ApprovalSettings
+from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import APPROVAL_CONSUMER, ConsumerSpec
 from helmline.runtime import ServiceHost, Setup, run_service
 
@@ -19,7 +20,7 @@ def setup_approval(
     """Wire the approval service onto a started host (tests pass their own consumer)."""
 
     async def setup(host: ServiceHost) -> None:
-        handler = ApprovalHandler(host.store, policies)
+        handler = ApprovalHandler(host.store, policies, WebhookNotifier(settings.webhook_secrets))
         watcher = asyncio.create_task(policies.watch())
 
         async def stop_watching() -> None:

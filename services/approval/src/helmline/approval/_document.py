@@ -138,6 +138,17 @@ class RuleDocument(_Strict):
         return self
 
 
+class WebhookDocument(_Strict):
+    """Where to announce new approval requests of some tenants (chat, paging tools)."""
+
+    tenant: Patterns = ("*",)
+    """Globs of the tenants whose requests are announced."""
+    url: str = Field(pattern=r"^https?://\S+$")
+    """Receives a POST of the `approval.requested` CloudEvent (JSON) for each request."""
+    secret: str = Field(min_length=1)
+    """Name of the signing secret in HELMLINE_WEBHOOK_SECRETS (never the secret itself)."""
+
+
 class PolicyDocument(_Strict):
     """A policy file: ordered rules, first match wins; anything unmatched is denied."""
 
@@ -149,6 +160,8 @@ class PolicyDocument(_Strict):
     """Default approval terms of require_approval rules that state none."""
     rules: tuple[RuleDocument, ...] = ()
     """The rules, in the order they are tried."""
+    webhooks: tuple[WebhookDocument, ...] = ()
+    """Webhooks told about every new approval request of their tenants."""
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> PolicyDocument:

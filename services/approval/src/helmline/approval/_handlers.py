@@ -16,6 +16,7 @@ from helmline.approval._policy import (
     judge_vote,
 )
 from helmline.approval._policy_source import PolicySource
+from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
@@ -35,9 +36,15 @@ logger = logging.getLogger(__name__)
 class ApprovalHandler:
     """Applies the policy to plans and steps, records decisions, expires requests."""
 
-    def __init__(self, store: EventStore, policies: PolicySource) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        policies: PolicySource,
+        notifier: WebhookNotifier | None = None,
+    ) -> None:
         self._store = store
         self._policies = policies
+        self._notifier = notifier or WebhookNotifier({})
         self._timers: dict[str, asyncio.Task[None]] = {}
         # Requests and votes kept folded in memory, so that a decision is judged without
         # replaying the session: it is on the path from a person's click to the tool.
@@ -64,6 +71,8 @@ class ApprovalHandler:
             case ApprovalRequested():
                 await self._sessions.advance(delivery)
                 self._expire_later(event, data)
+                if delivery.deliveries == 1:
+                    self._notifier.announce(event, policy.document.webhooks)
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
                 outcome = judge_vote(state, data, policy)
@@ -93,6 +102,7 @@ class ApprovalHandler:
 
     async def close(self) -> None:
         """Stop every timer (they are re-armed from the log at the next start)."""
+        await self._notifier.close()
         for task in self._timers.values():
             task.cancel()
         for task in list(self._timers.values()):
