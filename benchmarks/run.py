@@ -15,6 +15,7 @@ from typing import Any
 import approval
 import idle_memory
 import replay
+import sandbox
 import steps
 
 Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
@@ -24,6 +25,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "steps": steps.run,
     "idle_memory": idle_memory.run,
     "approval": approval.run,
+    "sandbox": sandbox.run,
 }
 
 

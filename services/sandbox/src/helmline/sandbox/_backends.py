@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from helmline.sandbox._cgroups import CallCgroups, CgroupLayout, detect_layout, join
+from helmline.sandbox._cgroups import CallCgroups, CgroupLayout, detect_layout
 from helmline.sandbox._commands import CommandControl, CommandRun, Launch, Reaper, run_process
 from helmline.sandbox._confinement import (
     SEARCH_PATH,
     SHELL,
     Confinement,
+    Rlimits,
     bwrap_argv,
+    limited_argv,
     session_uid,
 )
 from helmline.sandbox._errors import SandboxError
@@ -162,11 +164,6 @@ class ProcessBackend:
             # only a loose backstop, so the cgroup is the limit that trips.
             nproc_slack=2 if "pids" in self._layout.places else 1,
         )
-        procs_files = cgroups.procs_files
-
-        def prepare() -> None:
-            join(procs_files)
-            _apply(rlimits)
 
         async def watch() -> LimitName:
             # The kernel enforces; this only notices, so a call that met a limit ends now
@@ -182,10 +179,11 @@ class ProcessBackend:
                     return "cpu"
 
         launch = Launch(
-            bwrap_argv(self._bwrap, confinement, job.command),
+            limited_argv(
+                cgroups.procs_files, rlimits, bwrap_argv(self._bwrap, confinement, job.command)
+            ),
             cwd=job.workspace,
             env={},
-            prepare=prepare,
             contained=True,
         )
         try:
@@ -234,10 +232,9 @@ class UnsandboxedBackend:
         await asyncio.to_thread(prepare_workspace, job.workspace, None)
         rlimits = _rlimits(job.limits, per_uid=False, nproc_slack=1)
         launch = Launch(
-            [SHELL, "-c", job.command],
+            limited_argv((), rlimits, [SHELL, "-c", job.command]),
             cwd=job.workspace,
             env={"PATH": SEARCH_PATH},
-            prepare=lambda: _apply(rlimits),
         )
         run = await run_process(
             launch, timeout_s=job.limits.timeout_s, cap=job.limits.max_output_bytes, control=control
@@ -263,34 +260,26 @@ async def start_backend(settings: SandboxSettings) -> CommandBackend:
             return UnsandboxedBackend()
 
 
-Rlimits = tuple[tuple[int, int, int], ...]
-
-
 def _rlimits(limits: Limits, *, per_uid: bool, nproc_slack: int) -> Rlimits:
     cpu = math.ceil(limits.cpu_s)
     size = limits.max_file_mb * 1024 * 1024
     chosen = [
         # The soft limit sends SIGXCPU, which a program may catch; the hard one kills.
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
-        (resource.RLIMIT_FSIZE, size, size),
-        (resource.RLIMIT_CORE, 0, 0),
+        ("cpu", resource.RLIMIT_CPU, cpu, cpu + 1),
+        ("fsize", resource.RLIMIT_FSIZE, size, size),
+        ("core", resource.RLIMIT_CORE, 0, 0),
     ]
     if per_uid:
         # Counted per uid host-wide, so only meaningful for a uid of the session's own.
         nproc = limits.max_processes * nproc_slack
-        chosen.append((resource.RLIMIT_NPROC, nproc, nproc))
-    return tuple(_within_hard(kind, soft, hard) for kind, soft, hard in chosen)
+        chosen.append(("nproc", resource.RLIMIT_NPROC, nproc, nproc))
+    return tuple(_within_hard(name, kind, soft, hard) for name, kind, soft, hard in chosen)
 
 
-def _within_hard(kind: int, soft: int, hard: int) -> tuple[int, int, int]:
+def _within_hard(name: str, kind: int, soft: int, hard: int) -> tuple[str, int, int]:
     # Without CAP_SYS_RESOURCE no limit can rise above the host's hard limit.
     _, host_hard = resource.getrlimit(kind)
     if host_hard != resource.RLIM_INFINITY:
         hard = min(hard, host_hard)
         soft = min(soft, hard)
-    return kind, soft, hard
-
-
-def _apply(rlimits: Rlimits) -> None:
-    for kind, soft, hard in rlimits:
-        resource.setrlimit(kind, (soft, hard))
+    return name, soft, hard

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 Controller = Literal["memory", "pids", "cpu"]
 CONTROLLERS: tuple[Controller, ...] = ("memory", "pids", "cpu")
+_KILL_WAIT_S = 2.0
 _V1_NAMES: dict[Controller, str] = {"memory": "memory", "pids": "pids", "cpu": "cpuacct"}
 _V2_NAMES: dict[Controller, str] = {"memory": "memory", "pids": "pids", "cpu": "cpu"}
 
@@ -205,14 +207,17 @@ class CallCgroups:
         return Usage(oom_kills, forks_refused, cpu_s, peak)
 
     def kill_all(self) -> None:
-        """SIGKILL every process in the call's cgroups, until none is left."""
-        for _ in range(20):
+        """SIGKILL every process in the call's cgroups and wait until they have left them
+        (a killed process stays listed until it has finished exiting). Blocking."""
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while True:
             pids = self._members()
-            if not pids:
+            if not pids or time.monotonic() > deadline:
                 return
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
 
     def remove(self) -> bool:
         """Remove the cgroups; whether all are gone. A cgroup whose last process is still
@@ -233,14 +238,6 @@ class CallCgroups:
             with contextlib.suppress(FileNotFoundError):
                 pids.update(int(pid) for pid in (directory / "cgroup.procs").read_text().split())
         return pids
-
-
-def join(procs_files: tuple[str, ...]) -> None:
-    """Move the calling process into the cgroups; for a child, before it runs the command."""
-    pid = str(os.getpid())
-    for path in procs_files:
-        with open(path, "w") as procs:
-            procs.write(pid)
 
 
 def _write_if_present(path: Path, value: str) -> None:

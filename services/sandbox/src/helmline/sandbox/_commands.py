@@ -50,8 +50,6 @@ class Launch:
     """Where."""
     env: Mapping[str, str]
     """Its whole environment (the call's marker is added)."""
-    prepare: Callable[[], None] | None = None
-    """Runs in the child between fork and exec: joins cgroups, sets rlimits."""
     contained: bool = False
     """Whether everything the process starts dies with it (a pid namespace), so nothing
     needs hunting once it has exited."""
@@ -150,15 +148,12 @@ async def run_process(
             cwd=launch.cwd,
             env={**launch.env, MARKER_VARIABLE: marker},
             start_new_session=True,
-            preexec_fn=launch.prepare,
         )
-    except (OSError, subprocess.SubprocessError) as error:
-        # No process left to run it (EAGAIN), the workspace vanished, or `prepare` failed.
+    except OSError as error:  # No process left to run it (EAGAIN), or the workspace vanished.
         raise ToolRefused(
             ToolError(
                 kind="unavailable",
-                message="the command could not be started: "
-                f"{getattr(error, 'strerror', None) or error}",
+                message=f"the command could not be started: {error.strerror or error}",
                 retryable=True,
             )
         ) from error

@@ -90,6 +90,26 @@ def bwrap_argv(bwrap: str, confinement: Confinement, command: str) -> list[str]:
     ]
 
 
+PRLIMIT = "/usr/bin/prlimit"
+_JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+"""Writes its own pid to each cgroup.procs file named before `--`, then execs the rest."""
+
+Rlimits = tuple[tuple[str, int, int], ...]
+"""(prlimit option, soft, hard) of each resource limit."""
+
+
+def limited_argv(procs_files: tuple[str, ...], rlimits: Rlimits, argv: list[str]) -> list[str]:
+    """`argv` started inside the call's cgroups and under its rlimits.
+
+    Done by two small programs rather than a Python `preexec_fn`, which would force a
+    fork of the whole service (about 17 ms here) for every call.
+    """
+    limited = [PRLIMIT, *(f"--{name}={soft}:{hard}" for name, soft, hard in rlimits), "--", *argv]
+    if not procs_files:
+        return limited
+    return [SHELL, "-c", _JOIN_SCRIPT, "join-cgroups", *procs_files, "--", *limited]
+
+
 def session_uid(tenant: str, session_id: str, base: int, count: int) -> int:
     """The host uid of a session's commands: stable, and different between sessions
     except for rare collisions (which share only the per-uid process count)."""
