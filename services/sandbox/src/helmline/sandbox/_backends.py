@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from helmline.sandbox._cgroups import CallCgroups, CgroupLayout, detect_layout
+from helmline.sandbox._cgroups import CallCgroups, CgroupLayout, Usage, detect_layout
 from helmline.sandbox._commands import CommandControl, CommandRun, Launch, Reaper, run_process
 from helmline.sandbox._confinement import (
     SEARCH_PATH,
@@ -151,12 +151,19 @@ class ProcessBackend:
     async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
         limits = job.limits
         uid = self.workspace_owner(job.tenant, job.session_id)
-        await asyncio.to_thread(prepare_workspace, job.workspace, uid)
         confinement = Confinement(job.workspace, job.network, uid, self._settings.tmp_size_mb)
         cgroups = CallCgroups(self._layout, f"helmline-{control.marker}")
-        await asyncio.to_thread(
-            cgroups.create, limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES
-        )
+
+        def prepare() -> None:
+            # One trip to a worker thread for both: each trip costs on a loaded host.
+            prepare_workspace(job.workspace, uid)
+            cgroups.create(limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES)
+
+        def finish() -> tuple[Usage, bool]:
+            cgroups.kill_all()
+            return cgroups.usage(), cgroups.remove()
+
+        await asyncio.to_thread(prepare)
         rlimits = _rlimits(
             limits,
             per_uid=uid is not None,
@@ -195,9 +202,8 @@ class ProcessBackend:
                 watch=watch if self._layout.places else None,
             )
         finally:
-            await asyncio.to_thread(cgroups.kill_all)
-            usage = await asyncio.to_thread(cgroups.usage)
-            if not cgroups.remove():
+            usage, removed = await asyncio.to_thread(finish)
+            if not removed:
                 removal = asyncio.create_task(_remove_soon(cgroups))
                 self._removals.add(removal)
                 removal.add_done_callback(self._removals.discard)

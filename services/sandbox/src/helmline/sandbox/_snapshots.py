@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import stat
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from helmline.sandbox._manifests import (
 )
 
 _CHUNK = 1 << 20
+_CACHED_WORKSPACES = 1_000
+_KNOWN_BLOBS = 1_000_000
 Fingerprint = tuple[int, int, int, int]
 """(size, mtime_ns, inode, ctime_ns): when equal, the content is taken to be unchanged."""
 
@@ -111,13 +114,24 @@ class WorkspaceSnapshots:
         self._js = js
         self._max_bytes = max_bytes
         self._store: ObjectStore | None = None
+        # Both only spare work (an object store lookup, reading a file), so forgetting is
+        # safe: they are bounded rather than kept for every workspace ever seen.
         self._stored_blobs: set[str] = set()
-        self._caches: dict[Path, HashCache] = {}
+        self._caches: OrderedDict[Path, HashCache] = OrderedDict()
 
     async def _bucket(self) -> ObjectStore:
         if self._store is None:
             self._store = await self._js.object_store(WORKSPACES_BUCKET.bucket)
         return self._store
+
+    def _cache_of(self, workspace: Path) -> HashCache:
+        cache = self._caches.pop(workspace, None) or HashCache()
+        self._caches[workspace] = cache
+        while len(self._caches) > _CACHED_WORKSPACES:
+            self._caches.popitem(last=False)
+        if len(self._stored_blobs) > _KNOWN_BLOBS:
+            self._stored_blobs.clear()
+        return cache
 
     async def take(
         self, workspace: Path, tenant: str, session_id: str, snapshot_id: str
@@ -127,7 +141,7 @@ class WorkspaceSnapshots:
         When the blobs it would add come to more than the size cap, nothing is stored and
         the snapshot says why.
         """
-        cache = self._caches.setdefault(workspace, HashCache())
+        cache = self._cache_of(workspace)
         manifest: Manifest = ()
         if await asyncio.to_thread(workspace.is_dir):
             manifest = await asyncio.to_thread(scan, workspace, cache)
@@ -176,7 +190,7 @@ class WorkspaceSnapshots:
         stored = await bucket.get(_manifest_name(tenant, session_id, snapshot_id))
         target = decode_manifest(stored.data or b"")
         await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
-        cache = self._caches.setdefault(workspace, HashCache())
+        cache = self._cache_of(workspace)
         current = await asyncio.to_thread(scan, workspace, cache)
         plan = restore_plan(current, target)
         owner = (await asyncio.to_thread(workspace.stat)).st_uid
