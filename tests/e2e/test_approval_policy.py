@@ -43,6 +43,12 @@ rules:
       command: {regex: '^echo '}
     effect: require_approval
     approval: {roles: [sre], quorum: 2, expires_in: 10m}
+  - name: listing-asks
+    tool: run_command
+    arguments:
+      command: {regex: '^ls'}
+    effect: require_approval
+    approval: {roles: [approver]}
   - name: the-rest
     effect: allow
 """
@@ -165,6 +171,66 @@ async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_ar
     assert authorized.arguments == changed
     assert authorized.policy_hash == requested.policy_hash
     assert "goodbye" in str(state.steps["cmd"].output)
+
+
+async def test_approve_similar_lets_the_next_matching_call_run_and_stops_at_its_limit(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    commands = ("ls", "ls -a", "ls -l")
+    playbook = Playbook(
+        goal="three listings",
+        steps=tuple(
+            PlanStep(
+                id=f"s{index}",
+                tool="run_command",
+                arguments={"command": command},
+                depends_on=(f"s{index - 1}",) if index else (),
+            )
+            for index, command in enumerate(commands)
+        ),
+    )
+    session_id = uuid.uuid4().hex
+    started = new_event(
+        SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=REQUESTER),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+    await store.append(started)
+    approver = Actor(id="ana", roles=("approver",))
+
+    first = await _until(store, tenant, session_id, "waiting")
+    (request,) = first.pending_approvals
+    vote = ApprovalDecisionSubmitted(
+        request_id=request.request_id, decision="grant", decided_by=approver, similar_limit=1
+    )
+    await store.append(started.derive(vote, source="test"))
+
+    # s1 runs under the standing grant; s2 finds it used up and asks again.
+    await eventually(
+        lambda: _pending_step(store, tenant, session_id, "s2"), what="a request for s2"
+    )
+    again = (await store.load(tenant, session_id)).state
+    (second,) = again.pending_approvals
+    assert second.step_id == "s2"
+    vote = ApprovalDecisionSubmitted(
+        request_id=second.request_id, decision="grant", decided_by=approver
+    )
+    await store.append(started.derive(vote, source="test", key=second.request_id))
+
+    state = await _until(store, tenant, session_id, "completed", "failed")
+    assert state.status == "completed", state.outcome
+    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+    authorized = {e.step_id: e for e in events if isinstance(e, ToolCallAuthorized)}
+    assert authorized["s1"].approval_request_id == request.request_id
+    assert authorized["s2"].approval_request_id == second.request_id
+    assert len([e for e in events if isinstance(e, ApprovalRequested)]) == 2
+    assert state.approvals[request.request_id].similar_used == 1
+
+
+async def _pending_step(store: EventStore, tenant: str, session_id: str, step_id: str) -> bool:
+    state = (await store.load(tenant, session_id)).state
+    return any(request.step_id == step_id for request in state.pending_approvals)
 
 
 async def test_an_edited_policy_file_decides_the_next_call_and_an_invalid_edit_changes_nothing(

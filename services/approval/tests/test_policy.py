@@ -104,7 +104,7 @@ def _vote(
     # As in the service: the vote is in the log before it is judged.
     events.append(started.derive(vote, source="test", key=str(len(events))))
     state = fold(events)
-    outcome = judge_vote(state, vote, policy)
+    outcome = judge_vote(state, vote, policy, NOW)
     for decision_made in outcome.decisions:
         events.append(started.derive(decision_made.payload, source="test", key=str(len(events))))
     return fold(events), [d.payload for d in outcome.decisions], outcome.note
@@ -247,3 +247,63 @@ def test_a_request_expires_only_after_its_expiry() -> None:
     assert isinstance(expired, ApprovalExpired)
     assert isinstance(call, ToolCallDenied)
     assert call.policy_hash == DEFAULT.hash
+
+
+def _scheduled_as(step: str, tool: str = "run_command", **arguments: Any) -> StepScheduled:
+    return StepScheduled.model_validate(
+        {"step_id": step, "call_id": f"{step}.1", "tool": tool, "arguments": arguments}
+    )
+
+
+def test_approve_similar_lets_the_next_calls_of_the_rule_run_up_to_its_limit() -> None:
+    state, events, started = _waiting()
+    state, (granted, _), _ = _vote(state, events, started, ANA, similar_limit=2)
+    assert isinstance(granted, ApprovalGranted)
+    assert (granted.similar_limit, granted.similar_until) == (2, NOW + timedelta(hours=1))
+
+    outcomes = []
+    for step in ("b", "c", "d"):
+        (decision,) = judge_step(
+            _scheduled_as(step, command="ls"),
+            DEFAULT,
+            tenant="t",
+            requester=ANA,
+            now=NOW,
+            session=state,
+        )
+        outcomes.append(decision.payload)
+        events.append(started.derive(decision.payload, source="test", key=str(len(events))))
+        state = fold(events)
+
+    first, second, third = outcomes
+    assert isinstance(first, ToolCallAuthorized)
+    assert first.approval_request_id == "s.1"
+    assert first.rule == "approve-high-and-critical-risk"
+    assert isinstance(second, ToolCallAuthorized)
+    assert isinstance(third, ApprovalRequested)  # The limit is reached: a person is asked.
+    assert state.approvals["s.1"].similar_used == 2
+
+
+def test_approve_similar_stops_at_its_end_and_covers_only_its_tool_and_rule() -> None:
+    state, events, started = _waiting()
+    until = NOW + timedelta(minutes=5)
+    state, _, _ = _vote(state, events, started, ANA, similar_limit=10, similar_until=until)
+
+    def judged(scheduled: StepScheduled, at: datetime) -> Any:
+        (decision,) = judge_step(
+            scheduled, DEFAULT, tenant="t", requester=ANA, now=at, session=state
+        )
+        return decision.payload
+
+    assert isinstance(judged(_scheduled_as("b", command="ls"), NOW), ToolCallAuthorized)
+    assert isinstance(judged(_scheduled_as("b", command="ls"), until), ApprovalRequested)
+    critical_read = StepScheduled.model_validate(
+        {
+            "step_id": "r",
+            "call_id": "r.1",
+            "tool": "read_file",
+            "arguments": {"path": "a"},
+            "risk": "critical",
+        }
+    )
+    assert isinstance(judged(critical_read, NOW), ApprovalRequested)

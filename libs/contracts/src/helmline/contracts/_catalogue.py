@@ -251,6 +251,11 @@ class ApprovalDecisionSubmitted(Payload):
     """Why, in their words."""
     modified_arguments: Arguments | None = None
     """Arguments to use instead of the requested ones, when granting with changes."""
+    similar_limit: int | None = Field(default=None, ge=1, le=1000)
+    """With a grant: also approve, in this session, up to this many later calls of the same
+    tool that the same policy rule sends to approval ("approve similar calls")."""
+    similar_until: datetime | None = None
+    """Until when that standing grant holds; an hour after the grant when not given."""
 
 
 class ApprovalGranted(Payload):
@@ -265,6 +270,11 @@ class ApprovalGranted(Payload):
     """The deciding comment."""
     modified_arguments: Arguments | None = None
     """Arguments the approvers substituted, if any."""
+    similar_limit: int | None = Field(default=None, ge=1, le=1000)
+    """How many later calls of the same tool, sent to approval by the same rule, this grant
+    also approves in the session; None for this call only."""
+    similar_until: datetime | None = None
+    """When that standing grant ends."""
 
 
 class ApprovalDenied(Payload):

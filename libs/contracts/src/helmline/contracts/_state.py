@@ -169,6 +169,12 @@ class ApprovalState:
     """Arguments the approvers substituted."""
     decided_at: datetime | None = None
     """When it was decided or expired."""
+    similar_limit: int | None = None
+    """How many later similar calls the grant also approves; None for this call only."""
+    similar_until: datetime | None = None
+    """When that standing grant ends."""
+    similar_used: int = 0
+    """Later calls authorised under the standing grant so far."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +465,7 @@ class SessionFold:
                     arguments=data.arguments,
                     risk=data.risk,
                 )
+                self._count_similar_use(data)
             case ToolCallStarted():
                 self.update_call(data.call_id, data.step_id, status="running")
             case ToolCallCompleted():
@@ -593,7 +600,7 @@ class SessionFold:
                         request, votes=(*request.votes, data)
                     )
             case ApprovalGranted():
-                self._decide(
+                granted = self._decide(
                     event,
                     data.request_id,
                     "granted",
@@ -601,6 +608,12 @@ class SessionFold:
                     data.comment,
                     data.modified_arguments,
                 )
+                if granted and data.similar_limit is not None:
+                    self.approvals[data.request_id] = _copy_with(
+                        self.approvals[data.request_id],
+                        similar_limit=data.similar_limit,
+                        similar_until=data.similar_until,
+                    )
             case ApprovalDenied():
                 self._decide(
                     event, data.request_id, "denied", (data.decided_by,), data.comment, None
@@ -681,10 +694,11 @@ class SessionFold:
         decided_by: tuple[Actor, ...],
         comment: str,
         modified_arguments: Arguments | None,
-    ) -> None:
+    ) -> bool:
+        """Record the outcome of a pending request; False when it was no longer pending."""
         request = self.approvals.get(request_id)
         if request is None or request.status != "pending":
-            return
+            return False
         self.approvals[request_id] = _copy_with(
             request,
             status=status,
@@ -695,6 +709,20 @@ class SessionFold:
         )
         if self.v["status"] == "waiting" and not self._any_pending_approval():
             self.v["status"] = "paused" if self.v["pause_requested"] else "executing"
+        return True
+
+    def _count_similar_use(self, authorized: ToolCallAuthorized) -> None:
+        # A later call authorised under a standing "approve similar" grant uses it up.
+        request_id = authorized.approval_request_id
+        request = self.approvals.get(request_id) if request_id is not None else None
+        if (
+            request is not None
+            and request.similar_limit is not None
+            and request.call_id != authorized.call_id
+        ):
+            self.approvals[request.request_id] = _copy_with(
+                request, similar_used=request.similar_used + 1
+            )
 
     def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
         rollback = self.rollbacks.get(rollback_id)

@@ -63,10 +63,23 @@ class ApprovalHandler:
             case StepScheduled():
                 if delivery.deliveries > 1 and await self._already_judged(event, data):
                     return
+                now = datetime.now(UTC)
                 requester = await self._requester(event) if policy.uses_requester else None
                 decisions = judge_step(
-                    data, policy, tenant=event.tenant, requester=requester, now=datetime.now(UTC)
+                    data, policy, tenant=event.tenant, requester=requester, now=now
                 )
+                if any(isinstance(d.payload, ApprovalRequested) for d in decisions):
+                    # Off the hot path (a person would be asked): a standing "approve
+                    # similar calls" grant of the session may cover the call.
+                    session = (await self._store.load(event.tenant, event.session_id)).state
+                    decisions = judge_step(
+                        data,
+                        policy,
+                        tenant=event.tenant,
+                        requester=session.requested_by,
+                        now=now,
+                        session=session,
+                    )
                 await self._append(event, decisions)
             case ApprovalRequested():
                 await self._sessions.advance(delivery)
@@ -75,7 +88,7 @@ class ApprovalHandler:
                     self._notifier.announce(event, policy.document.webhooks)
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
-                outcome = judge_vote(state, data, policy)
+                outcome = judge_vote(state, data, policy, datetime.now(UTC))
                 if outcome.note is not None:
                     logger.warning(
                         "decision by %s on %s/%s appends nothing: %s",

@@ -6,7 +6,7 @@ Every decision event records the rule that made it and the hash of the policy in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from jsonschema import Draft202012Validator
 
@@ -30,6 +30,8 @@ from helmline.contracts import (
 )
 
 POLICY = Actor(id="policy", kind="policy")
+SIMILAR_GRANT_DEFAULT = timedelta(hours=1)
+"""How long an "approve similar calls" grant holds when the approver gives no end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +64,13 @@ def judge_step(
     tenant: str,
     requester: Actor | None,
     now: datetime,
+    session: SessionState | None = None,
 ) -> list[Decision]:
-    """Allow, deny or ask a person, as the first matching rule says."""
+    """Allow, deny or ask a person, as the first matching rule says.
+
+    Given the session, a call that would be sent to approval runs at once under a standing
+    "approve similar calls" grant of the same rule and tool that has uses and time left.
+    """
     identity = f"judged/{scheduled.call_id}"
     verdict = policy.judge(
         tenant=tenant,
@@ -95,6 +102,21 @@ def judge_step(
                 sandbox_profile=verdict.sandbox_profile,
                 network=verdict.network,
             )
+        case "require_approval" if (
+            standing := _standing_grant(session, scheduled.tool, verdict.rule, now)
+        ) is not None:
+            payload = ToolCallAuthorized(
+                call_id=scheduled.call_id,
+                step_id=scheduled.step_id,
+                tool=scheduled.tool,
+                arguments=scheduled.arguments,
+                risk=verdict.risk,
+                rule=verdict.rule,
+                policy_hash=policy.hash,
+                approval_request_id=standing.request_id,
+                sandbox_profile=verdict.sandbox_profile,
+                network=verdict.network,
+            )
         case "require_approval":
             assert verdict.approval is not None
             payload = ApprovalRequested(
@@ -115,13 +137,34 @@ def judge_step(
     return [Decision(payload, identity)]
 
 
-def judge_vote(state: SessionState, vote: ApprovalDecisionSubmitted, policy: Policy) -> VoteOutcome:
+def _standing_grant(
+    session: SessionState | None, tool: str, rule: str, now: datetime
+) -> ApprovalState | None:
+    if session is None:
+        return None
+    for request in session.approvals.values():
+        if (
+            request.status == "granted"
+            and request.similar_limit is not None
+            and request.similar_used < request.similar_limit
+            and (request.similar_until is None or now < request.similar_until)
+            and request.tool == tool
+            and request.rule == rule
+        ):
+            return request
+    return None
+
+
+def judge_vote(
+    state: SessionState, vote: ApprovalDecisionSubmitted, policy: Policy, now: datetime
+) -> VoteOutcome:
     """A person's decision on a pending request, if they may make it.
 
     One denial by someone allowed to decide denies the request. Grants count once per
-    person, and only grants of the very same arguments count together, so the quorum is of
-    people who approved exactly what runs. Modified arguments must fit the tool's schema and
-    still be allowed, or need approval under the same rule, by the policy in force.
+    person, and only grants of the very same arguments (and "approve similar" scope) count
+    together, so the quorum is of people who approved exactly what runs. Modified arguments
+    must fit the tool's schema and still be allowed, or need approval under the same rule,
+    by the policy in force.
     """
     request = state.approvals.get(vote.request_id)
     voter = vote.decided_by
@@ -185,11 +228,16 @@ def judge_vote(state: SessionState, vote: ApprovalDecisionSubmitted, policy: Pol
             note=f"grant by {voter.id} counted: {len(granters)} of {request.quorum} "
             f"distinct approvers for {request.request_id}"
         )
+    similar_until = None
+    if vote.similar_limit is not None:
+        similar_until = vote.similar_until or now + SIMILAR_GRANT_DEFAULT
     granted = ApprovalGranted(
         request_id=request.request_id,
         decided_by=granters,
         comment=vote.comment,
         modified_arguments=vote.modified_arguments,
+        similar_limit=vote.similar_limit,
+        similar_until=similar_until,
     )
     decisions = [Decision(granted, f"decided/{request.request_id}")]
     if authorized is not None:
@@ -211,6 +259,8 @@ def _granters(
         if (
             earlier.decision == "grant"
             and earlier.modified_arguments == vote.modified_arguments
+            and (earlier.similar_limit, earlier.similar_until)
+            == (vote.similar_limit, vote.similar_until)
             and _may_decide(earlier.decided_by, roles)
         ):
             granters.setdefault(earlier.decided_by.id, earlier.decided_by)
