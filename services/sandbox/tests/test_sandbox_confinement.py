@@ -4,6 +4,7 @@ which limit stopped a command; and how the service starts (or refuses to)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from helmline.contracts import SandboxExecutionRequested, SandboxLimits
 from helmline.sandbox import SandboxSettings, SandboxUnavailable, tools_for
-from helmline.sandbox._cgroups import Place, parse_layout
+from helmline.sandbox._cgroups import CALL_PREFIX, Place, detect_layout, parse_layout, remove_stale
 from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._confinement import Confinement, bwrap_argv, session_uid
 from helmline.sandbox._limits import Limits, Observed, limit_that_stopped
@@ -152,3 +153,25 @@ async def test_the_unsandboxed_backend_must_be_chosen_and_still_applies_limits(
     assert not isinstance(outcome, Completed)
     assert outcome.limit is not None
     assert outcome.limit.limit == "file_size"
+
+
+def test_empty_call_cgroups_left_by_a_killed_sandbox_are_removed_once_old() -> None:
+    layout = detect_layout()
+    if not layout.places:
+        pytest.skip("no cgroup controller can be used on this host")
+    parent = next(iter(layout.places.values())).parent
+    old, fresh = (
+        parent / f"{CALL_PREFIX}old-{uuid.uuid4().hex}",
+        parent / f"{CALL_PREFIX}new-{uuid.uuid4().hex}",
+    )
+    old.mkdir()
+    fresh.mkdir()
+    try:
+        os.utime(old, (1, 1))
+        remove_stale(layout, older_than_s=300)
+        assert not old.exists()
+        assert fresh.exists()  # Maybe another sandbox's call, about to start.
+    finally:
+        for folder in (old, fresh):
+            if folder.exists():
+                folder.rmdir()

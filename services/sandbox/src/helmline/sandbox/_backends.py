@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from helmline.sandbox._cgroups import CallCgroups, CgroupLayout, Usage, detect_layout
+from helmline.sandbox._cgroups import (
+    CALL_PREFIX,
+    CallCgroups,
+    CgroupLayout,
+    Usage,
+    detect_layout,
+    remove_stale,
+)
 from helmline.sandbox._commands import CommandControl, CommandRun, Launch, Reaper, run_process
 from helmline.sandbox._confinement import (
     SEARCH_PATH,
@@ -35,6 +42,9 @@ _SANDBOX_PROCESSES = 2
 """bubblewrap and its pid-namespace init, counted by the pids cgroup besides the command."""
 _WATCH_INTERVAL_S = 0.05
 _REMOVAL_ATTEMPTS = 100
+_STALE_AFTER_S = 300.0
+"""Age past which an empty call cgroup found at start is taken to be left by a killed
+sandbox: far longer than the moment between a cgroup's creation and its first process."""
 
 
 class SandboxUnavailable(SandboxError):
@@ -111,6 +121,9 @@ class ProcessBackend:
                 "set HELMLINE_SANDBOX_BACKEND=unsandboxed on a development machine only"
             )
         layout = await asyncio.to_thread(detect_layout)
+        stale = await asyncio.to_thread(remove_stale, layout, _STALE_AFTER_S)
+        if stale:
+            logger.info("removed %d call cgroup(s) left by an earlier sandbox", stale)
         logger.info(
             "sandbox: bubblewrap %s, cgroups %s (controllers: %s)",
             bwrap,
@@ -152,7 +165,7 @@ class ProcessBackend:
         limits = job.limits
         uid = self.workspace_owner(job.tenant, job.session_id)
         confinement = Confinement(job.workspace, job.network, uid, self._settings.tmp_size_mb)
-        cgroups = CallCgroups(self._layout, f"helmline-{control.marker}")
+        cgroups = CallCgroups(self._layout, f"{CALL_PREFIX}{control.marker}")
 
         def prepare() -> None:
             # One trip to a worker thread for both: each trip costs on a loaded host.

@@ -138,6 +138,31 @@ def _can_create_under(parent: Path) -> bool:
     return True
 
 
+CALL_PREFIX = "helmline-"
+
+
+def remove_stale(layout: CgroupLayout, older_than_s: float) -> int:
+    """Remove call cgroups left behind by a sandbox that was killed; how many. Blocking.
+
+    Only empty ones (the kernel refuses the others) older than `older_than_s`, so that a
+    cgroup another sandbox process just made for a call is never taken from under it.
+    """
+    removed = 0
+    now = time.time()
+    for place in layout.places.values():
+        with contextlib.suppress(FileNotFoundError):
+            for child in place.parent.iterdir():
+                if not child.name.startswith(CALL_PREFIX) or not child.is_dir():
+                    continue
+                try:
+                    if now - child.stat().st_mtime > older_than_s:
+                        child.rmdir()
+                        removed += 1
+                except OSError:
+                    pass  # Still has processes, or gone meanwhile.
+    return removed
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """What a call's cgroups counted."""
