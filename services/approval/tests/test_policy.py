@@ -307,3 +307,28 @@ def test_approve_similar_stops_at_its_end_and_covers_only_its_tool_and_rule() ->
         }
     )
     assert isinstance(judged(critical_read, NOW), ApprovalRequested)
+
+
+def test_a_request_carries_what_the_plan_says_the_step_is_for() -> None:
+    started = new_event(
+        SessionStarted(goal="g", requested_by=ANA), tenant="t", session_id="s1", source="test"
+    )
+    plan = PlanProposed(
+        revision=1,
+        steps=(
+            PlanStep(
+                id="s", tool="run_command", arguments={"command": "ls"}, description="look around"
+            ),
+        ),
+    )
+    session = fold([started, started.derive(plan, source="test")])
+    (decision,) = judge_step(
+        _scheduled("run_command", command="ls"),
+        DEFAULT,
+        tenant="t",
+        requester=ANA,
+        now=NOW,
+        session=session,
+    )
+    assert isinstance(decision.payload, ApprovalRequested)
+    assert decision.payload.agent_reason == "look around"

@@ -133,8 +133,17 @@ def judge_step(
                 approver_roles=verdict.approval.roles,
                 quorum=verdict.approval.quorum,
                 expires_at=now + verdict.approval.expires_in,
+                agent_reason=_stated_reason(session, scheduled.step_id),
             )
     return [Decision(payload, identity)]
+
+
+def _stated_reason(session: SessionState | None, step_id: str) -> str | None:
+    # What the plan says the step is for, so that approvers see why the agent wants it.
+    step = session.steps.get(step_id) if session is not None else None
+    if step is None or not step.description:
+        return None
+    return step.description
 
 
 def _standing_grant(
