@@ -231,3 +231,23 @@ def test_listening_socket_helper_is_loopback() -> None:
     # Guards the loopback test: the listener really is on the host's 127.0.0.1.
     with socket.create_server(("127.0.0.1", 0)) as server:
         assert server.getsockname()[0] == "127.0.0.1"
+
+
+async def test_a_workspace_made_before_it_had_an_owner_becomes_the_sessions(
+    tools: Tools, workspaces: Path
+) -> None:
+    old = workspaces / "tenant" / "legacy"
+    (old / "notes").mkdir(parents=True)
+    (old / "notes" / "todo.txt").write_text("root's\n")
+    result = output_of(
+        await run(
+            tools,
+            workspaces,
+            "echo mine >> notes/todo.txt; cat notes/todo.txt",
+            session_id="legacy",
+        )
+    )
+    assert result["stdout"] == "root's\nmine\n"
+    usage = result["usage"]
+    assert isinstance(usage, dict)
+    assert set(usage) == {"wall_ms", "cpu_ms", "peak_memory_mb"}

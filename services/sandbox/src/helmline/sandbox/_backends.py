@@ -91,6 +91,11 @@ def prepare_workspace(workspace: Path, owner: int | None) -> None:
     if owner is not None:
         stat = workspace.stat()
         if stat.st_uid != owner:
+            # A workspace made before it had an owner (or under another uid range): all it
+            # holds becomes the session's, or its commands could not change those files.
+            for folder, folders, files in os.walk(workspace):
+                for name in [*folders, *files]:
+                    os.lchown(os.path.join(folder, name), owner, owner)
             # Group root may only pass through: bubblewrap, root without capabilities by
             # then, must enter it to start the command there.
             os.chown(workspace, owner, 0)

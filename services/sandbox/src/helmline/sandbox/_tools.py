@@ -113,6 +113,7 @@ class Tools:
                         "stderr": stderr,
                         "stdout_truncated": stdout_truncated,
                         "stderr_truncated": stderr_truncated,
+                        "usage": usage.model_dump(mode="json"),
                     },
                     stdout_truncated or stderr_truncated,
                 )
