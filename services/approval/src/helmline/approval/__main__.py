@@ -20,6 +20,7 @@ def setup_approval(
     """Wire the approval service onto a started host (tests pass their own consumer)."""
 
     async def setup(host: ServiceHost) -> None:
+        policies.log_in_force()
         handler = ApprovalHandler(host.store, policies, WebhookNotifier(settings.webhook_secrets))
         watcher = asyncio.create_task(policies.watch())
 

@@ -26,12 +26,11 @@ class PolicySource:
         self._poll_s = poll_s
         self._stamp = _stamp(path) if path is not None else None
         self.current: Policy = load_policy(path) if path is not None else default_policy()
-        logger.info(
-            "policy %s in force: %d rules, %s",
-            self.current.source,
-            len(self.current),
-            self.current.hash,
-        )
+
+    def log_in_force(self) -> None:
+        """Say which policy decides (once logging is set up, at the service's start)."""
+        policy = self.current
+        logger.info("policy %s in force: %d rules, %s", policy.source, len(policy), policy.hash)
 
     async def watch(self) -> None:
         """Reload the file when it changes, until cancelled (nothing to do for the built-in)."""
