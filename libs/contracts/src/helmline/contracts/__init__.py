@@ -4,8 +4,10 @@ This package is the floor every service stands on. It depends on pydantic alone 
 I/O; services never share code with each other, only these contracts.
 """
 
+from helmline.contracts import _upcasters  # noqa: F401 - registers the upcasters
 from helmline.contracts._catalogue import (
     PAYLOAD_CLASSES,
+    Alternative,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
@@ -148,6 +150,7 @@ __all__ = [
     "UPCASTERS",
     "WORKSPACES_BUCKET",
     "Actor",
+    "Alternative",
     "ApprovalDecisionSubmitted",
     "ApprovalDenied",
     "ApprovalExpired",

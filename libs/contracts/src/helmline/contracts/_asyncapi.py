@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -43,7 +44,7 @@ def asyncapi_document(version: str) -> dict[str, Any]:
         messages[name] = {
             "name": payload_class.TYPE,
             "title": payload_class.TYPE,
-            "summary": (payload_class.__doc__ or "").strip(),
+            "summary": inspect.cleandoc(payload_class.__doc__ or ""),
             "contentType": CONTENT_TYPE,
             "headers": {"$ref": "#/components/schemas/headers"},
             "payload": {"$ref": f"events/{payload_class.TYPE}.json"},

@@ -138,18 +138,31 @@ class SessionFailed(Payload):
 # --- thoughts and plans -------------------------------------------------------------------
 
 
+class Alternative(Contract):
+    """An option the planner considered and set aside."""
+
+    option: str
+    """What it could have done."""
+    reason: str = ""
+    """Why it did not."""
+
+
 class ThoughtRecorded(Payload):
-    """The planner's reasoning, streamed for people to follow."""
+    """The planner's reasoning, streamed for people to follow.
+
+    Version 2: each alternative carries why it was set aside (version 1 had bare strings).
+    """
 
     TYPE = "thought.recorded"
+    SCHEMA_VERSION = 2
     kind: Literal["observation", "reasoning", "decision", "action", "reflection"]
     """What sort of thought this is."""
     text: str
     """The thought itself."""
     confidence: float | None = Field(default=None, ge=0, le=1)
     """How sure the planner is, from 0 to 1."""
-    alternatives: tuple[str, ...] = ()
-    """Options the planner considered and set aside."""
+    alternatives: tuple[Alternative, ...] = ()
+    """Options the planner considered and set aside, with why."""
     step_id: StepId | None = None
     """The step the thought is about, if any."""
 

@@ -6,6 +6,7 @@ import uuid
 from datetime import UTC, datetime
 
 from helmline.contracts._catalogue import (
+    Alternative,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
@@ -83,7 +84,16 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
     SessionCancelled(reason="wrong goal"),
     SessionCompleted(summary="2 of 2 steps succeeded"),
     SessionFailed(reason="step 'count' was denied: denied by ana", step_id="count"),
-    ThoughtRecorded(kind="decision", text="Count the bytes with wc", confidence=0.9),
+    ThoughtRecorded(
+        kind="decision",
+        text="Count the bytes with wc",
+        confidence=0.9,
+        alternatives=(
+            Alternative(
+                option="read the file and count in Python", reason="wc is simpler and auditable"
+            ),
+        ),
+    ),
     PlanProposed(
         revision=1,
         steps=(_WRITE, _COUNT),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from helmline.contracts._asyncapi import asyncapi_document
@@ -22,7 +23,7 @@ def event_schema(payload_class: type[Payload]) -> dict[str, Any]:
         "$id": f"urn:helmline:event:{payload_class.TYPE}:v{payload_class.SCHEMA_VERSION}",
         **schema,
         "title": payload_class.TYPE,
-        "description": (payload_class.__doc__ or "").strip(),
+        "description": inspect.cleandoc(payload_class.__doc__ or ""),
     }
 
 
@@ -38,7 +39,7 @@ def export_schemas() -> dict[str, dict[str, Any]]:
                 "type": payload_class.TYPE,
                 "schemaversion": payload_class.SCHEMA_VERSION,
                 "schema": file_name,
-                "description": (payload_class.__doc__ or "").strip(),
+                "description": inspect.cleandoc(payload_class.__doc__ or ""),
             }
         )
     files["dead-letter.json"] = {

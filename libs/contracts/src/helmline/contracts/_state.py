@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar, assert_never
 from pydantic import JsonValue
 
 from helmline.contracts._catalogue import (
+    Alternative,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
@@ -239,6 +240,8 @@ class ThoughtState:
     """How sure the planner was."""
     step_id: str | None = None
     """The step it concerns."""
+    alternatives: tuple[Alternative, ...] = ()
+    """Options it set aside, with why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,6 +528,7 @@ class SessionFold:
                         at=event.time,
                         confidence=data.confidence,
                         step_id=data.step_id,
+                        alternatives=data.alternatives,
                     )
                 )
             case SessionStarted():
