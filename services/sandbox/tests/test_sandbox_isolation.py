@@ -150,7 +150,7 @@ async def test_setsid_and_nohup_children_are_gone_when_the_call_returns(
 async def test_a_fork_bomb_is_stopped_by_the_process_limit(tools: Tools, workspaces: Path) -> None:
     began = time.monotonic()
     outcome = await run(tools, workspaces, "bomb() { bomb | bomb; }; bomb", max_processes=32)
-    assert time.monotonic() - began < 10  # Far below its 30 s wall clock.
+    assert time.monotonic() - began < 20  # Well below its 30 s wall clock, on a busy host too.
     assert isinstance(outcome, Failed), outcome
     assert outcome.error.kind == "limit"
     assert outcome.limit is not None
@@ -206,7 +206,7 @@ async def test_output_beyond_the_cap_is_truncated_and_flagged(
 async def test_a_one_second_cpu_limit_stops_a_busy_loop(tools: Tools, workspaces: Path) -> None:
     began = time.monotonic()
     outcome = await run(tools, workspaces, "while :; do :; done", cpu_s=1)
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 20  # Stopped by the CPU limit, not the 30 s wall clock.
     assert isinstance(outcome, Failed), outcome
     assert outcome.limit is not None
     assert (outcome.limit.limit, outcome.limit.value) == ("cpu", 1)

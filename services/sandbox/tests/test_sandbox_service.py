@@ -518,7 +518,8 @@ async def _service_process(
                 except httpx.TransportError:
                     return False
 
-            await eventually(ready, timeout_s=20, what="sandbox ready")
+            # Generous: importing the service takes seconds when the host is busy.
+            await eventually(ready, timeout_s=60, what="sandbox ready")
         yield process
     finally:
         if process.returncode is None:
