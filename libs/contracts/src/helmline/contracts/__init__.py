@@ -108,6 +108,7 @@ from helmline.contracts._topology import (
     event_subject,
     event_type_filter,
     parse_event_subject,
+    retry_subject,
     session_filter,
     tenant_filter,
 )
@@ -237,6 +238,7 @@ __all__ = [
     "fold",
     "new_event",
     "parse_event_subject",
+    "retry_subject",
     "session_filter",
     "tenant_filter",
 ]

@@ -34,6 +34,7 @@ from helmline.contracts._values import Contract
 EVENTS_SUBJECT_PREFIX = "helmline.events"
 DEAD_LETTER_SUBJECT_PREFIX = "helmline.deadletter"
 DELIVER_SUBJECT_PREFIX = "helmline.deliver"
+RETRY_SUBJECT_PREFIX = "helmline.retry"
 
 
 class EventSubject(NamedTuple):
@@ -82,6 +83,11 @@ def parse_event_subject(subject: str) -> EventSubject:
 def deliver_subject(durable: str) -> str:
     """Where JetStream pushes a durable consumer's messages to the service's replicas."""
     return f"{DELIVER_SUBJECT_PREFIX}.{durable}"
+
+
+def retry_subject(consumer: str) -> str:
+    """Where a consumer's replicas take requests to handle a dead-lettered message again."""
+    return f"{RETRY_SUBJECT_PREFIX}.{consumer}"
 
 
 def dead_letter_subject(consumer: str) -> str:

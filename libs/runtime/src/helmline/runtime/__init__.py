@@ -5,6 +5,7 @@ Every service stands on this package and `helmline.contracts`; it knows no servi
 
 from helmline.runtime._cache import SessionCache
 from helmline.runtime._consumer import Delivery, EventConsumer, Handler, consumer_config
+from helmline.runtime._deadletters import DeadLetterBox, ParkedLetter, RetryOutcome
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
     ConcurrencyConflict,
@@ -26,13 +27,16 @@ from helmline.runtime._store import (
 __all__ = [
     "Appended",
     "ConcurrencyConflict",
+    "DeadLetterBox",
     "Delivery",
     "EventConsumer",
     "EventStore",
     "Handler",
     "HelmlineRuntimeError",
     "HttpServer",
+    "ParkedLetter",
     "PermanentError",
+    "RetryOutcome",
     "RetryableError",
     "RuntimeSettings",
     "ServiceHost",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,15 +27,18 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from helmline.contracts import (
+    UPCASTERS,
     ConsumerSpec,
     DeadLetter,
     Event,
     Headers,
     UndecodableEvent,
+    UpcasterRegistry,
     dead_letter_subject,
     decode_event,
     deliver_subject,
     parse_event_subject,
+    retry_subject,
 )
 from helmline.runtime._errors import PermanentError, RetryableError
 
@@ -78,13 +82,20 @@ class EventConsumer:
     """Feeds one durable consumer's events to a handler until stopped."""
 
     def __init__(
-        self, nc: NATS, js: JetStreamContext, spec: ConsumerSpec, handler: Handler
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        spec: ConsumerSpec,
+        handler: Handler,
+        upcasters: UpcasterRegistry = UPCASTERS,
     ) -> None:
         self._nc = nc
         self._js = js
         self._spec = spec
         self._handler = handler
+        self._upcasters = upcasters
         self._subscription: Subscription | None = None
+        self._retries: Subscription | None = None
         self._tails: dict[str, asyncio.Task[None]] = {}
         self._in_flight: dict[asyncio.Task[None], Msg] = {}
         self._keepalive: asyncio.Task[None] | None = None
@@ -104,6 +115,9 @@ class EventConsumer:
             cb=self._receive,
             pending_msgs_limit=self._spec.max_ack_pending * 2,
         )
+        self._retries = await self._nc.subscribe(
+            retry_subject(self._spec.durable), queue=self._spec.durable, cb=self._retry
+        )
         self._keepalive = asyncio.create_task(self._keep_in_flight_alive())
 
     async def stop(self, grace_s: float) -> None:
@@ -112,9 +126,10 @@ class EventConsumer:
         Messages still running after the grace period are left unacknowledged; JetStream
         delivers them again (to another replica, or to this one after a restart).
         """
-        if self._subscription is not None:
-            await self._subscription.unsubscribe()
-            self._subscription = None
+        for subscription in (self._subscription, self._retries):
+            if subscription is not None:
+                await subscription.unsubscribe()
+        self._subscription = self._retries = None
         if self._in_flight:
             await asyncio.wait(set(self._in_flight), timeout=grace_s)
         for task in set(self._in_flight):
@@ -154,7 +169,7 @@ class EventConsumer:
         metadata = message.metadata
         deliveries = metadata.num_delivered or 1
         try:
-            event = decode_event(message.data)
+            event = decode_event(message.data, self._upcasters)
         except UndecodableEvent as error:
             await self._dead_letter(message, f"undecodable: {error}", deliveries)
             return
@@ -207,6 +222,23 @@ class EventConsumer:
             },
         )
         await message.term()
+
+    async def _retry(self, request: Msg) -> None:
+        """Handle a dead-lettered message again, on an operator's request; reply how it went.
+
+        The message is read back from the stream by its sequence, so a retry runs the code
+        this replica has now: a fixed handler, or an upcaster added since.
+        """
+        try:
+            seq = int(json.loads(request.data)["stream_seq"])
+            stored = await self._js.get_msg(self._spec.stream, seq)
+            event = decode_event(stored.data or b"", self._upcasters)
+            await self._handler(Delivery(event, seq, deliveries=1))
+        except Exception as error:  # The operator gets the reason; the letter stays parked.
+            outcome = {"ok": False, "reason": f"{type(error).__name__}: {error}"}
+        else:
+            outcome = {"ok": True, "reason": ""}
+        await request.respond(json.dumps(outcome).encode())
 
     async def _keep_in_flight_alive(self) -> None:
         # Long handlers (a sandboxed command, a model call) must not be redelivered while
