@@ -245,9 +245,8 @@ async def test_an_edited_policy_file_decides_the_next_call_and_an_invalid_edit_c
     )
     try:
         stack.policy.write_text(edited)
-        await eventually(
-            lambda: "policy reloaded" in log.read_text(), timeout_s=10, what="the reload"
-        )
+        in_force = policy_hash(edited.encode())
+        await eventually(lambda: in_force in log.read_text(), timeout_s=10, what="the reload")
         stack.policy.write_text("rules: [{name: broken}]\n")
         await eventually(
             lambda: "invalid; keeping" in log.read_text(), timeout_s=10, what="the refusal"
@@ -260,5 +259,52 @@ async def test_an_edited_policy_file_decides_the_next_call_and_an_invalid_edit_c
         assert (denied.rule, denied.reason) == ("no-echo", "not today")
         assert denied.policy_hash == policy_hash(edited.encode())
         assert state.status == "failed"
+    finally:
+        stack.policy.write_text(original)
+
+
+async def test_a_plan_approved_once_runs_its_risky_steps_without_asking_again(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    log = stack.processes.data_dir / "approval.log"
+    original = stack.policy.read_text()
+    reviewed = original.replace("rules:", "plan_approval: {roles: [approver]}\nrules:", 1)
+    try:
+        stack.policy.write_text(reviewed)
+        in_force = policy_hash(reviewed.encode())
+        await eventually(lambda: in_force in log.read_text(), what="the reload")
+        playbook = Playbook(
+            goal="two listings",
+            steps=(
+                PlanStep(id="a", tool="run_command", arguments={"command": "ls"}),
+                PlanStep(id="b", tool="run_command", arguments={"command": "ls -a"}),
+                PlanStep(id="c", tool="echo", arguments={"message": "done"}),
+            ),
+        )
+        session_id = uuid.uuid4().hex
+        started = new_event(
+            SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=REQUESTER),
+            tenant=tenant,
+            session_id=session_id,
+            source="test",
+        )
+        await store.append(started)
+        waiting = await _until(store, tenant, session_id, "waiting")
+        (request,) = waiting.pending_approvals
+        assert (request.scope, request.request_id) == ("plan", "plan-1")
+        assert "a (run_command, rule listing-asks); b (run_command" in request.reason
+        vote = ApprovalDecisionSubmitted(
+            request_id="plan-1", decision="grant", decided_by=Actor(id="ana", roles=("approver",))
+        )
+        await store.append(started.derive(vote, source="test"))
+
+        state = await _until(store, tenant, session_id, "completed", "failed")
+        assert state.status == "completed", state.outcome
+        events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+        assert len([e for e in events if isinstance(e, ApprovalRequested)]) == 1
+        authorized = {e.step_id: e for e in events if isinstance(e, ToolCallAuthorized)}
+        assert authorized["a"].approval_request_id == "plan-1"
+        assert authorized["b"].approval_request_id == "plan-1"
+        assert authorized["c"].approval_request_id is None
     finally:
         stack.policy.write_text(original)

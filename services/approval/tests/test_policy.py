@@ -19,6 +19,7 @@ from helmline.contracts import (
     Event,
     PlanApproved,
     PlanProposed,
+    PlanRejected,
     PlanStep,
     SessionStarted,
     SessionState,
@@ -332,3 +333,105 @@ def test_a_request_carries_what_the_plan_says_the_step_is_for() -> None:
     )
     assert isinstance(decision.payload, ApprovalRequested)
     assert decision.payload.agent_reason == "look around"
+
+
+PLAN_REVIEW = parse_policy(
+    b"""
+plan_approval: {roles: [approver], quorum: 1, expires_in: 20m}
+rules:
+  - name: commands-ask
+    tool: run_command
+    effect: require_approval
+  - name: the-rest
+    effect: allow
+""",
+    source="plan-review.yaml",
+)
+
+
+def _plan(*steps: PlanStep) -> PlanProposed:
+    return PlanProposed(revision=1, steps=steps, reasoning="tidy up")
+
+
+def test_a_plan_with_risky_steps_is_asked_about_once_with_those_steps_listed() -> None:
+    plan = _plan(
+        PlanStep(id="say", tool="echo", arguments={"message": "hi"}),
+        PlanStep(id="wipe", tool="run_command", arguments={"command": "rm -r build"}),
+    )
+    (decision,) = judge_plan(plan, PLAN_REVIEW, tenant="t", requester=ANA, now=NOW)
+    request = decision.payload
+    assert isinstance(request, ApprovalRequested)
+    assert (request.scope, request.request_id, request.revision) == ("plan", "plan-1", 1)
+    assert "wipe (run_command, rule commands-ask)" in request.reason
+    assert "say" not in request.reason
+    assert request.expires_at == NOW + timedelta(minutes=20)
+    assert request.agent_reason == "tidy up"
+
+    harmless = _plan(PlanStep(id="say", tool="echo", arguments={"message": "hi"}))
+    (approved,) = judge_plan(harmless, PLAN_REVIEW, tenant="t", requester=ANA, now=NOW)
+    assert isinstance(approved.payload, PlanApproved)
+
+
+def _plan_waiting() -> tuple[SessionState, list[Event], Event, PlanProposed]:
+    started = new_event(
+        SessionStarted(goal="g", requested_by=ANA), tenant="t", session_id="s1", source="test"
+    )
+    plan = _plan(PlanStep(id="wipe", tool="run_command", arguments={"command": "rm -r build"}))
+    (asked,) = judge_plan(plan, PLAN_REVIEW, tenant="t", requester=ANA, now=NOW)
+    events = [
+        started,
+        started.derive(plan, source="test"),
+        started.derive(asked.payload, source="test"),
+    ]
+    return fold(events), events, started, plan
+
+
+def test_an_approved_plan_runs_its_steps_unchanged_without_asking_again() -> None:
+    state, events, started, plan = _plan_waiting()
+    vote = ApprovalDecisionSubmitted(request_id="plan-1", decision="grant", decided_by=ANA)
+    outcome = judge_vote(state, vote, PLAN_REVIEW, NOW)
+    granted, approved = (d.payload for d in outcome.decisions)
+    assert isinstance(granted, ApprovalGranted)
+    assert isinstance(approved, PlanApproved)
+    assert (approved.revision, approved.approved_by) == (1, ANA)
+    events += [
+        started.derive(d.payload, source="test", key=str(i))
+        for i, d in enumerate(outcome.decisions)
+    ]
+    state = fold(events)
+
+    def judged(command: str) -> Any:
+        scheduled = StepScheduled(
+            step_id="wipe", call_id="wipe.1", tool="run_command", arguments={"command": command}
+        )
+        (decision,) = judge_step(
+            scheduled,
+            PLAN_REVIEW,
+            tenant="t",
+            requester=ANA,
+            now=NOW,
+            session=state,
+            approved_plan=plan,
+        )
+        return decision.payload
+
+    as_planned = judged("rm -r build")
+    assert isinstance(as_planned, ToolCallAuthorized)
+    assert as_planned.approval_request_id == "plan-1"
+    assert isinstance(judged("rm -rf /"), ApprovalRequested)
+
+
+def test_a_denied_or_expired_plan_is_rejected() -> None:
+    state, _, _, _ = _plan_waiting()
+    vote = ApprovalDecisionSubmitted(request_id="plan-1", decision="deny", decided_by=ANA)
+    denied, rejected = (d.payload for d in judge_vote(state, vote, PLAN_REVIEW, NOW).decisions)
+    assert isinstance(denied, ApprovalDenied)
+    assert isinstance(rejected, PlanRejected)
+    assert rejected.reason == "denied by ana"
+
+    expired, rejected = (
+        d.payload for d in judge_expiry(state, "plan-1", NOW + timedelta(hours=1), PLAN_REVIEW)
+    )
+    assert isinstance(expired, ApprovalExpired)
+    assert isinstance(rejected, PlanRejected)
+    assert rejected.rejected_by.kind == "policy"

@@ -162,6 +162,10 @@ class PolicyDocument(_Strict):
     """The rules, in the order they are tried."""
     webhooks: tuple[WebhookDocument, ...] = ()
     """Webhooks told about every new approval request of their tenants."""
+    plan_approval: ApprovalTerms | None = None
+    """When set, a plan with steps that would need approval is approved once, as a whole,
+    with those steps listed; its calls then run without asking again (unless their arguments
+    differ from the plan's). Unset: plans are approved and each risky step is asked about."""
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> PolicyDocument:

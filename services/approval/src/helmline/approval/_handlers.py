@@ -23,8 +23,10 @@ from helmline.contracts import (
     ApprovalRequested,
     Event,
     PlanProposed,
+    SessionState,
     StepScheduled,
     event_type_filter,
+    fold,
 )
 from helmline.runtime import Delivery, EventStore, SessionCache
 
@@ -59,7 +61,14 @@ class ApprovalHandler:
         policy = self._policies.current
         match data:
             case PlanProposed():
-                await self._append(event, judge_plan(data, policy))
+                if policy.document.plan_approval is None:
+                    await self._append(event, judge_plan(data, policy))
+                    return
+                requester = await self._requester(event) if policy.uses_requester else None
+                decisions = judge_plan(
+                    data, policy, tenant=event.tenant, requester=requester, now=datetime.now(UTC)
+                )
+                await self._append(event, decisions)
             case StepScheduled():
                 if delivery.deliveries > 1 and await self._already_judged(event, data):
                     return
@@ -71,7 +80,7 @@ class ApprovalHandler:
                 if any(isinstance(d.payload, ApprovalRequested) for d in decisions):
                     # Off the hot path (a person would be asked): a standing "approve
                     # similar calls" grant of the session may cover the call.
-                    session = (await self._store.load(event.tenant, event.session_id)).state
+                    session, approved_plan = await self._session_and_plan(event)
                     decisions = judge_step(
                         data,
                         policy,
@@ -79,6 +88,7 @@ class ApprovalHandler:
                         requester=session.requested_by,
                         now=now,
                         session=session,
+                        approved_plan=approved_plan,
                     )
                 await self._append(event, decisions)
             case ApprovalRequested():
@@ -122,6 +132,21 @@ class ApprovalHandler:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._timers.clear()
+
+    async def _session_and_plan(self, event: Event) -> tuple[SessionState, PlanProposed | None]:
+        """The session, and the plan revision in force as proposed (the fold keeps each
+        step's latest arguments, not the ones people approved with the plan)."""
+        events = [
+            stored.event for stored in await self._store.read_all(event.tenant, event.session_id)
+        ]
+        session = fold(events)
+        plans = (
+            e.data
+            for e in reversed(events)
+            if isinstance(e.data, PlanProposed)
+            and e.data.revision == session.plan_approved_revision
+        )
+        return session, next(plans, None)
 
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from jsonschema import Draft202012Validator
 
 from helmline.approval._document import DEFAULT_APPROVER_ROLES
-from helmline.approval._rules import Policy
+from helmline.approval._rules import RISK_ORDER, Policy
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
@@ -23,6 +23,7 @@ from helmline.contracts import (
     Payload,
     PlanApproved,
     PlanProposed,
+    PlanRejected,
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
@@ -51,10 +52,71 @@ class VoteOutcome:
     """Why nothing is appended: a refusal, or a grant that waits for more approvers."""
 
 
-def judge_plan(proposed: PlanProposed, policy: Policy) -> list[Decision]:
-    """Plans are approved; each step is judged by the policy when it is scheduled."""
-    approval = PlanApproved(revision=proposed.revision, approved_by=POLICY, policy_hash=policy.hash)
-    return [Decision(approval, f"plan.approved/{proposed.revision}")]
+PLAN_APPROVAL_RULE = "plan-approval"
+
+
+def plan_request_id(revision: int) -> str:
+    """The id of the request that asks for a plan revision to be approved."""
+    return f"plan-{revision}"
+
+
+def _planned_revision(request: ApprovalState) -> int | None:
+    # The folded request does not keep the revision; its id, made by plan_request_id, does.
+    prefix = plan_request_id(0)[:-1]
+    if request.scope != "plan" or not request.request_id.startswith(prefix):
+        return None
+    number = request.request_id.removeprefix(prefix)
+    return int(number) if number.isdigit() else None
+
+
+def judge_plan(
+    proposed: PlanProposed,
+    policy: Policy,
+    *,
+    tenant: str = "",
+    requester: Actor | None = None,
+    now: datetime | None = None,
+) -> list[Decision]:
+    """Plans are approved, and each step judged when it is scheduled; unless the policy asks
+    for plan approval and some steps would need a person: then the plan is asked about once,
+    with those steps listed."""
+    approved = [
+        Decision(
+            PlanApproved(revision=proposed.revision, approved_by=POLICY, policy_hash=policy.hash),
+            f"plan.approved/{proposed.revision}",
+        )
+    ]
+    terms = policy.document.plan_approval
+    if terms is None or now is None:
+        return approved
+    risky = []
+    for step in proposed.steps:
+        verdict = policy.judge(
+            tenant=tenant,
+            tool=step.tool,
+            arguments=step.arguments,
+            declared_risk=step.risk,
+            requester=requester,
+        )
+        if verdict.effect == "require_approval":
+            risky.append((step.id, step.tool, verdict))
+    if not risky:
+        return approved
+    listed = "; ".join(f"{step_id} ({tool}, rule {v.rule})" for step_id, tool, v in risky)
+    request = ApprovalRequested(
+        request_id=plan_request_id(proposed.revision),
+        scope="plan",
+        revision=proposed.revision,
+        risk=max((v.risk for _, _, v in risky), key=RISK_ORDER.index),
+        reason=f"the plan has {len(risky)} steps that need approval: {listed}",
+        rule=PLAN_APPROVAL_RULE,
+        policy_hash=policy.hash,
+        agent_reason=proposed.reasoning or None,
+        approver_roles=terms.roles,
+        quorum=terms.quorum,
+        expires_at=now + terms.expires_in,
+    )
+    return [Decision(request, f"plan.asked/{proposed.revision}")]
 
 
 def judge_step(
@@ -65,11 +127,13 @@ def judge_step(
     requester: Actor | None,
     now: datetime,
     session: SessionState | None = None,
+    approved_plan: PlanProposed | None = None,
 ) -> list[Decision]:
     """Allow, deny or ask a person, as the first matching rule says.
 
     Given the session, a call that would be sent to approval runs at once under a standing
-    "approve similar calls" grant of the same rule and tool that has uses and time left.
+    "approve similar calls" grant of the same rule and tool that has uses and time left, or
+    when a person approved the plan (`approved_plan`) and the call is its step unchanged.
     """
     identity = f"judged/{scheduled.call_id}"
     verdict = policy.judge(
@@ -104,6 +168,7 @@ def judge_step(
             )
         case "require_approval" if (
             standing := _standing_grant(session, scheduled.tool, verdict.rule, now)
+            or _plan_grant(session, approved_plan, scheduled)
         ) is not None:
             payload = ToolCallAuthorized(
                 call_id=scheduled.call_id,
@@ -144,6 +209,23 @@ def _stated_reason(session: SessionState | None, step_id: str) -> str | None:
     if step is None or not step.description:
         return None
     return step.description
+
+
+def _plan_grant(
+    session: SessionState | None, plan: PlanProposed | None, scheduled: StepScheduled
+) -> ApprovalState | None:
+    if session is None or plan is None:
+        return None
+    request = session.approvals.get(plan_request_id(plan.revision))
+    if request is None or request.status != "granted":
+        return None
+    planned = next((step for step in plan.steps if step.id == scheduled.step_id), None)
+    if planned is None or (planned.tool, planned.arguments) != (
+        scheduled.tool,
+        scheduled.arguments,
+    ):
+        return None  # People approved the plan's call, not this one.
+    return request
 
 
 def _standing_grant(
@@ -195,6 +277,7 @@ def judge_vote(
             [
                 Decision(denied, f"decided/{request.request_id}"),
                 *_deny_call(request, reason, policy.hash),
+                *_reject_plan(request, reason, voter, policy.hash),
             ]
         )
     arguments = vote.modified_arguments
@@ -251,6 +334,10 @@ def judge_vote(
     decisions = [Decision(granted, f"decided/{request.request_id}")]
     if authorized is not None:
         decisions.append(Decision(authorized, f"outcome/{request.request_id}"))
+    revision = _planned_revision(request)
+    if revision is not None:
+        approval = PlanApproved(revision=revision, approved_by=granters[0], policy_hash=policy.hash)
+        decisions.append(Decision(approval, f"plan.approved/{revision}"))
     return VoteOutcome(decisions)
 
 
@@ -301,7 +388,22 @@ def judge_expiry(
     return [
         Decision(ApprovalExpired(request_id=request_id), f"decided/{request_id}"),
         *_deny_call(request, "nobody decided before the approval request expired", policy.hash),
+        *_reject_plan(
+            request, "nobody approved the plan before the request expired", POLICY, policy.hash
+        ),
     ]
+
+
+def _reject_plan(
+    request: ApprovalState, reason: str, by: Actor, policy_hash: str
+) -> list[Decision]:
+    revision = _planned_revision(request)
+    if revision is None:
+        return []
+    rejection = PlanRejected(
+        revision=revision, reason=reason, rejected_by=by, policy_hash=policy_hash
+    )
+    return [Decision(rejection, f"outcome/{request.request_id}")]
 
 
 def _deny_call(request: ApprovalState, reason: str, policy_hash: str) -> list[Decision]:
