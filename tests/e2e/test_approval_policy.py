@@ -308,3 +308,40 @@ async def test_a_plan_approved_once_runs_its_risky_steps_without_asking_again(
         assert authorized["c"].approval_request_id is None
     finally:
         stack.policy.write_text(original)
+
+
+async def test_an_unanswered_request_escalates_to_another_role_which_may_then_decide(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    log = stack.processes.data_dir / "approval.log"
+    original = stack.policy.read_text()
+    escalating = (
+        "rules:\n  - name: listing-escalates\n    tool: run_command\n    arguments:\n"
+        "      command: {regex: '^ls'}\n    effect: require_approval\n    approval:\n"
+        "      roles: [approver]\n      expires_in: 1m\n      escalate_after: 2s\n"
+        "      escalate_to: [sre-lead]\n  - name: the-rest\n    effect: allow\n"
+    )
+    try:
+        stack.policy.write_text(escalating)
+        in_force = policy_hash(escalating.encode())
+        await eventually(lambda: in_force in log.read_text(), what="the reload")
+        session_id, started = await _start(store, tenant, "ls")
+        waiting = await _until(store, tenant, session_id, "waiting")
+        (request,) = waiting.pending_approvals
+        assert request.approver_roles == ("approver",)
+
+        async def escalated() -> bool:
+            state = (await store.load(tenant, session_id)).state
+            return state.approvals[request.request_id].approver_roles == ("sre-lead",)
+
+        await eventually(escalated, timeout_s=15, what="the escalation")
+        vote = ApprovalDecisionSubmitted(
+            request_id=request.request_id,
+            decision="grant",
+            decided_by=Actor(id="lea", roles=("sre-lead",)),
+        )
+        await store.append(started.derive(vote, source="test"))
+        state = await _until(store, tenant, session_id, "completed", "failed")
+        assert state.status == "completed", state.outcome
+    finally:
+        stack.policy.write_text(original)

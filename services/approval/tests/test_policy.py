@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from helmline.approval import Policy, default_policy, parse_policy
-from helmline.approval._policy import judge_expiry, judge_plan, judge_step, judge_vote
+from helmline.approval._policy import (
+    judge_escalation,
+    judge_expiry,
+    judge_plan,
+    judge_step,
+    judge_vote,
+)
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
@@ -435,3 +441,53 @@ def test_a_denied_or_expired_plan_is_rejected() -> None:
     assert isinstance(expired, ApprovalExpired)
     assert isinstance(rejected, PlanRejected)
     assert rejected.rejected_by.kind == "policy"
+
+
+ESCALATING = parse_policy(
+    b"""
+rules:
+  - name: commands-escalate
+    tool: run_command
+    effect: require_approval
+    approval:
+      roles: [approver]
+      expires_in: 1h
+      escalate_after: 10m
+      escalate_to: [sre-lead]
+""",
+    source="escalating.yaml",
+)
+
+
+def test_an_unanswered_request_is_asked_again_of_the_escalation_roles_after_the_timeout() -> None:
+    state, events, started = _waiting(ESCALATING)
+    (request_event,) = [e for e in events if isinstance(e.data, ApprovalRequested)]
+    request = request_event.data
+    assert isinstance(request, ApprovalRequested)
+
+    assert judge_escalation(state, request, ESCALATING, NOW + timedelta(minutes=9)) == []
+    (decision,) = judge_escalation(state, request, ESCALATING, NOW + timedelta(minutes=10))
+    escalated = decision.payload
+    assert isinstance(escalated, ApprovalRequested)
+    assert escalated.approver_roles == ("sre-lead",)
+    assert escalated.expires_at == request.expires_at
+    assert escalated.reason.startswith("escalated: nobody of approver decided within 0:10:00")
+
+    events.append(started.derive(escalated, source="test", key="escalated"))
+    state = fold(events)
+    assert state.approvals[request.request_id].approver_roles == ("sre-lead",)
+    assert judge_escalation(state, request, ESCALATING, NOW + timedelta(minutes=30)) == []
+    _, decisions, note = _vote(state, events, started, ANA, policy=ESCALATING)
+    assert decisions == []
+    assert "holds none of the roles" in (note or "")
+    lead = Actor(id="lea", roles=("sre-lead",))
+    _, (granted, _), _ = _vote(fold(events), events, started, lead, policy=ESCALATING)
+    assert isinstance(granted, ApprovalGranted)
+
+
+def test_a_decided_request_is_not_escalated() -> None:
+    state, events, started = _waiting(ESCALATING)
+    request = events[-1].data
+    assert isinstance(request, ApprovalRequested)
+    state, _, _ = _vote(state, events, started, ANA, "deny", policy=ESCALATING)
+    assert judge_escalation(state, request, ESCALATING, NOW + timedelta(minutes=11)) == []

@@ -73,6 +73,16 @@ def _problems(text: str) -> list[str]:
             "4: rules[0].risk[0]: Input",
         ),
         ("version: 2\nrules: []\n", "1: version: Input should be 1"),
+        (
+            "rules:\n  - name: a\n    effect: require_approval\n    approval:\n"
+            "      escalate_after: 5m\n",
+            "5: rules[0].approval: escalate_after and escalate_to go together",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: require_approval\n    approval:\n"
+            "      expires_in: 5m\n      escalate_after: 5m\n      escalate_to: [lead]\n",
+            "5: rules[0].approval: escalate_after must come before expires_in",
+        ),
     ],
 )
 def test_every_problem_names_its_line_and_field(text: str, expected: str) -> None:

@@ -89,12 +89,25 @@ class ApprovalTerms(_Strict):
     expires_in: Duration = DEFAULT_APPROVAL_EXPIRY
     """How long the request waits before it becomes a denial."""
 
-    @field_validator("expires_in")
+    escalate_after: Duration | None = None
+    """If nobody decided by then, the request is asked again of the `escalate_to` roles."""
+    escalate_to: Names | None = None
+    """Roles that may decide once the request is escalated (instead of `roles`)."""
+
+    @field_validator("expires_in", "escalate_after")
     @classmethod
-    def _positive(cls, expiry: timedelta) -> timedelta:
-        if expiry <= timedelta(0):
-            raise ValueError("expires_in must be longer than zero")
-        return expiry
+    def _positive(cls, duration: timedelta | None) -> timedelta | None:
+        if duration is not None and duration <= timedelta(0):
+            raise ValueError("a duration must be longer than zero")
+        return duration
+
+    @model_validator(mode="after")
+    def _escalation_is_complete(self) -> ApprovalTerms:
+        if (self.escalate_after is None) != (self.escalate_to is None):
+            raise ValueError("escalate_after and escalate_to go together")
+        if self.escalate_after is not None and self.escalate_after >= self.expires_in:
+            raise ValueError("escalate_after must come before expires_in")
+        return self
 
 
 class RuleDocument(_Strict):

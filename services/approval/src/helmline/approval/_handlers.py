@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from helmline.approval._policy import (
     Decision,
+    judge_escalation,
     judge_expiry,
     judge_plan,
     judge_step,
@@ -94,6 +95,7 @@ class ApprovalHandler:
             case ApprovalRequested():
                 await self._sessions.advance(delivery)
                 self._expire_later(event, data)
+                self._escalate_later(event, data)
                 if delivery.deliveries == 1:
                     self._notifier.announce(event, policy.document.webhooks)
             case ApprovalDecisionSubmitted():
@@ -122,6 +124,7 @@ class ApprovalHandler:
         ):
             if isinstance(stored.event.data, ApprovalRequested):
                 self._expire_later(stored.event, stored.event.data)
+                self._escalate_later(stored.event, stored.event.data)
 
     async def close(self) -> None:
         """Stop every timer (they are re-armed from the log at the next start)."""
@@ -172,9 +175,38 @@ class ApprovalHandler:
             self._timers[key] = asyncio.create_task(self._expire_at(event, request))
 
     def _cancel_timer(self, tenant: str, session_id: str, request_id: str) -> None:
-        task = self._timers.pop(_timer_key(tenant, session_id, request_id), None)
-        if task is not None:
-            task.cancel()
+        for key in (
+            _timer_key(tenant, session_id, request_id),
+            _escalation_key(tenant, session_id, request_id),
+        ):
+            task = self._timers.pop(key, None)
+            if task is not None:
+                task.cancel()
+
+    def _escalate_later(self, event: Event, request: ApprovalRequested) -> None:
+        terms = self._policies.current.approval_terms(request.rule)
+        if (
+            terms is None
+            or terms.escalate_after is None
+            or request.approver_roles == terms.escalate_to
+        ):
+            return
+        key = _escalation_key(event.tenant, event.session_id, request.request_id)
+        if key not in self._timers:
+            due = event.time + terms.escalate_after
+            self._timers[key] = asyncio.create_task(self._escalate_at(event, request, due, key))
+
+    async def _escalate_at(
+        self, event: Event, request: ApprovalRequested, due: datetime, key: str
+    ) -> None:
+        delay = (due - datetime.now(UTC)).total_seconds()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        state = (await self._store.load(event.tenant, event.session_id)).state
+        decisions = judge_escalation(state, request, self._policies.current, datetime.now(UTC))
+        await self._append(event, decisions)
+        self._sessions.forget(event.tenant, event.session_id)
+        self._timers.pop(key, None)
 
     async def _expire_at(self, event: Event, request: ApprovalRequested) -> None:
         delay = (request.expires_at - datetime.now(UTC)).total_seconds()
@@ -203,3 +235,7 @@ class ApprovalHandler:
 
 def _timer_key(tenant: str, session_id: str, request_id: str) -> str:
     return f"{tenant}/{session_id}/{request_id}"
+
+
+def _escalation_key(tenant: str, session_id: str, request_id: str) -> str:
+    return f"escalate:{tenant}/{session_id}/{request_id}"

@@ -394,6 +394,33 @@ def judge_expiry(
     ]
 
 
+def judge_escalation(
+    state: SessionState, request: ApprovalRequested, policy: Policy, now: datetime
+) -> list[Decision]:
+    """Ask a pending request again of the rule's `escalate_to` roles once `escalate_after`
+    has passed; its expiry stays. Votes made before the escalation start over."""
+    terms = policy.approval_terms(request.rule)
+    pending = state.approvals.get(request.request_id)
+    if (
+        terms is None
+        or terms.escalate_after is None
+        or pending is None
+        or pending.status != "pending"
+        or pending.approver_roles == terms.escalate_to
+        or now < pending.requested_at + terms.escalate_after
+    ):
+        return []
+    escalated = request.model_copy(
+        update={
+            "approver_roles": terms.escalate_to,
+            "reason": f"escalated: nobody of {', '.join(pending.approver_roles)} decided "
+            f"within {terms.escalate_after}; {request.reason}",
+            "policy_hash": policy.hash,
+        }
+    )
+    return [Decision(escalated, f"escalated/{request.request_id}")]
+
+
 def _reject_plan(
     request: ApprovalState, reason: str, by: Actor, policy_hash: str
 ) -> list[Decision]:

@@ -52,6 +52,8 @@ class Approval:
     roles: tuple[str, ...]
     quorum: int
     expires_in: timedelta
+    escalate_after: timedelta | None = None
+    escalate_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +304,13 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
     approval = None
     if rule.effect == "require_approval":
         terms = rule.approval or defaults
-        approval = Approval(terms.roles, terms.quorum, terms.expires_in)
+        approval = Approval(
+            terms.roles,
+            terms.quorum,
+            terms.expires_in,
+            terms.escalate_after,
+            terms.escalate_to or (),
+        )
     return _Rule(rule.name, rule, approval, tuple(static), tuple(dynamic))
 
 
@@ -336,6 +344,10 @@ class Policy:
 
     def __len__(self) -> int:
         return len(self._rules)
+
+    def approval_terms(self, rule: str | None) -> Approval | None:
+        """The approval terms of a require_approval rule, by name."""
+        return next((r.approval for r in self._rules if r.name == rule), None)
 
     def facts(
         self,
