@@ -2,10 +2,10 @@
 
 The body is the `approval.requested` CloudEvent as JSON. The receiver checks
 `X-Helmline-Signature: sha256=<hex>`, the HMAC-SHA256 with the shared secret of
-`<X-Helmline-Timestamp>.<body>`, and may refuse old timestamps (replays). Delivery is at
-least once: a receiver that does not answer 2xx is asked again with growing pauses, and a
-request announced just before a restart may be announced twice (`X-Helmline-Event-Id`
-tells the two apart).
+`<X-Helmline-Timestamp>.<body>`, and may refuse old timestamps (replays). A receiver
+that does not answer 2xx is asked again with growing pauses (`X-Helmline-Event-Id` tells
+repeats apart). Retries live in the process: an announcement still being retried when the
+service stops is not resumed after the restart.
 """
 
 from __future__ import annotations
