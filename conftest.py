@@ -98,3 +98,10 @@ class EmbeddedPostgres:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of the test's own, which the test may stop and start again."""
+    with EmbeddedPostgres() as server:
+        yield server

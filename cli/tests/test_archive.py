@@ -110,3 +110,19 @@ async def test_all_exports_only_that_tenant(nats_url: str, store: EventStore, te
     assert result.exit_code == 0, result.output
     sessions = {json.loads(line)["sessionid"] for line in result.stdout.splitlines()}
     assert sessions == {"s1", "s2"}
+
+
+async def test_replay_prints_the_state_up_to_a_sequence(
+    nats_url: str, store: EventStore, tenant: str
+) -> None:
+    appended = await store.append_all(_session(tenant, "s1"))
+
+    result = await helmline(
+        nats_url, "replay", "s1", "-t", tenant, "--to-seq", str(appended[1].seq), "--json"
+    )
+
+    assert result.exit_code == 0, result.output
+    state = json.loads(result.stdout)
+    assert state["event_count"] == 2
+    assert state["steps"]["a"]["status"] == "pending"
+    assert "not compared with a read model" in result.stderr

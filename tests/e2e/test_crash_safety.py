@@ -18,6 +18,7 @@ from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalRequested,
+    Event,
     PlanStep,
     Playbook,
     SessionStarted,
@@ -34,21 +35,45 @@ APPROVER = Actor(id="robot", roles=("approver",))
 STEPS = 10
 
 
-@contextlib.asynccontextmanager
-async def auto_approver(nc: NATS, store: EventStore, tenant: str) -> AsyncIterator[None]:
-    """Grants every approval request of the tenant, as a person would, once each."""
+class AutoApprover:
+    """Grants every approval request of the tenant, as a person would, once each; can hold
+    requests back for a while, so that no command runs at a chosen moment."""
 
-    async def grant(message: Msg) -> None:
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self.holding = False
+        self._held: list[Event] = []
+
+    async def receive(self, message: Msg) -> None:
         requested = decode_event(message.data)
+        assert isinstance(requested.data, ApprovalRequested)
+        if self.holding:
+            self._held.append(requested)
+        else:
+            await self._grant(requested)
+
+    async def release(self) -> None:
+        self.holding = False
+        held, self._held = self._held, []
+        for requested in held:
+            await self._grant(requested)
+
+    async def _grant(self, requested: Event) -> None:
         assert isinstance(requested.data, ApprovalRequested)
         vote = ApprovalDecisionSubmitted(
             request_id=requested.data.request_id, decision="grant", decided_by=APPROVER
         )
-        await store.append(requested.derive(vote, source="test/approver"))
+        await self._store.append(requested.derive(vote, source="test/approver"))
 
-    subscription = await nc.subscribe(event_type_filter(ApprovalRequested.TYPE, tenant), cb=grant)
+
+@contextlib.asynccontextmanager
+async def auto_approver(nc: NATS, store: EventStore, tenant: str) -> AsyncIterator[AutoApprover]:
+    approver = AutoApprover(store)
+    subscription = await nc.subscribe(
+        event_type_filter(ApprovalRequested.TYPE, tenant), cb=approver.receive
+    )
     try:
-        yield
+        yield approver
     finally:
         await subscription.unsubscribe()
 
@@ -73,7 +98,7 @@ async def test_a_session_survives_a_kill_and_runs_each_tool_once(
     services: ServiceProcesses, nc: NATS, store: EventStore, tenant: str, victim: str
 ) -> None:
     session_id = uuid.uuid4().hex
-    async with auto_approver(nc, store, tenant):
+    async with auto_approver(nc, store, tenant) as approver:
         await store.append(
             new_event(
                 SessionStarted(
@@ -90,8 +115,19 @@ async def test_a_session_survives_a_kill_and_runs_each_tool_once(
             return sum(s.status == "succeeded" for s in state.steps.values()) >= 3
 
         await eventually(some_steps_done, timeout_s=30, what="three steps done")
+        if victim == "sandbox":
+            # A command killed with its sandbox is failed as interrupted, by design: it may
+            # have half-run and is never run twice. So the sandbox dies between commands,
+            # while the next one waits for its approval.
+            approver.holding = True
+
+            async def between_commands() -> bool:
+                return (await store.load(tenant, session_id)).state.status == "waiting"
+
+            await eventually(between_commands, timeout_s=30, what="a step waiting")
         services.kill(victim)
         await asyncio.to_thread(services.start, victim)
+        await approver.release()
 
         async def ended() -> bool:
             return (await store.load(tenant, session_id)).state.is_terminal

@@ -36,6 +36,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore, ServiceHost
 from helmline.runtime.testing import eventually
+from helmline.state import read_model_differences
 from helmline.state.__main__ import setup_state
 from helmline.state._settings import StateSettings
 
@@ -199,28 +200,42 @@ async def test_the_read_model_equals_the_fold_of_every_session(
         )
     await _assert_rows_equal_the_fold(store, database_url, tenant)
 
+    # What `helmline replay` reports: nothing, until a row is changed behind the log's back.
+    state = fold(item.event for item in await store.read_all(tenant, "s3"))
+    assert await read_model_differences(database_url, state) == []
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(
+            "UPDATE steps SET status = 'pending' WHERE tenant = $1 AND session_id = 's3'"
+            " AND step_id = 'a'",
+            tenant,
+        )
+    finally:
+        await connection.close()
+    assert await read_model_differences(database_url, state) == [
+        "steps.a.status: read model 'pending', log 'succeeded'"
+    ]
+
 
 async def test_postgres_down_mid_run_loses_nothing(
-    nats_url: str, store: EventStore, tenant: str
+    nats_url: str, store: EventStore, tenant: str, own_postgres: Any
 ) -> None:
-    from conftest import EmbeddedPostgres  # The suite's launcher; this test needs its own.
-
-    with EmbeddedPostgres() as postgres:
-        async with state_service(nats_url, postgres.url, tenant):
-            for number in range(5):
-                await store.append_all(_session(tenant, number))
-            await eventually(
-                lambda: _caught_up(store, postgres.url, tenant, 5),
-                timeout_s=60,
-                what="the first sessions projected",
-            )
-            postgres.stop()
-            for number in range(5, 12):
-                await store.append_all(_session(tenant, number))
-            postgres.start()
-            await eventually(
-                lambda: _caught_up(store, postgres.url, tenant, 12),
-                timeout_s=90,
-                what="the read model to catch up after the outage",
-            )
-        await _assert_rows_equal_the_fold(store, postgres.url, tenant)
+    postgres = own_postgres
+    async with state_service(nats_url, postgres.url, tenant):
+        for number in range(5):
+            await store.append_all(_session(tenant, number))
+        await eventually(
+            lambda: _caught_up(store, postgres.url, tenant, 5),
+            timeout_s=60,
+            what="the first sessions projected",
+        )
+        postgres.stop()
+        for number in range(5, 12):
+            await store.append_all(_session(tenant, number))
+        postgres.start()
+        await eventually(
+            lambda: _caught_up(store, postgres.url, tenant, 12),
+            timeout_s=90,
+            what="the read model to catch up after the outage",
+        )
+    await _assert_rows_equal_the_fold(store, postgres.url, tenant)

@@ -16,6 +16,7 @@ import typer
 from helmline.cli import _archive_commands as archive_commands
 from helmline.cli import _dlq_commands as dlq_commands
 from helmline.cli import _policy_commands as policy_commands
+from helmline.cli import _replay_commands as replay_commands
 from helmline.cli import _session_commands as session_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
@@ -217,6 +218,7 @@ policy_app.command("check")(policy_commands.check)
 policy_app.command("explain")(policy_commands.explain)
 app.command()(archive_commands.export)
 app.command("import")(archive_commands.import_)
+app.command()(replay_commands.replay)
 
 
 def _fail(error: CliError) -> NoReturn:

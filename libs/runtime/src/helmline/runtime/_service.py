@@ -115,7 +115,8 @@ class ServiceHost:
         return server
 
     def on_shutdown(self, cleanup: Callable[[], Awaitable[None]]) -> None:
-        """Run `cleanup` when the service stops, before its consumers stop (last added first)."""
+        """Run `cleanup` when the service stops, once its consumers have finished their
+        in-flight work (last added first), so handlers never meet a closed resource."""
         self._cleanups.append(cleanup)
 
     def request_stop(self) -> None:
@@ -136,10 +137,10 @@ class ServiceHost:
             return
         self._closed = True
         self._stop.set()
-        for cleanup in reversed(self._cleanups):
-            await cleanup()
         for consumer in self._consumers:
             await consumer.stop(self.settings.shutdown_grace_s)
+        for cleanup in reversed(self._cleanups):
+            await cleanup()
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(nats.errors.Error):
                 await self._nc.drain()

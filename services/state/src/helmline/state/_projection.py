@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,8 @@ UNAVAILABLE = (
     OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
+    # Class 57: the server is shutting down, starting up, or an administrator intervened.
+    asyncpg.exceptions.OperatorInterventionError,
 )
 
 
@@ -44,17 +46,22 @@ class ReadModel:
     def __init__(self, database_url: str) -> None:
         self._url = database_url
         self._pool: asyncpg.Pool | None = None
+        # Sessions are projected concurrently: the first writers must share one pool.
+        self._connecting = asyncio.Lock()
 
     async def _connected(self) -> asyncpg.Pool:
-        if self._pool is None:
-            pool = await asyncpg.create_pool(self._url, min_size=0, max_size=4)
-            try:
-                await self._migrate(pool)
-            except BaseException:
-                pool.terminate()
-                raise
-            self._pool = pool
-        return self._pool
+        async with self._connecting:
+            return self._pool or await self._connect()
+
+    async def _connect(self) -> asyncpg.Pool:
+        pool = await asyncpg.create_pool(self._url, min_size=0, max_size=4)
+        try:
+            await self._migrate(pool)
+        except BaseException:
+            pool.terminate()
+            raise
+        self._pool = pool
+        return pool
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
         async with pool.acquire() as connection, connection.transaction():
