@@ -9,7 +9,6 @@ JSON Schema.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,18 @@ from pydantic import ValidationError
 
 from helmline.cli._errors import CliError
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Playbook, ToolSpec
+from helmline.yamlfile import (
+    Location,
+    Problem,
+    YamlFileError,
+    compose,
+    field_of,
+    line_of,
+    node_at,
+)
 
 INVALID_INPUT = 2
 """Exit status for input a person must fix (usage errors share it)."""
-
-Location = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a playbook file."""
-
-    line: int
-    """1-based line in the file."""
-    field: str
-    """Where in the document, as `steps[1].arguments.path`; empty for the whole file."""
-    message: str
 
 
 class PlaybookError(CliError):
@@ -68,29 +63,11 @@ def load_playbook(path: Path, tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_N
 
 
 def _parse(path: Path, text: str) -> tuple[yaml.Node, Any]:
-    # Composing keeps every node's start mark, which is how errors found later in the
-    # plain data are traced back to a line.
-    loader = yaml.SafeLoader(text)
     try:
-        root = loader.get_single_node()
-        if root is None:
-            raise PlaybookError(path, [Problem(1, "", "the file is empty")])
-        document = loader.construct_document(root)
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        reason = error.problem or error.context or "unreadable"
-        raise PlaybookError(path, [Problem(line, "", f"invalid YAML: {reason}")]) from error
-    except yaml.YAMLError as error:
-        raise PlaybookError(path, [Problem(1, "", f"invalid YAML: {error}")]) from error
-    finally:
-        loader.dispose()
-    if not isinstance(document, dict):
-        raise PlaybookError(
-            path,
-            [Problem(_line(root), "", "expected a mapping with `goal` and `steps` at the top")],
-        )
-    return root, document
+        document = compose(text, str(path), expected="`goal` and `steps`")
+    except YamlFileError as error:
+        raise PlaybookError(path, error.problems) from error
+    return document.root, document.data
 
 
 def _contract_problems(root: yaml.Node, document: Any, error: ValidationError) -> list[Problem]:
@@ -115,7 +92,7 @@ def _contract_problems(root: yaml.Node, document: Any, error: ValidationError) -
                 # The playbook's own check of ids and dependencies, which spans all steps.
                 location = _dependency_location(document)
                 message = message.removeprefix("Value error, ")
-        problems.append(Problem(_line(_node_at(root, location)), _field(location), message))
+        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
     return problems
 
 
@@ -164,8 +141,8 @@ def _tool_problems(
             known = ", ".join(sorted(tools))
             problems.append(
                 Problem(
-                    _line(_node_at(root, location)),
-                    _field(location),
+                    line_of(node_at(root, location)),
+                    field_of(location),
                     f"unknown tool {step.tool!r} (known tools: {known})",
                 )
             )
@@ -183,35 +160,9 @@ def _tool_problems(
                     location = (*location, extra)
             problems.append(
                 Problem(
-                    _line(_node_at(root, location)),
-                    _field(location),
+                    line_of(node_at(root, location)),
+                    field_of(location),
                     f"{failure.message} (arguments of {step.tool})",
                 )
             )
     return problems
-
-
-def _node_at(root: yaml.Node, location: Location) -> yaml.Node:
-    """The deepest node along `location`; a missing field is reported at its parent."""
-    node = root
-    for part in location:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            child = next((value for key, value in node.value if key.value == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            child = node.value[part] if 0 <= part < len(node.value) else None
-        if child is None:
-            break
-        node = child
-    return node
-
-
-def _line(node: yaml.Node) -> int:
-    return int(node.start_mark.line) + 1
-
-
-def _field(location: Location) -> str:
-    field = ""
-    for part in location:
-        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
-    return field

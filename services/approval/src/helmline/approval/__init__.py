@@ -13,13 +13,13 @@ from helmline.approval._document import (
 from helmline.approval._policy_file import (
     BUILT_IN,
     PolicyFileError,
-    Problem,
     default_policy,
     load_policy,
     parse_policy,
     policy_hash,
 )
 from helmline.approval._rules import CallFacts, Policy, RuleCheck, Verdict
+from helmline.yamlfile import Problem
 
 __all__ = [
     "BUILT_IN",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,22 +17,18 @@ from pydantic import ValidationError
 
 from helmline.approval._document import PolicyDocument
 from helmline.approval._rules import Policy
+from helmline.yamlfile import (
+    Location,
+    Problem,
+    YamlFileError,
+    compose,
+    field_of,
+    line_of,
+    node_at,
+)
 
 BUILT_IN = "built-in"
 """The source name of the default policy, in force when no policy file is given."""
-
-Location = tuple[str | int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with a policy file."""
-
-    line: int
-    """1-based line in the file."""
-    field: str
-    """Where in the document, as `rules[2].arguments.path.regex`; empty for the whole file."""
-    message: str
 
 
 class PolicyFileError(Exception):
@@ -84,27 +79,11 @@ def parse_policy(content: bytes, *, source: str) -> Policy:
 
 
 def _parse(source: str, text: str) -> tuple[yaml.Node, Any]:
-    # libyaml's loader, where PyYAML has it, reads a thousand-rule file many times faster.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        root = loader.get_single_node()
-        if root is None:
-            raise PolicyFileError(source, [Problem(1, "", "the file is empty")])
-        document = loader.construct_document(root)
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        reason = error.problem or error.context or "unreadable"
-        raise PolicyFileError(source, [Problem(line, "", f"invalid YAML: {reason}")]) from error
-    except yaml.YAMLError as error:
-        raise PolicyFileError(source, [Problem(1, "", f"invalid YAML: {error}")]) from error
-    finally:
-        loader.dispose()
-    if not isinstance(document, dict):
-        raise PolicyFileError(
-            source, [Problem(_line(root), "", "expected a mapping with `rules` at the top")]
-        )
-    return root, document
+        document = compose(text, source, expected="`rules`")
+    except YamlFileError as error:
+        raise PolicyFileError(source, error.problems) from error
+    return document.root, document.data
 
 
 def _problems(root: yaml.Node, document: dict[str, Any], error: ValidationError) -> list[Problem]:
@@ -124,7 +103,7 @@ def _problems(root: yaml.Node, document: dict[str, Any], error: ValidationError)
                 message = "unknown field"
             case "value_error" if location == () and "used twice" in message:
                 location = _second_use_of_a_name(document)
-        problems.append(Problem(_line(_node_at(root, location)), _field(location), message))
+        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
     return problems
 
 
@@ -143,29 +122,3 @@ def _second_use_of_a_name(document: dict[str, Any]) -> Location:
             return ("rules", index, "name")
         seen.add(name)
     return ("rules",)
-
-
-def _node_at(root: yaml.Node, location: Location) -> yaml.Node:
-    """The deepest node along `location`; a missing field is reported at its parent."""
-    node = root
-    for part in location:
-        child: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            child = next((value for key, value in node.value if key.value == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            child = node.value[part] if 0 <= part < len(node.value) else None
-        if child is None:
-            break
-        node = child
-    return node
-
-
-def _line(node: yaml.Node) -> int:
-    return int(node.start_mark.line) + 1
-
-
-def _field(location: Location) -> str:
-    field = ""
-    for part in location:
-        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
-    return field

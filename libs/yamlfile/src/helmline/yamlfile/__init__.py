@@ -1,0 +1,24 @@
+"""YAML files that people write (playbooks, policies), read so that every problem found in
+the data, however late, is reported at the line and field a person must fix."""
+
+from helmline.yamlfile._document import (
+    Location,
+    Problem,
+    YamlDocument,
+    YamlFileError,
+    compose,
+    field_of,
+    line_of,
+    node_at,
+)
+
+__all__ = [
+    "Location",
+    "Problem",
+    "YamlDocument",
+    "YamlFileError",
+    "compose",
+    "field_of",
+    "line_of",
+    "node_at",
+]

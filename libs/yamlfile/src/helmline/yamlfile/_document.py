@@ -1,0 +1,98 @@
+"""Composing YAML keeps each node's position: how an error in the plain data finds its line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+Location = tuple[str | int, ...]
+"""A path into the document, as pydantic and jsonschema report it: ("steps", 1, "tool")."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a file."""
+
+    line: int
+    """1-based line in the file."""
+    field: str
+    """Where in the document, as `steps[1].arguments.path`; empty for the whole file."""
+    message: str
+    """What is wrong."""
+
+
+class YamlFileError(Exception):
+    """A file that cannot be used; the message lists every problem, line by line."""
+
+    def __init__(self, source: str, problems: Sequence[Problem], what: str = "file") -> None:
+        self.source = source
+        self.problems = tuple(sorted(problems, key=lambda problem: problem.line))
+        lines = [
+            f"{source}:{p.line}: {p.field + ': ' if p.field else ''}{p.message}"
+            for p in self.problems
+        ]
+        super().__init__(f"invalid {what}\n" + "\n".join(lines))
+
+
+@dataclass(frozen=True, slots=True)
+class YamlDocument:
+    """A file's top-level mapping, with the node tree that knows where each value stands."""
+
+    root: yaml.Node
+    data: dict[str, Any]
+
+
+def compose(text: str, source: str, *, expected: str) -> YamlDocument:
+    """Parse `text`; `expected` says what the top-level mapping should hold, for the error."""
+    # libyaml's loader, where PyYAML has it, reads large files many times faster.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise YamlFileError(source, [Problem(1, "", "the file is empty")])
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        reason = error.problem or error.context or "unreadable"
+        raise YamlFileError(source, [Problem(line, "", f"invalid YAML: {reason}")]) from error
+    except yaml.YAMLError as error:
+        raise YamlFileError(source, [Problem(1, "", f"invalid YAML: {error}")]) from error
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise YamlFileError(
+            source, [Problem(line_of(root), "", f"expected a mapping with {expected} at the top")]
+        )
+    return YamlDocument(root, data)
+
+
+def node_at(root: yaml.Node, location: Location) -> yaml.Node:
+    """The deepest node along `location`; a missing field is reported at its parent."""
+    node = root
+    for part in location:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((value for key, value in node.value if key.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            child = node.value[part] if 0 <= part < len(node.value) else None
+        if child is None:
+            break
+        node = child
+    return node
+
+
+def line_of(node: yaml.Node) -> int:
+    """The 1-based line a node starts on."""
+    return int(node.start_mark.line) + 1
+
+
+def field_of(location: Location) -> str:
+    """A location as people read it: `rules[2].arguments.path`."""
+    field = ""
+    for part in location:
+        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+    return field
