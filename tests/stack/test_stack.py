@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from helmline.cli._processes import wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -111,10 +112,7 @@ def processes_inside(folder: Path) -> list[psutil.Process]:
 
 
 def eventually(condition: Callable[[], bool], *, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {condition}"
-        time.sleep(0.05)
+    assert wait_until(condition, timeout=timeout), f"not within {timeout} s: {condition}"
 
 
 def _explain(result: subprocess.CompletedProcess[str], data_dir: Path) -> str:

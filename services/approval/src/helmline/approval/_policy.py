@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from jsonschema import Draft202012Validator
 
 from helmline.approval._document import DEFAULT_APPROVER_ROLES
-from helmline.approval._rules import RISK_ORDER, Policy
+from helmline.approval._rules import RISK_ORDER, Policy, Verdict
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
@@ -155,33 +155,12 @@ def judge_step(
                 policy_hash=policy.hash,
             )
         case "allow":
-            payload = ToolCallAuthorized(
-                call_id=scheduled.call_id,
-                step_id=scheduled.step_id,
-                tool=scheduled.tool,
-                arguments=scheduled.arguments,
-                risk=verdict.risk,
-                rule=verdict.rule,
-                policy_hash=policy.hash,
-                sandbox_profile=verdict.sandbox_profile,
-                network=verdict.network,
-            )
+            payload = _authorized(scheduled, verdict, policy.hash)
         case "require_approval" if (
             standing := _standing_grant(session, scheduled.tool, verdict.rule, now)
             or _plan_grant(session, approved_plan, scheduled)
         ) is not None:
-            payload = ToolCallAuthorized(
-                call_id=scheduled.call_id,
-                step_id=scheduled.step_id,
-                tool=scheduled.tool,
-                arguments=scheduled.arguments,
-                risk=verdict.risk,
-                rule=verdict.rule,
-                policy_hash=policy.hash,
-                approval_request_id=standing.request_id,
-                sandbox_profile=verdict.sandbox_profile,
-                network=verdict.network,
-            )
+            payload = _authorized(scheduled, verdict, policy.hash, standing.request_id)
         case "require_approval":
             assert verdict.approval is not None
             payload = ApprovalRequested(
@@ -201,6 +180,26 @@ def judge_step(
                 agent_reason=_stated_reason(session, scheduled.step_id),
             )
     return [Decision(payload, identity)]
+
+
+def _authorized(
+    scheduled: StepScheduled,
+    verdict: Verdict,
+    policy_hash: str,
+    approval_request_id: str | None = None,
+) -> ToolCallAuthorized:
+    return ToolCallAuthorized(
+        call_id=scheduled.call_id,
+        step_id=scheduled.step_id,
+        tool=scheduled.tool,
+        arguments=scheduled.arguments,
+        risk=verdict.risk,
+        rule=verdict.rule,
+        policy_hash=policy_hash,
+        approval_request_id=approval_request_id,
+        sandbox_profile=verdict.sandbox_profile,
+        network=verdict.network,
+    )
 
 
 def _stated_reason(session: SessionState | None, step_id: str) -> str | None:
