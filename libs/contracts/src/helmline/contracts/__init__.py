@@ -79,7 +79,13 @@ from helmline.contracts._state import (
     evolve,
     fold,
 )
-from helmline.contracts._tools import BUILTIN_TOOLS, BUILTIN_TOOLS_BY_NAME, ToolSpec
+from helmline.contracts._tools import (
+    BUILTIN_TOOLS,
+    BUILTIN_TOOLS_BY_NAME,
+    CallPointer,
+    ToolInverse,
+    ToolSpec,
+)
 from helmline.contracts._topology import (
     ALL_EVENTS,
     APPROVAL_CONSUMER,
@@ -159,6 +165,7 @@ __all__ = [
     "ApprovalRequested",
     "ApprovalState",
     "Arguments",
+    "CallPointer",
     "CheckpointCreated",
     "CheckpointState",
     "CompensationCompleted",
@@ -215,6 +222,7 @@ __all__ = [
     "ToolCallFailed",
     "ToolCallStarted",
     "ToolError",
+    "ToolInverse",
     "ToolSpec",
     "UndecodableEvent",
     "UnknownEventType",

@@ -6,11 +6,31 @@ parameters, and the approval service decides on their risk; all three read this 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from helmline.contracts._values import Contract, Risk, ToolName
+
+CallPointer = Annotated[
+    str, StringConstraints(pattern=r"^/(arguments|result)(/([^~/]|~[01])*)*$", max_length=1024)
+]
+"""A JSON Pointer (RFC 6901) into `{"arguments": ..., "result": ...}` of a finished call."""
+
+
+class ToolInverse(Contract):
+    """The call that undoes a successful call of a tool (create → delete by the new id).
+
+    Rollback calls it through the tool gateway like any other call, so policy and approval
+    apply to it too.
+    """
+
+    tool: ToolName
+    """The tool that undoes the effect."""
+    arguments: dict[str, CallPointer] = Field(default_factory=dict)
+    """Each argument of the inverse call, as a JSON Pointer into `{"arguments": ...,
+    "result": ...}` of the original call: `{"id": "/result/id"}` passes the id the original
+    call returned."""
 
 
 class ToolSpec(Contract):
@@ -29,6 +49,11 @@ class ToolSpec(Contract):
     the workspace or running a process)."""
     timeout_s: float = Field(default=30.0, gt=0)
     """Default wall-clock limit of a call."""
+    inverse: ToolInverse | None = None
+    """How to undo a successful call, if it can be undone by another call; a tool with side
+    effects outside the workspace and no inverse makes rollback past its calls partial."""
+    idempotent: bool = False
+    """Whether calling it twice with the same arguments has the effect of calling it once."""
 
 
 _PATH = {
