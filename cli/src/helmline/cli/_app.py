@@ -18,6 +18,7 @@ from helmline.cli import _dlq_commands as dlq_commands
 from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _replay_commands as replay_commands
 from helmline.cli import _session_commands as session_commands
+from helmline.cli import _workspace_commands as workspace_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir
@@ -219,6 +220,7 @@ policy_app.command("explain")(policy_commands.explain)
 app.command()(archive_commands.export)
 app.command("import")(archive_commands.import_)
 app.command()(replay_commands.replay)
+app.add_typer(workspace_commands.app, name="workspace")
 
 
 def _fail(error: CliError) -> NoReturn:

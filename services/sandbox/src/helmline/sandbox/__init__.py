@@ -8,15 +8,21 @@ cancelled. No call runs twice, whatever crashes.
 
 from helmline.sandbox._backends import SandboxUnavailable
 from helmline.sandbox._handlers import SandboxHandler
+from helmline.sandbox._manifests import Entry, Manifest
 from helmline.sandbox._service import sandbox_setup, tools_for
 from helmline.sandbox._settings import SandboxSettings
+from helmline.sandbox._snapshots import SnapshotMissing, WorkspaceSnapshots
 from helmline.sandbox._tools import Tools
 
 __all__ = [
+    "Entry",
+    "Manifest",
     "SandboxHandler",
     "SandboxSettings",
     "SandboxUnavailable",
+    "SnapshotMissing",
     "Tools",
+    "WorkspaceSnapshots",
     "sandbox_setup",
     "tools_for",
 ]

@@ -22,6 +22,7 @@ from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from helmline.contracts import WORKSPACES_BUCKET
+from helmline.sandbox._errors import SandboxError
 from helmline.sandbox._manifests import (
     Entry,
     Manifest,
@@ -51,6 +52,10 @@ class Snapshot:
     """Bytes of blobs this snapshot had to store (the rest were stored before)."""
     refused: str | None = None
     """Why its blobs were not stored (above the size cap): it cannot be restored."""
+
+
+class SnapshotMissing(SandboxError):
+    """A manifest or blob that should be in the object store is not there."""
 
 
 class HashCache:
@@ -185,10 +190,10 @@ class WorkspaceSnapshots:
     async def restore(
         self, workspace: Path, tenant: str, session_id: str, snapshot_id: str
     ) -> Manifest:
-        """Make the workspace hold exactly what the snapshot held; its manifest."""
-        bucket = await self._bucket()
-        stored = await bucket.get(_manifest_name(tenant, session_id, snapshot_id))
-        target = decode_manifest(stored.data or b"")
+        """Make the workspace hold exactly what the snapshot held; its manifest.
+
+        Into a folder that does not exist yet, this exports the snapshot."""
+        target = await self.manifest(tenant, session_id, snapshot_id)
         await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
         cache = self._cache_of(workspace)
         current = await asyncio.to_thread(scan, workspace, cache)
@@ -199,10 +204,26 @@ class WorkspaceSnapshots:
         for entry in plan.create:
             data = b""
             if entry.kind == "file":
-                blob = await bucket.get(_blob_name(entry.sha256))
-                data = blob.data or b""
+                data = await self.blob(entry.sha256)
             await asyncio.to_thread(_create, workspace / entry.path, entry, data, owner)
         return target
+
+    async def manifest(self, tenant: str, session_id: str, snapshot_id: str) -> Manifest:
+        """What a stored snapshot holds; raises `SnapshotMissing` if it was never stored."""
+        name = _manifest_name(tenant, session_id, snapshot_id)
+        return decode_manifest(await self._get(name, f"snapshot {snapshot_id}"))
+
+    async def blob(self, sha256: str) -> bytes:
+        """A stored file's content by its hash; raises `SnapshotMissing` if not stored."""
+        return await self._get(_blob_name(sha256), f"the content {sha256}")
+
+    async def _get(self, name: str, what: str) -> bytes:
+        bucket = await self._bucket()
+        try:
+            stored = await bucket.get(name)
+        except ObjectNotFoundError as error:
+            raise SnapshotMissing(f"{what} is not in the object store") from error
+        return stored.data or b""
 
 
 def _refused(snapshot: Snapshot, uploading: int, cap: int, changing: str | None = None) -> Snapshot:
