@@ -51,7 +51,7 @@ CASES = {
         "goal: g\nsteps:\n"
         "  - id: a\n    tool: echo\n    arguments: {message: hi}\n    depends_on: [b]\n"
         "  - id: b\n    tool: echo\n    arguments: {message: hi}\n    depends_on: [a]\n",
-        ["6: steps[0].depends_on: dependency cycle among steps: a -> b"],
+        ["6: steps[0].depends_on: dependency cycle among steps: a -> b -> a"],
     ),
     "unknown dependency": (
         "goal: g\nsteps:\n" + STEP + "    depends_on: [a, nowhere]\n",

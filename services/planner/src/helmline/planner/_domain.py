@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from helmline.contracts import (
@@ -56,7 +57,7 @@ def decide(state: SessionState, event: Event) -> list[Decision]:
         case PlanRejected():
             return [Decision(SessionFailed(reason=f"plan rejected: {data.reason}"), "end")]
         case ToolCallCompleted():
-            return _advance(state)
+            return _advance(state, after=data.step_id)
         case ToolCallFailed():
             return _after_failure(state, data)
         case ToolCallDenied():
@@ -89,16 +90,23 @@ def _plan(state: SessionState, started: SessionStarted) -> list[Decision]:
     return [Decision(proposal, "plan/1")]
 
 
-def _advance(state: SessionState, skipped: frozenset[str] = frozenset()) -> list[Decision]:
+def _advance(
+    state: SessionState, skipped: frozenset[str] = frozenset(), after: str | None = None
+) -> list[Decision]:
     """Schedule every step whose dependencies are done; end the session when all are.
 
-    `skipped` names steps being skipped by decisions not yet in the state.
+    `skipped` names steps being skipped by decisions not yet in the state. `after` names a
+    step that just succeeded: only its dependants can have become ready, and looking at them
+    alone keeps a step's cost flat however long the plan is.
     """
     if state.plan_revision == 0 or state.plan_approved_revision < state.plan_revision:
         return []
     decisions: list[Decision] = []
     skipping = set(skipped)
-    for step in state.steps.values():
+    candidates: Iterable[StepState] = state.steps.values()
+    if after is not None:
+        candidates = [step for step in candidates if after in step.depends_on]
+    for step in candidates:
         if step.status != "pending" or step.id in skipping:
             continue
         blocked = [d for d in step.depends_on if _status(state, d, skipping) == "skipped"]

@@ -1,0 +1,104 @@
+"""The floor under step latency: a ring of three bare processes passing a token through
+JetStream, each hop one durable push delivery and one acknowledged append, with no
+Helmline code on the path. Helmline's step is three such hops, so the ring's lap time on
+the same machine, in the same run, is what a step can at best cost here.
+
+Run as `python ring.py HOP URL` it is one process of the ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+HOPS = 3
+LAPS = 300
+STREAM = "RING"
+
+
+def _subject(hop: int) -> str:
+    return f"ring.{hop % HOPS}"
+
+
+async def _hop(hop: int, url: str) -> None:
+    """Forward every token arriving at this hop to the next one, then acknowledge it."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+
+    async def forward(message: Msg) -> None:
+        await js.publish(_subject(hop + 1), message.data)
+        await message.ack()
+
+    deliver = f"_ring.deliver.{hop}"
+    await js.add_consumer(
+        STREAM,
+        ConsumerConfig(
+            durable_name=f"hop{hop}",
+            deliver_subject=deliver,
+            ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=_subject(hop),
+        ),
+    )
+    await nc.subscribe(deliver, cb=forward)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+async def run() -> list[dict[str, Any]]:
+    from helmline.runtime.testing import NatsServer  # noqa: PLC0415 (hop processes need none)
+
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["ring.*"]))
+        # Hops 1 and 2 are processes of their own; this process is hop 0 and times laps.
+        hops = [
+            subprocess.Popen(
+                [sys.executable, __file__, str(hop), server.url], stdout=subprocess.PIPE, text=True
+            )
+            for hop in (1, 2)
+        ]
+        try:
+            for process in hops:
+                assert process.stdout is not None
+                process.stdout.readline()
+            laps: list[float] = []
+            arrived: asyncio.Queue[float] = asyncio.Queue()
+
+            async def returned(message: Msg) -> None:
+                await message.ack()
+                arrived.put_nowait(time.perf_counter())
+
+            await js.subscribe(_subject(0), cb=returned, durable="hop0", manual_ack=True)
+            for _ in range(LAPS):
+                began = time.perf_counter()
+                await js.publish(_subject(1), b"token")
+                laps.append((await asyncio.wait_for(arrived.get(), timeout=10) - began) * 1000)
+        finally:
+            for process in hops:
+                process.kill()
+            await nc.close()
+    laps = laps[LAPS // 10 :]  # Connections and consumers warm up in the first laps.
+    return [
+        {
+            "figure": "ring_of_three_lap_ms",
+            "laps": len(laps),
+            "p50": round(statistics.median(laps), 3),
+            "p99": round(sorted(laps)[int(0.99 * len(laps))], 3),
+            "target": "baseline: the least a three-hop step can cost on this machine now",
+        }
+    ]
+
+
+if __name__ == "__main__":
+    asyncio.run(_hop(int(sys.argv[1]), sys.argv[2]))
