@@ -17,7 +17,10 @@ from helmline.contracts._catalogue import (
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
+    ContextCompacted,
     ForkOrigin,
+    LoopDetected,
+    ModelExchangeRecorded,
     Payload,
     PlanApproved,
     PlanProposed,
@@ -63,6 +66,14 @@ from helmline.contracts._errors import (
     UnknownSchemaVersion,
 )
 from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
+from helmline.contracts._exchanges import (
+    CriterionResult,
+    ModelMessage,
+    ModelReply,
+    ModelRequestRecord,
+    ModelToolCall,
+    ModelUsage,
+)
 from helmline.contracts._plans import PlanStep, Playbook, find_dependency_problem
 from helmline.contracts._schema import event_schema, export_schemas
 from helmline.contracts._state import (
@@ -172,7 +183,9 @@ __all__ = [
     "CompensationFailed",
     "CompensationScheduled",
     "ConsumerSpec",
+    "ContextCompacted",
     "ContractError",
+    "CriterionResult",
     "DeadLetter",
     "Event",
     "EventSubject",
@@ -180,6 +193,13 @@ __all__ = [
     "Headers",
     "KeyValueSpec",
     "LimitHit",
+    "LoopDetected",
+    "ModelExchangeRecorded",
+    "ModelMessage",
+    "ModelReply",
+    "ModelRequestRecord",
+    "ModelToolCall",
+    "ModelUsage",
     "ObjectStoreSpec",
     "Payload",
     "PlanApproved",

@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, JsonValue
 
+from helmline.contracts._exchanges import CriterionResult, ModelReply, ModelRequestRecord
 from helmline.contracts._plans import PlanStep, Playbook
 from helmline.contracts._values import (
     Actor,
@@ -123,6 +124,8 @@ class SessionCompleted(Payload):
     """What was achieved."""
     partial: bool = False
     """True when the session stopped with only some completion criteria met."""
+    criteria: tuple[CriterionResult, ...] = ()
+    """Each completion criterion as the planner checked it (goal sessions)."""
 
 
 class SessionFailed(Payload):
@@ -183,6 +186,8 @@ class PlanProposed(Payload):
     """Expected duration of the whole plan."""
     permissions: tuple[str, ...] = ()
     """Permissions the plan needs, shown up front."""
+    completion_criteria: tuple[str, ...] = ()
+    """What must hold for the goal to be met; the planner checks and reports each one."""
 
 
 class PlanApproved(Payload):
@@ -209,6 +214,64 @@ class PlanRejected(Payload):
     """The policy rule or person that rejected it."""
     policy_hash: str | None = None
     """Hash of the policy in force when deciding."""
+
+
+# --- model exchanges and context -----------------------------------------------------------
+
+
+class ModelExchangeRecorded(Payload):
+    """The planner asked a model and got an answer; recorded before the planner acts on it.
+
+    The record of a goal session: a restarted planner reuses it instead of asking again, and
+    a shadow replay answers from it.
+    """
+
+    TYPE = "model.exchange.recorded"
+    turn: int = Field(ge=1)
+    """1 for the session's first model call, then one more per call."""
+    purpose: Literal["plan", "replan", "act", "verify", "repair"]
+    """Why the model was asked: a first plan, a new plan after a failure or denial, the next
+    action, a check of the completion criteria, or a re-ask after an unusable answer."""
+    provider: str = Field(min_length=1)
+    """`openai` (Chat Completions and compatible servers) or `anthropic` (Messages)."""
+    request: ModelRequestRecord
+    """What was sent."""
+    reply: ModelReply
+    """What came back."""
+    cost_usd: float | None = Field(default=None, ge=0)
+    """What the call cost, when a price for the model is configured."""
+    duration_ms: float = Field(default=0.0, ge=0)
+    """From sending the first attempt to the complete answer."""
+    attempts: int = Field(default=1, ge=1)
+    """Requests made, counting retries after rate limits and server errors."""
+
+
+class ContextCompacted(Payload):
+    """Older turns of a goal session's conversation were replaced by a summary to stay in budget."""
+
+    TYPE = "context.compacted"
+    turn: int = Field(ge=1)
+    """The model call whose request is the first to carry the summary."""
+    budget_tokens: int = Field(ge=1)
+    """The session's context budget."""
+    tokens_before: int = Field(ge=0)
+    """Estimated size of the request before compaction."""
+    tokens_after: int = Field(ge=0)
+    """Estimated size after."""
+    dropped_messages: int = Field(ge=0)
+    """Messages replaced by the summary."""
+    kept: tuple[str, ...]
+    """The facts and decisions the summary keeps, one per line of the summary."""
+
+
+class LoopDetected(Payload):
+    """The model kept asking for the same call, or the same cycle of calls; the planner stopped."""
+
+    TYPE = "loop.detected"
+    calls: tuple[str, ...] = Field(min_length=1)
+    """The repeating call or cycle, each as `tool {arguments}`."""
+    repeats: int = Field(ge=2)
+    """How many times it came in a row."""
 
 
 # --- approvals ----------------------------------------------------------------------------
@@ -643,6 +706,9 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     PlanProposed,
     PlanApproved,
     PlanRejected,
+    ModelExchangeRecorded,
+    ContextCompacted,
+    LoopDetected,
     ApprovalRequested,
     ApprovalDecisionSubmitted,
     ApprovalGranted,

@@ -16,6 +16,9 @@ from helmline.contracts._catalogue import (
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
+    ContextCompacted,
+    LoopDetected,
+    ModelExchangeRecorded,
     Payload,
     PlanApproved,
     PlanProposed,
@@ -47,6 +50,13 @@ from helmline.contracts._catalogue import (
     WorkspaceSnapshotted,
 )
 from helmline.contracts._envelope import Event, new_event
+from helmline.contracts._exchanges import (
+    ModelMessage,
+    ModelReply,
+    ModelRequestRecord,
+    ModelToolCall,
+    ModelUsage,
+)
 from helmline.contracts._plans import PlanStep, Playbook
 from helmline.contracts._values import Actor, LimitHit, ResourceUsage, ToolError
 
@@ -103,6 +113,38 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
     ),
     PlanApproved(revision=1, approved_by=_POLICY),
     PlanRejected(revision=1, reason="plans touching production need a person", rejected_by=_POLICY),
+    ModelExchangeRecorded(
+        turn=1,
+        purpose="plan",
+        provider="openai",
+        request=ModelRequestRecord(
+            model="gpt-4o-mini",
+            system="You are Helmline's planner.",
+            messages=(ModelMessage(role="user", content="Goal: write a note and count its bytes"),),
+            tools=("create_plan", "write_file", "run_command"),
+        ),
+        reply=ModelReply(
+            content="Two steps: write, then count.",
+            tool_calls=(
+                ModelToolCall(
+                    id="call_1", name="create_plan", arguments='{"steps": [], "reasoning": "..."}'
+                ),
+            ),
+            stop_reason="tool_calls",
+            usage=ModelUsage(input_tokens=812, output_tokens=95),
+        ),
+        cost_usd=0.000179,
+        duration_ms=640.0,
+    ),
+    ContextCompacted(
+        turn=12,
+        budget_tokens=8000,
+        tokens_before=7100,
+        tokens_after=2300,
+        dropped_messages=18,
+        kept=("step read (read_file): succeeded", "plan revision 2: write then count"),
+    ),
+    LoopDetected(calls=('read_file {"path": "notes.txt"}',), repeats=3),
     ApprovalRequested(
         request_id="count.1",
         scope="step",

@@ -30,7 +30,10 @@ from helmline.contracts._catalogue import (
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
+    ContextCompacted,
     ForkOrigin,
+    LoopDetected,
+    ModelExchangeRecorded,
     PlanApproved,
     PlanProposed,
     PlanRejected,
@@ -61,6 +64,7 @@ from helmline.contracts._catalogue import (
     WorkspaceSnapshotted,
 )
 from helmline.contracts._envelope import Event
+from helmline.contracts._exchanges import CriterionResult
 from helmline.contracts._plans import PlanStep
 from helmline.contracts._values import Actor, Arguments, LimitHit, Risk, ToolError
 
@@ -298,6 +302,16 @@ class SessionState:
     """Summary on completion, reason on failure or cancellation."""
     partial: bool = False
     """Whether a completed session met only some of its criteria."""
+    completion_criteria: tuple[str, ...] = ()
+    """What must hold for the goal to be met, as the latest plan declared it."""
+    criteria: tuple[CriterionResult, ...] = ()
+    """The completion criteria as checked when the session completed."""
+    model_calls: int = 0
+    """Model exchanges recorded (goal sessions)."""
+    tokens_used: int = 0
+    """Input and output tokens of every model call."""
+    cost_usd: float = 0.0
+    """What the model calls cost, where a price is configured."""
     started_at: datetime | None = None
     """When the session started."""
     ended_at: datetime | None = None
@@ -561,6 +575,7 @@ class SessionFold:
                 if not self.terminal:
                     v["outcome"] = data.summary
                     v["partial"] = data.partial
+                    v["criteria"] = data.criteria
                 self.end("completed", event)
             case SessionFailed():
                 if not self.terminal:
@@ -571,6 +586,8 @@ class SessionFold:
                 v["plan_confidence"] = data.confidence
                 v["plan_reasoning"] = data.reasoning
                 v["plan_rejection"] = None
+                if data.completion_criteria:
+                    v["completion_criteria"] = data.completion_criteria
                 self._lay_out_plan(data.steps)
                 self.set_status("planning")
             case PlanApproved():
@@ -624,6 +641,12 @@ class SessionFold:
                 )
             case ApprovalExpired():
                 self._decide(event, data.request_id, "expired", (), "", None)
+            case ModelExchangeRecorded():
+                v["model_calls"] += 1
+                v["tokens_used"] += data.reply.usage.input_tokens + data.reply.usage.output_tokens
+                v["cost_usd"] += data.cost_usd or 0.0
+            case ContextCompacted() | LoopDetected():
+                pass  # Facts for people and replays; the session's state does not change.
             case RollbackRequested():
                 self.rollbacks[data.rollback_id] = RollbackState(
                     rollback_id=data.rollback_id,
