@@ -29,3 +29,25 @@ def test_an_inverse_argument_must_point_into_the_arguments_or_the_result(pointer
 
 def test_built_in_tools_declare_no_inverse_since_the_workspace_is_restored_from_snapshots() -> None:
     assert all(tool.inverse is None for tool in BUILTIN_TOOLS)
+
+
+def test_an_inverse_resolves_its_arguments_from_the_call_and_its_result() -> None:
+    inverse = ToolInverse(
+        tool="tickets:delete",
+        arguments={
+            "id": "/result/ticket/id",
+            "queue": "/arguments/queue",
+            "first": "/result/tags/0",
+        },
+    )
+
+    resolved = inverse.resolve({"queue": "ops"}, {"ticket": {"id": 7}, "tags": ["a", "b"]})
+
+    assert resolved == {"id": 7, "queue": "ops", "first": "a"}
+
+
+def test_an_inverse_names_the_pointer_that_finds_nothing() -> None:
+    inverse = ToolInverse(tool="tickets:delete", arguments={"id": "/result/id"})
+
+    with pytest.raises(LookupError, match="/result/id"):
+        inverse.resolve({}, {"name": "no id here"})

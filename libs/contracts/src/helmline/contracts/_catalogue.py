@@ -14,6 +14,7 @@ from pydantic import Field, JsonValue
 
 from helmline.contracts._exchanges import CriterionResult, ModelReply, ModelRequestRecord
 from helmline.contracts._plans import PlanStep, Playbook
+from helmline.contracts._tools import ToolEffect
 from helmline.contracts._values import (
     Actor,
     Arguments,
@@ -48,6 +49,13 @@ class ForkOrigin(Contract):
     """The session that was forked."""
     at_seq: int = Field(ge=1)
     """Stream sequence of the origin session's last event included in the fork."""
+    checkpoint_id: str | None = Field(default=None, min_length=1, max_length=128)
+    """The origin's checkpoint the fork starts from."""
+    snapshot_id: str | None = Field(default=None, min_length=1, max_length=128)
+    """The origin's workspace snapshot the fork's workspace starts as; the fork runs no step
+    before the sandbox has restored it (`workspace.restored`)."""
+    completed_steps: tuple[StepId, ...] = ()
+    """Steps the origin had completed at that point: the fork does not run them again."""
 
 
 class SessionStarted(Payload):
@@ -376,6 +384,15 @@ class ApprovalExpired(Payload):
 # --- steps and tool calls -----------------------------------------------------------------
 
 
+class InverseCall(Contract):
+    """A call that undoes an earlier call of a tool with a declared inverse."""
+
+    tool: ToolName
+    """The inverse tool."""
+    arguments: Arguments = Field(default_factory=dict)
+    """Its arguments, taken from the original call's arguments and result."""
+
+
 class StepScheduled(Payload):
     """The planner wants a step to run now; it becomes a tool call."""
 
@@ -392,6 +409,9 @@ class StepScheduled(Payload):
     """The arguments."""
     risk: Risk | None = None
     """Risk declared by the plan, if any."""
+    compensation_id: str | None = Field(default=None, min_length=1, max_length=128)
+    """Set when the call undoes a step during a rollback (scheduled by the state service, not
+    the planner): it is judged and run like any call, but is not a step of the plan."""
 
 
 class StepSkipped(Payload):
@@ -482,6 +502,11 @@ class ToolCallCompleted(Payload):
     """Whether the output was cut to its size cap."""
     redactions: int = Field(default=0, ge=0)
     """How many secrets or sensitive values were redacted from the output."""
+    inverse: InverseCall | None = None
+    """The call that would undo this one, when the tool declares an inverse: set by the tool
+    gateway, which resolves the declared argument pointers against this call's arguments and
+    its full result. Rollback calls it; a tool with outside effects and no inverse cannot be
+    rolled back."""
 
 
 class ToolCallFailed(Payload):
@@ -588,6 +613,12 @@ class CheckpointCreated(Payload):
     """Whether everything since the previous checkpoint can be undone."""
     compensation: str | None = None
     """How the step is undone (restore the workspace, an inverse tool), or why it cannot be."""
+    tool: ToolName | None = None
+    """The tool the step called."""
+    effect: ToolEffect | None = None
+    """What the call changed: nothing, the workspace, or something outside Helmline."""
+    inverse: InverseCall | None = None
+    """The call that undoes the step, for a tool with a declared inverse."""
 
 
 class RollbackRequested(Payload):
@@ -636,6 +667,9 @@ class CompensationScheduled(Payload):
     """The inverse tool, for `inverse_tool`."""
     arguments: Arguments | None = None
     """The inverse tool's arguments."""
+    steps: tuple[StepId, ...] = ()
+    """Every step it undoes, when more than `step_id`: one workspace restore undoes every
+    workspace change after the checkpoint."""
 
 
 class CompensationCompleted(Payload):
@@ -648,6 +682,8 @@ class CompensationCompleted(Payload):
     """The compensation."""
     step_id: StepId
     """The step undone."""
+    steps: tuple[StepId, ...] = ()
+    """Every step undone, when more than `step_id` (see `compensation.scheduled`)."""
 
 
 class CompensationFailed(Payload):
@@ -674,6 +710,8 @@ class RollbackCompleted(Payload):
     """The checkpoint returned to."""
     undone_steps: tuple[StepId, ...] = ()
     """Steps undone, in the order they were undone."""
+    not_undone_steps: tuple[StepId, ...] = ()
+    """Irreversible steps left as they were, in a partial rollback the requester accepted."""
 
 
 class RollbackFailed(Payload):

@@ -200,8 +200,11 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         step_id="count",
         call_id="count.1",
         at_seq=42,
+        snapshot_id="snap-7",
         reversible=True,
-        compensation="nothing to undo",
+        compensation="restore the workspace to the previous checkpoint's snapshot",
+        tool="run_command",
+        effect="workspace",
     ),
     RollbackRequested(rollback_id="rb-1", checkpoint_id="cp-write.1", requested_by=_ANA),
     RollbackRefused(

@@ -32,6 +32,7 @@ from helmline.contracts._catalogue import (
     CompensationScheduled,
     ContextCompacted,
     ForkOrigin,
+    InverseCall,
     LoopDetected,
     ModelExchangeRecorded,
     PlanApproved,
@@ -66,6 +67,7 @@ from helmline.contracts._catalogue import (
 from helmline.contracts._envelope import Event
 from helmline.contracts._exchanges import CriterionResult
 from helmline.contracts._plans import PlanStep
+from helmline.contracts._tools import ToolEffect
 from helmline.contracts._values import Actor, Arguments, LimitHit, Risk, ToolError
 
 SessionStatus = Literal[
@@ -200,6 +202,14 @@ class CheckpointState:
     """Whether the step can be undone."""
     compensation: str | None = None
     """How it is undone, or why it cannot be."""
+    call_id: str | None = None
+    """The call that completed the step."""
+    tool: str | None = None
+    """The tool the step called."""
+    effect: ToolEffect | None = None
+    """What the call changed: nothing, the workspace, or something outside Helmline."""
+    inverse: InverseCall | None = None
+    """The call that undoes the step, for a tool with a declared inverse."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +238,11 @@ class RollbackState:
     """Irreversible steps that refused the rollback."""
     reason: str = ""
     """Why it was requested, refused or failed."""
+
+    @property
+    def active(self) -> bool:
+        """Whether it is still under way (no new step may start meanwhile)."""
+        return self.status in ("requested", "running")
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +309,11 @@ class SessionState:
     """The planner's thoughts in order."""
     latest_snapshot_id: str | None = None
     """The newest workspace snapshot."""
+    initial_snapshot_id: str | None = None
+    """The workspace before the session first changed it (the sandbox's first snapshot)."""
+    unrestorable_snapshots: dict[str, str] = field(default_factory=dict)
+    """Snapshots whose contents were not stored, with why: the workspace cannot return to
+    them."""
     pause_requested: bool = False
     """A pause was asked for and not yet resumed."""
     cancel_requested: bool = False
@@ -437,6 +457,8 @@ class SessionFold:
     def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
         self.calls[call_id] = step_id
         step = self.steps.get(step_id)
+        if step is None and self._compensates(call_id):
+            return  # A rollback's undo call: recorded in the rollback, not a step of the plan.
         # Events of an attempt that a newer attempt replaced only update the record of calls.
         if step is None or step.call_id in (None, call_id):
             self.update_step(step_id, call_id=call_id, **changes)
@@ -453,6 +475,8 @@ class SessionFold:
             v["tenant"] = event.tenant
         data = event.data
         match data:
+            case StepScheduled() if data.compensation_id is not None:
+                self.calls[data.call_id] = data.step_id
             case StepScheduled():
                 previous = self.steps.get(data.step_id)
                 self.update_step(
@@ -522,13 +546,25 @@ class SessionFold:
                         snapshot_id=data.snapshot_id,
                         reversible=data.reversible,
                         compensation=data.compensation,
+                        call_id=data.call_id,
+                        tool=data.tool,
+                        effect=data.effect,
+                        inverse=data.inverse,
                     )
                 )
             case SandboxExecutionRequested():
                 pass  # The call is already recorded as authorised; the sandbox takes it from here.
             case SandboxLimitExceeded():
                 self.update_call(data.call_id, data.step_id, limit_hit=data.hit)
-            case WorkspaceSnapshotted() | WorkspaceRestored():
+            case WorkspaceSnapshotted():
+                v["latest_snapshot_id"] = data.snapshot_id
+                v["initial_snapshot_id"] = v["initial_snapshot_id"] or data.snapshot_id
+                if data.irreversible_reason is not None:
+                    v["unrestorable_snapshots"] = {
+                        **v["unrestorable_snapshots"],
+                        data.snapshot_id: data.irreversible_reason,
+                    }
+            case WorkspaceRestored():
                 v["latest_snapshot_id"] = data.snapshot_id
             case StepSkipped():
                 self.update_step(
@@ -553,6 +589,10 @@ class SessionFold:
                 v["requested_by"] = data.requested_by
                 v["labels"] = dict(data.labels)
                 v["fork_of"] = data.fork_of
+                if data.fork_of is not None:
+                    for step_id in data.fork_of.completed_steps:
+                        reason = f"completed in {data.fork_of.session_id} before the fork"
+                        self.update_step(step_id, status="succeeded", reason=reason)
                 if data.playbook is not None:
                     v["on_denied"] = data.playbook.on_denied
                 v["started_at"] = v["started_at"] or event.time
@@ -666,12 +706,17 @@ class SessionFold:
                 self._compensation(data.rollback_id, data.compensation_id, "scheduled")
             case CompensationCompleted():
                 self._compensation(data.rollback_id, data.compensation_id, "completed")
-                self.update_step(data.step_id, status="undone")
+                for step_id in dict.fromkeys((data.step_id, *data.steps)):
+                    if step_id in self.steps:
+                        self.update_step(step_id, status="undone")
             case CompensationFailed():
                 self._compensation(data.rollback_id, data.compensation_id, "failed")
             case RollbackCompleted():
                 self._update_rollback(
-                    data.rollback_id, status="completed", undone_steps=data.undone_steps
+                    data.rollback_id,
+                    status="completed",
+                    undone_steps=data.undone_steps,
+                    not_undone_steps=data.not_undone_steps,
                 )
                 self._keep_checkpoints_up_to(data.checkpoint_id)
                 # A rolled-back session waits for a person to resume or replan it.
@@ -698,7 +743,19 @@ class SessionFold:
         for step in planned:
             known = self.steps.get(step.id)
             if known is not None and known.status == "succeeded":
-                steps[step.id] = known
+                # A step a fork carried over from its origin is known by id alone until now.
+                steps[step.id] = (
+                    known
+                    if known.tool
+                    else _copy_with(
+                        known,
+                        description=step.description,
+                        tool=step.tool,
+                        arguments=step.arguments,
+                        depends_on=step.depends_on,
+                        risk=step.risk,
+                    )
+                )
             else:
                 steps[step.id] = StepState(
                     id=step.id,
@@ -750,6 +807,9 @@ class SessionFold:
             self.approvals[request.request_id] = _copy_with(
                 request, similar_used=request.similar_used + 1
             )
+
+    def _compensates(self, call_id: str) -> bool:
+        return any(call_id in rollback.compensations for rollback in self.rollbacks.values())
 
     def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
         rollback = self.rollbacks.get(rollback_id)

@@ -6,6 +6,7 @@ parameters, and the approval service decides on their risk; all three read this 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
@@ -32,6 +33,31 @@ class ToolInverse(Contract):
     "result": ...}` of the original call: `{"id": "/result/id"}` passes the id the original
     call returned."""
 
+    def resolve(self, arguments: Mapping[str, Any], result: Any) -> dict[str, Any]:
+        """The inverse call's arguments for a call made with `arguments` that returned
+        `result`; raises `LookupError` naming the pointer that finds nothing."""
+        call = {"arguments": arguments, "result": result}
+        return {name: _follow(call, pointer) for name, pointer in self.arguments.items()}
+
+
+def _follow(document: Any, pointer: str) -> Any:
+    """The value a JSON Pointer (RFC 6901) designates in `document`."""
+    value = document
+    for token in pointer.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(value, Mapping) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and token.isdigit() and int(token) < len(value):
+            value = value[int(token)]
+        else:
+            raise LookupError(f"{pointer} designates nothing in the call")
+    return value
+
+
+ToolEffect = Literal["none", "workspace", "external"]
+"""What a call of a tool changes: nothing, the session workspace (undone by restoring a
+workspace snapshot), or something outside Helmline (undone only by the tool's inverse)."""
+
 
 class ToolSpec(Contract):
     """A tool as the control plane knows it."""
@@ -54,6 +80,8 @@ class ToolSpec(Contract):
     effects outside the workspace and no inverse makes rollback past its calls partial."""
     idempotent: bool = False
     """Whether calling it twice with the same arguments has the effect of calling it once."""
+    effect: ToolEffect = "external"
+    """What its calls change; decides how rollback undoes them."""
 
 
 _PATH = {
@@ -80,6 +108,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         parameters=_parameters({"message": {"type": "string", "maxLength": 65536}}, ["message"]),
         risk="low",
         executor="gateway",
+        effect="none",
     ),
     ToolSpec(
         name="read_file",
@@ -87,6 +116,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         parameters=_parameters({"path": _PATH}, ["path"]),
         risk="low",
         executor="sandbox",
+        effect="none",
     ),
     ToolSpec(
         name="list_files",
@@ -95,6 +125,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         parameters=_parameters({"path": {**_PATH, "default": "."}}, []),
         risk="low",
         executor="sandbox",
+        effect="none",
     ),
     ToolSpec(
         name="write_file",
@@ -105,6 +136,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         ),
         risk="medium",
         executor="sandbox",
+        effect="workspace",
     ),
     ToolSpec(
         name="delete_file",
@@ -112,6 +144,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         parameters=_parameters({"path": _PATH}, ["path"]),
         risk="medium",
         executor="sandbox",
+        effect="workspace",
     ),
     ToolSpec(
         name="run_command",
@@ -126,6 +159,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         ),
         risk="high",
         executor="sandbox",
+        effect="workspace",
         timeout_s=60.0,
     ),
 )

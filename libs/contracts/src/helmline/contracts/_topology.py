@@ -14,10 +14,16 @@ from pydantic import Field
 from helmline.contracts._catalogue import (
     ApprovalDecisionSubmitted,
     ApprovalRequested,
+    CompensationCompleted,
+    CompensationFailed,
     Payload,
     PlanApproved,
     PlanProposed,
     PlanRejected,
+    RollbackCompleted,
+    RollbackFailed,
+    RollbackRefused,
+    RollbackRequested,
     SandboxExecutionRequested,
     SessionCancelRequested,
     SessionPauseRequested,
@@ -28,6 +34,8 @@ from helmline.contracts._catalogue import (
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    WorkspaceRestored,
+    WorkspaceSnapshotted,
 )
 from helmline.contracts._values import Contract
 
@@ -226,6 +234,12 @@ PLANNER_CONSUMER = consumer_for(
         SessionPauseRequested,
         SessionResumeRequested,
         SessionCancelRequested,
+        # No step starts while a rollback runs; a fork starts once its workspace is restored.
+        RollbackRequested,
+        RollbackRefused,
+        RollbackCompleted,
+        RollbackFailed,
+        WorkspaceRestored,
     ),
     "Plans sessions, schedules steps whose dependencies are met, ends sessions.",
 )
@@ -250,8 +264,18 @@ SANDBOX_CONSUMER = consumer_for(
 )
 STATE_CONSUMER = consumer_for(
     "state",
-    (ToolCallCompleted,),
-    "Records a checkpoint after every completed step.",
+    (
+        ToolCallCompleted,
+        ToolCallFailed,
+        ToolCallDenied,
+        WorkspaceSnapshotted,
+        WorkspaceRestored,
+        RollbackRequested,
+        CompensationCompleted,
+        CompensationFailed,
+    ),
+    "Records a checkpoint after every completed step; drives rollbacks, one compensation "
+    "at a time.",
 )
 
 READ_MODEL_CONSUMER = ConsumerSpec(
