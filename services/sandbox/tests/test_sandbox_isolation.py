@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
-from helmline.contracts import SandboxExecutionRequested, SandboxLimits
+from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, SandboxLimits
 from helmline.sandbox import SandboxSettings, Tools, tools_for
 from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._tools import Completed, Failed, Outcome
@@ -37,8 +37,10 @@ async def run(
     *,
     session_id: str = "s1",
     network: bool = False,
+    heard: list[tuple[LimitHit, float]] | None = None,
     **limits: float,
 ) -> Outcome:
+    """Run `command` as run_command; warnings of limits it comes near go into `heard`."""
     request = SandboxExecutionRequested(
         call_id=f"call-{uuid.uuid4().hex[:8]}",
         step_id="step-1",
@@ -47,7 +49,13 @@ async def run(
         limits=SandboxLimits(**limits),
         network=network,
     )
-    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper())
+
+    def warned(hit: LimitHit, used: float, usage: ResourceUsage) -> None:
+        assert usage.wall_ms > 0
+        if heard is not None:
+            heard.append((hit, used))
+
+    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper(), warned)
     workspace = workspaces / "tenant" / session_id
     return await tools.execute(request, workspace, ("tenant", session_id), control)
 
@@ -108,9 +116,9 @@ async def test_nothing_outside_the_workspace_is_writable(
     script = "; ".join(
         f"(echo x > {target}) 2>/dev/null && echo WROTE {target}" for target in targets
     )
-    result = output_of(await run(tools, workspaces, f"{script}; echo x > /tmp/mine; echo x > ok"))
+    result = output_of(await run(tools, workspaces, f"{script}; echo x > /tmp/mine && echo x > ok"))
     assert "WROTE" not in str(result["stdout"])
-    assert result["exit_code"] == 0  # The private /tmp and the workspace are writable.
+    assert result["exit_code"] == 0, result  # The private /tmp and the workspace are writable.
     assert (workspaces / "tenant" / "s1" / "ok").read_text() == "x\n"
     assert not on_host("/tmp/mine")
     assert not any(on_host(target) for target in targets)
@@ -205,7 +213,8 @@ async def test_output_beyond_the_cap_is_truncated_and_flagged(
 
 async def test_a_one_second_cpu_limit_stops_a_busy_loop(tools: Tools, workspaces: Path) -> None:
     began = time.monotonic()
-    outcome = await run(tools, workspaces, "while :; do :; done", cpu_s=1)
+    heard: list[tuple[LimitHit, float]] = []
+    outcome = await run(tools, workspaces, "while :; do :; done", cpu_s=1, heard=heard)
     assert time.monotonic() - began < 20  # Stopped by the CPU limit, not the 30 s wall clock.
     assert isinstance(outcome, Failed), outcome
     assert outcome.limit is not None
@@ -213,6 +222,38 @@ async def test_a_one_second_cpu_limit_stops_a_busy_loop(tools: Tools, workspaces
     assert outcome.usage is not None
     assert outcome.usage.cpu_ms is not None
     assert outcome.usage.cpu_ms >= 900
+    # Warned once on the way, at 90 % of the limit.
+    assert [(hit.limit, hit.value) for hit, _ in heard] == [("cpu", 1)]
+    assert 0.9 <= heard[0][1] < 1
+
+
+async def test_nearing_the_memory_limit_is_warned_and_the_call_goes_on(
+    tools: Tools, workspaces: Path
+) -> None:
+    heard: list[tuple[LimitHit, float]] = []
+    # /tmp is memory, charged to the call: 58 MiB of a 64 MiB limit, held for a moment.
+    command = "head -c 58m /dev/zero > /tmp/fill && sleep 0.5"
+    outcome = await run(tools, workspaces, command, memory_mb=64, heard=heard)
+    assert isinstance(outcome, Completed), outcome
+    assert outcome.exit_code == 0
+    assert outcome.usage is not None
+    assert outcome.usage.peak_memory_mb is not None
+    assert 57.6 <= outcome.usage.peak_memory_mb < 64
+    memory = [(hit, used) for hit, used in heard if hit.limit == "memory"]
+    assert len(memory) == 1
+    hit, used = memory[0]
+    assert (hit.value, hit.command) == (64, command)
+    assert 57.6 <= used < 64
+
+
+async def test_a_timeout_is_warned_before_it_is_hit(tools: Tools, workspaces: Path) -> None:
+    heard: list[tuple[LimitHit, float]] = []
+    outcome = await run(tools, workspaces, "sleep 10", timeout_s=1, heard=heard)
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.limit is not None
+    assert outcome.limit.limit == "timeout"
+    assert [hit.limit for hit, _ in heard] == ["timeout"]
+    assert 0.9 <= heard[0][1] < 1.5
 
 
 async def test_a_busy_loop_split_over_processes_is_stopped_too(

@@ -27,6 +27,7 @@ from helmline.contracts import (
     ConsumerSpec,
     Event,
     SandboxExecutionRequested,
+    SandboxLimitApproached,
     SandboxLimitExceeded,
     SandboxLimits,
     SessionCancelRequested,
@@ -40,7 +41,13 @@ from helmline.runtime import Delivery, EventStore, Handler, ServiceHost, ensure_
 from helmline.runtime.testing import NatsServer, eventually, free_port
 from helmline.sandbox import SandboxHandler, SandboxSettings, sandbox_setup, tools_for
 
-CallEvent = ToolCallStarted | ToolCallCompleted | ToolCallFailed | SandboxLimitExceeded
+CallEvent = (
+    ToolCallStarted
+    | ToolCallCompleted
+    | ToolCallFailed
+    | SandboxLimitExceeded
+    | SandboxLimitApproached
+)
 
 
 class Sandbox:
@@ -374,12 +381,24 @@ async def test_a_timeout_kills_the_command_and_children_that_left_its_group(
     assert isinstance(result, ToolCallFailed)
     assert result.error.kind == "timeout"
     assert "1 s" in result.error.message
-    limits = [
-        data for data in await sandbox.events(request) if isinstance(data, SandboxLimitExceeded)
-    ]
+    events = await sandbox.events(request)
+    limits = [data for data in events if isinstance(data, SandboxLimitExceeded)]
     assert len(limits) == 1
     assert limits[0].hit.limit == "timeout"
     assert limits[0].hit.value == 1
+    # Warned while it ran, before the limit: recorded between its start and its end.
+    assert [type(data) for data in events] == [
+        ToolCallStarted,
+        SandboxLimitApproached,
+        SandboxLimitExceeded,
+        ToolCallFailed,
+    ]
+    warning = events[1]
+    assert isinstance(warning, SandboxLimitApproached)
+    assert (warning.limit.limit, warning.limit.value) == ("timeout", 1)
+    assert warning.used >= 0.9
+    assert result.usage is not None
+    assert result.usage.wall_ms >= 1000
     await eventually(lambda: not processes_of(uid), timeout_s=2, what="all killed")
 
 
@@ -392,6 +411,11 @@ async def test_a_call_leaves_no_process_behind(sandbox: Sandbox) -> None:
     assert isinstance(result.output, dict)
     assert result.output["stdout"] == "started\n"
     assert not processes_of(sandbox.workspace().stat().st_uid)  # Gone before the result.
+    # The result event itself says how it ended and what it used.
+    assert result.exit_code == 0
+    assert result.usage is not None
+    assert result.usage.cpu_ms is not None
+    assert result.usage.peak_memory_mb is not None
 
 
 async def test_cancel_kills_a_running_command_within_two_seconds(

@@ -507,6 +507,10 @@ class ToolCallCompleted(Payload):
     gateway, which resolves the declared argument pointers against this call's arguments and
     its full result. Rollback calls it; a tool with outside effects and no inverse cannot be
     rolled back."""
+    exit_code: int | None = None
+    """The command's exit status (128 + N when signal N ended it), for run_command."""
+    usage: ResourceUsage | None = None
+    """What a sandboxed command used (wall time, CPU time, peak memory), where measured."""
 
 
 class ToolCallFailed(Payload):
@@ -523,6 +527,8 @@ class ToolCallFailed(Payload):
     """What went wrong and whether retrying can help."""
     duration_ms: float = Field(default=0.0, ge=0)
     """How long the call took before failing."""
+    usage: ResourceUsage | None = None
+    """What a sandboxed command used before it failed, where measured."""
 
 
 # --- sandbox ------------------------------------------------------------------------------
@@ -560,6 +566,22 @@ class SandboxLimitExceeded(Payload):
     """Which limit, its value and the command."""
     usage: ResourceUsage = Field(default_factory=ResourceUsage)
     """What the call had used when stopped."""
+
+
+class SandboxLimitApproached(Payload):
+    """A running sandboxed call has used 90 % of a resource limit; it goes on running."""
+
+    TYPE = "sandbox.limit_approached"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    limit: LimitHit
+    """Which limit, its value and the command."""
+    used: float = Field(ge=0)
+    """How much of it the call had used when warned, in the limit's unit."""
+    usage: ResourceUsage = Field(default_factory=ResourceUsage)
+    """What the call had used so far."""
 
 
 class WorkspaceSnapshotted(Payload):
@@ -760,6 +782,7 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     ToolCallCompleted,
     ToolCallFailed,
     SandboxExecutionRequested,
+    SandboxLimitApproached,
     SandboxLimitExceeded,
     WorkspaceSnapshotted,
     WorkspaceRestored,

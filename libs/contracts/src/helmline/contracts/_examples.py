@@ -28,6 +28,7 @@ from helmline.contracts._catalogue import (
     RollbackRefused,
     RollbackRequested,
     SandboxExecutionRequested,
+    SandboxLimitApproached,
     SandboxLimitExceeded,
     SessionCancelled,
     SessionCancelRequested,
@@ -186,6 +187,12 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         duration_ms=60000,
     ),
     SandboxExecutionRequested(**_CALL, arguments={"command": "wc -c notes.txt"}),
+    SandboxLimitApproached(
+        **{k: v for k, v in _CALL.items() if k != "tool"},
+        limit=LimitHit(limit="memory", value=256, command="python big.py"),
+        used=231,
+        usage=ResourceUsage(wall_ms=600, peak_memory_mb=231),
+    ),
     SandboxLimitExceeded(
         **{k: v for k, v in _CALL.items() if k != "tool"},
         hit=LimitHit(limit="memory", value=256, command="python big.py"),

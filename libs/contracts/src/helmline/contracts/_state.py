@@ -43,6 +43,7 @@ from helmline.contracts._catalogue import (
     RollbackRefused,
     RollbackRequested,
     SandboxExecutionRequested,
+    SandboxLimitApproached,
     SandboxLimitExceeded,
     SessionCancelled,
     SessionCancelRequested,
@@ -556,6 +557,8 @@ class SessionFold:
                 pass  # The call is already recorded as authorised; the sandbox takes it from here.
             case SandboxLimitExceeded():
                 self.update_call(data.call_id, data.step_id, limit_hit=data.hit)
+            case SandboxLimitApproached():
+                pass  # A warning for people and alerts; the call runs on unchanged.
             case WorkspaceSnapshotted():
                 v["latest_snapshot_id"] = data.snapshot_id
                 v["initial_snapshot_id"] = v["initial_snapshot_id"] or data.snapshot_id

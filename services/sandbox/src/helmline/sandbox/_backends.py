@@ -10,10 +10,12 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from helmline.contracts import LimitHit, ResourceUsage
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,
@@ -33,7 +35,7 @@ from helmline.sandbox._confinement import (
     session_uid,
 )
 from helmline.sandbox._errors import SandboxError
-from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
+from helmline.sandbox._limits import LimitName, Limits, NearLimits, Observed, limit_that_stopped
 from helmline.sandbox._settings import SandboxSettings
 
 logger = logging.getLogger(__name__)
@@ -69,8 +71,7 @@ class CommandResult:
 
     run: CommandRun
     limit: LimitName | None
-    cpu_ms: float | None = None
-    peak_memory_mb: float | None = None
+    usage: ResourceUsage
 
 
 class CommandBackend(Protocol):
@@ -190,9 +191,13 @@ class ProcessBackend:
             nproc_slack=2 if "pids" in self._layout.places else 1,
         )
 
+        near = NearLimits(limits)
+        began = time.monotonic()
+
         async def watch() -> LimitName:
             # The kernel enforces; this only notices, so a call that met a limit ends now
-            # instead of at its wall-clock limit (a fork bomb refused forks forever).
+            # instead of at its wall-clock limit (a fork bomb refused forks forever), and
+            # warns of limits a call comes near.
             while True:
                 await asyncio.sleep(_WATCH_INTERVAL_S)
                 usage = cgroups.usage()
@@ -202,6 +207,27 @@ class ProcessBackend:
                     return "processes"
                 if usage.cpu_s is not None and usage.cpu_s >= limits.cpu_s:
                     return "cpu"
+                wall_s = time.monotonic() - began
+                processes = (
+                    max(usage.processes - _SANDBOX_PROCESSES, 0)
+                    if usage.processes is not None
+                    else None
+                )
+                measured: tuple[tuple[LimitName, float | None], ...] = (
+                    ("memory", usage.peak_memory_mb),
+                    ("cpu", usage.cpu_s),
+                    ("processes", processes),
+                    ("timeout", wall_s),
+                )
+                for limit, used in measured:
+                    if used is not None and near.crossing(limit, used):
+                        control.approached(
+                            LimitHit(
+                                limit=limit, value=limits.value_of(limit), command=job.command
+                            ),
+                            used,
+                            _resource_usage(wall_s * 1000, usage),
+                        )
 
         launch = Launch(
             limited_argv(
@@ -229,12 +255,15 @@ class ProcessBackend:
         if run.ended == "exited":
             observed = Observed(run.exit_code, usage.oom_kills, usage.forks_refused, usage.cpu_s)
             limit = limit_that_stopped(observed, limits)
-        return CommandResult(
-            run,
-            limit,
-            cpu_ms=usage.cpu_s * 1000 if usage.cpu_s is not None else None,
-            peak_memory_mb=usage.peak_memory_mb,
-        )
+        return CommandResult(run, limit, _resource_usage(run.wall_ms, usage))
+
+
+def _resource_usage(wall_ms: float, usage: Usage) -> ResourceUsage:
+    return ResourceUsage(
+        wall_ms=wall_ms,
+        cpu_ms=usage.cpu_s * 1000 if usage.cpu_s is not None else None,
+        peak_memory_mb=usage.peak_memory_mb,
+    )
 
 
 async def _remove_soon(cgroups: CallCgroups) -> None:
@@ -268,7 +297,7 @@ class UnsandboxedBackend:
             if run.ended == "exited"
             else None
         )
-        return CommandResult(run, limit)
+        return CommandResult(run, limit, ResourceUsage(wall_ms=run.wall_ms))
 
 
 async def start_backend(settings: SandboxSettings) -> CommandBackend:

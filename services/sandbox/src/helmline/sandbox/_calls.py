@@ -10,8 +10,10 @@ from typing import assert_never
 from helmline.contracts import (
     EVENTS_STREAM,
     Event,
+    LimitHit,
     ResourceUsage,
     SandboxExecutionRequested,
+    SandboxLimitApproached,
     SandboxLimitExceeded,
     ToolCallCompleted,
     ToolCallFailed,
@@ -94,6 +96,23 @@ def snapshotted(cause: Event, snapshot: Snapshot, call_id: str | None) -> Event:
     )
 
 
+def approached(
+    cause: Event,
+    request: SandboxExecutionRequested,
+    hit: LimitHit,
+    used: float,
+    usage: ResourceUsage,
+) -> Event:
+    """`sandbox.limit_approached`: the running call has used 90 % of a limit."""
+    return cause.derive(
+        SandboxLimitApproached(
+            call_id=request.call_id, step_id=request.step_id, limit=hit, used=used, usage=usage
+        ),
+        source=SOURCE,
+        key=hit.limit,
+    )
+
+
 def started(cause: Event, request: SandboxExecutionRequested) -> Event:
     """`tool.call.started`, recorded before the call runs."""
     return cause.derive(
@@ -103,7 +122,11 @@ def started(cause: Event, request: SandboxExecutionRequested) -> Event:
 
 
 def failed(
-    cause: Event, request: SandboxExecutionRequested, error: ToolError, duration_ms: float = 0.0
+    cause: Event,
+    request: SandboxExecutionRequested,
+    error: ToolError,
+    duration_ms: float = 0.0,
+    usage: ResourceUsage | None = None,
 ) -> Event:
     """`tool.call.failed` with a structured error.
 
@@ -116,6 +139,7 @@ def failed(
             tool=request.tool,
             error=error,
             duration_ms=duration_ms,
+            usage=usage,
         ),
         source=SOURCE,
     )
@@ -126,7 +150,7 @@ def results(
 ) -> list[Event]:
     """The events that close a call: a limit hit, if any, then completed or failed."""
     match outcome:
-        case Completed(output=output, truncated=truncated):
+        case Completed(output=output, truncated=truncated, exit_code=exit_code, usage=usage):
             completed = cause.derive(
                 ToolCallCompleted(
                     call_id=request.call_id,
@@ -135,6 +159,8 @@ def results(
                     output=output,
                     duration_ms=duration_ms,
                     truncated=truncated,
+                    exit_code=exit_code,
+                    usage=usage,
                 ),
                 source=SOURCE,
             )
@@ -156,7 +182,7 @@ def results(
                         source=SOURCE,
                     )
                 )
-            events.append(failed(cause, request, error, duration_ms))
+            events.append(failed(cause, request, error, duration_ms, usage))
             return events
         case _:
             assert_never(outcome)

@@ -171,6 +171,8 @@ class Usage:
     forks_refused: int = 0
     cpu_s: float | None = None
     peak_memory_mb: float | None = None
+    processes: int | None = None
+    """Processes in the call's cgroup now."""
 
 
 class CallCgroups:
@@ -212,6 +214,7 @@ class CallCgroups:
         """The counters now."""
         oom_kills = forks_refused = 0
         cpu_s = peak = None
+        processes = None
         if "memory" in self._dirs:
             directory, v2 = self._dirs["memory"]
             counters = _counters(directory / ("memory.events" if v2 else "memory.oom_control"))
@@ -221,6 +224,7 @@ class CallCgroups:
         if "pids" in self._dirs:
             directory, _ = self._dirs["pids"]
             forks_refused = _counters(directory / "pids.events").get("max", 0)
+            processes = _number(directory / "pids.current")
         if "cpu" in self._dirs:
             directory, v2 = self._dirs["cpu"]
             if v2:
@@ -229,7 +233,7 @@ class CallCgroups:
             else:
                 nanoseconds = _number(directory / "cpuacct.usage")
                 cpu_s = nanoseconds / 1e9 if nanoseconds is not None else None
-        return Usage(oom_kills, forks_refused, cpu_s, peak)
+        return Usage(oom_kills, forks_refused, cpu_s, peak, processes)
 
     def kill_all(self) -> None:
         """SIGKILL every process in the call's cgroups and wait until they have left them

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from helmline.contracts import ToolError
+from helmline.contracts import LimitHit, ResourceUsage, ToolError
 from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._limits import LimitName
 
@@ -38,6 +38,13 @@ _SWEEPS = 5
 Ended = Literal["exited", "timeout", "cancelled", "limit"]
 Watch = Callable[[], Awaitable[LimitName]]
 """Returns once a limit is crossed (and never otherwise): the call is then killed."""
+Approached = Callable[[LimitHit, float, ResourceUsage], None]
+"""Told once per limit that a running call has used 90 % of it: which limit (its value, the
+command), how much of it was used, and the call's usage so far."""
+
+
+def _unheard(hit: LimitHit, used: float, usage: ResourceUsage) -> None:
+    del hit, used, usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,8 @@ class CommandControl:
     """Set when the call's session is cancelled."""
     reaper: Reaper
     """Kills what the call leaves running once it has ended."""
+    approached: Approached = _unheard
+    """Where warnings about limits the call comes near go."""
 
 
 class _Capture(asyncio.SubprocessProtocol):

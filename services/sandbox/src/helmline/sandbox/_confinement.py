@@ -54,7 +54,9 @@ def bwrap_argv(bwrap: str, confinement: Confinement, command: str) -> list[str]:
         for path in _NAME_SERVICE:
             argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(confinement.tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    # Sticky and writable by all, like a host's /tmp: the command's uid is not its owner.
+    argv += ["--perms", "1777", "--size", str(confinement.tmp_size_mb * 1024 * 1024)]
+    argv += ["--tmpfs", "/tmp"]
     argv += ["--bind", str(confinement.workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
     argv += ["--die-with-parent", "--new-session", "--clearenv"]
     for name, value in ENVIRONMENT.items():

@@ -17,13 +17,20 @@ from typing import Generic, TypeVar
 
 from nats.errors import Error as NatsError
 
-from helmline.contracts import Event, SandboxExecutionRequested, SessionCancelRequested
+from helmline.contracts import (
+    Event,
+    LimitHit,
+    ResourceUsage,
+    SandboxExecutionRequested,
+    SessionCancelRequested,
+)
 from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
 from helmline.sandbox._calls import (
     CANCELLED_BEFORE_START,
     INTERRUPTED,
     MUTATING_TOOLS,
     Progress,
+    approached,
     failed,
     process_marker,
     progress_of,
@@ -160,10 +167,20 @@ class SandboxHandler:
                 taken = await self._snapshot(workspace, session, snapshot_id(cause, "before"))
                 before.append(snapshotted(cause, taken, None))
             await self._store.append(started(cause, request))
+            warnings: list[asyncio.Task[object]] = []
+
+            def warn(hit: LimitHit, used: float, usage: ResourceUsage) -> None:
+                # Appended while the call runs: people and alerts see it before the end.
+                event = approached(cause, request, hit, used, usage)
+                warnings.append(asyncio.create_task(self._store.append(event)))
+
             began = time.perf_counter()
-            control = CommandControl(process_marker(cause), cancel, self._reaper)
+            control = CommandControl(process_marker(cause), cancel, self._reaper, warn)
             outcome = await self._tools.execute(request, workspace, session, control)
             duration_ms = (time.perf_counter() - began) * 1000
+            for warning in await asyncio.gather(*warnings, return_exceptions=True):
+                if isinstance(warning, Exception):
+                    logger.warning("a limit warning of call %s was lost: %s", key[2], warning)
         finally:
             del self._running[key]
         after: list[Event] = []

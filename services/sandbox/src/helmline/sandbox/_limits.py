@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from helmline.contracts import SandboxLimits
 
 LimitName = Literal["timeout", "cpu", "memory", "processes", "file_size", "output"]
 
+WARNING_FRACTION = 0.9
+"""Share of a limit past which a running call is reported as approaching it."""
 _SIGNALLED = 128
 """A shell reports a child killed by signal N as exit status 128 + N."""
 
@@ -40,6 +42,23 @@ class Limits:
                 return self.max_file_mb
             case "output":
                 return self.max_output_bytes
+
+
+@dataclass(slots=True)
+class NearLimits:
+    """Which limits of a running call it has come near, so each is reported once."""
+
+    limits: Limits
+    warned: set[LimitName] = field(default_factory=set)
+
+    def crossing(self, limit: LimitName, used: float) -> bool:
+        """Whether `used` has just passed 90 % of `limit` (true once per limit)."""
+        if limit in self.warned:
+            return False
+        if used < WARNING_FRACTION * self.limits.value_of(limit):
+            return False
+        self.warned.add(limit)
+        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,10 @@ class Completed:
     """What it returns, as JSON."""
     truncated: bool = False
     """Whether part of the output was cut to the cap."""
+    exit_code: int | None = None
+    """A command's exit status."""
+    usage: ResourceUsage | None = None
+    """What a command used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +90,7 @@ class Tools:
         limits = effective_limits(request.limits, _timeout(request), self.defaults)
         job = CommandJob(command, workspace, *session, limits=limits, network=request.network)
         result = await self.backend.run(job, control)
-        run = result.run
-        usage = ResourceUsage(
-            wall_ms=run.wall_ms, cpu_ms=result.cpu_ms, peak_memory_mb=result.peak_memory_mb
-        )
+        run, usage = result.run, result.usage
         if result.limit is not None:
             return _limit_failure(result.limit, limits, command, usage)
         match run.ended:
@@ -100,7 +101,8 @@ class Tools:
                     ToolError(
                         kind="cancelled",
                         message="the session was cancelled while the command ran; it was killed",
-                    )
+                    ),
+                    usage=usage,
                 )
             case "exited" | "limit":
                 cap = limits.max_output_bytes
@@ -116,6 +118,8 @@ class Tools:
                         "usage": usage.model_dump(mode="json"),
                     },
                     stdout_truncated or stderr_truncated,
+                    exit_code=run.exit_code,
+                    usage=usage,
                 )
 
 
