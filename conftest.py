@@ -101,6 +101,17 @@ class EmbeddedPostgres:
 
 
 @pytest.fixture
+async def own_log(tmp_path: Path) -> AsyncIterator[tuple[str, EventStore]]:
+    """A provisioned nats-server of the test's own (URL and event store), for work that reads
+    every tenant's events, such as a read model rebuild."""
+    with NatsServer(tmp_path) as server:
+        connection = await nats.connect(server.url)
+        await ensure_topology(connection.jetstream())
+        yield server.url, EventStore(connection.jetstream())
+        await connection.close()
+
+
+@pytest.fixture
 def own_postgres() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of the test's own, which the test may stop and start again."""
     with EmbeddedPostgres() as server:

@@ -36,13 +36,13 @@ EVENTS = 10_000
 ROUNDS = 3
 
 
-def session_events(count: int) -> list[Event]:
+def session_events(count: int, session_id: str = "replay") -> list[Event]:
     """A session as the services write it: a plan, then five events per step."""
     steps = -(-(count - 2) // 5)
     started = new_event(
         SessionStarted(goal="replay benchmark", requested_by=Actor(id="bench")),
         tenant="bench",
-        session_id="replay",
+        session_id=session_id,
         source="bench",
     )
     plan = PlanProposed(

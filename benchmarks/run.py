@@ -14,6 +14,7 @@ from typing import Any
 
 import approval
 import idle_memory
+import read_model
 import replay
 import sandbox
 import steps
@@ -26,6 +27,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "idle_memory": idle_memory.run,
     "approval": approval.run,
     "sandbox": sandbox.run,
+    "read_model": read_model.rebuild,
 }
 
 

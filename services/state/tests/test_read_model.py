@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 
 from helmline.contracts import (
     READ_MODEL_CONSUMER,
@@ -26,6 +28,7 @@ from helmline.contracts import (
     SessionStarted,
     SessionState,
     StepScheduled,
+    ThoughtRecorded,
     ToolCallCompleted,
     ToolCallFailed,
     ToolError,
@@ -36,7 +39,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore, ServiceHost
 from helmline.runtime.testing import eventually
-from helmline.state import read_model_differences
+from helmline.state import RebuildError, read_model_differences, rebuild_read_model
 from helmline.state.__main__ import setup_state
 from helmline.state._settings import StateSettings
 
@@ -153,6 +156,19 @@ async def _caught_up(store: EventStore, database_url: str, tenant: str, count: i
     return True
 
 
+async def _append_and_project(
+    store: EventStore, database_url: str, tenant: str, numbers: range
+) -> None:
+    """Append sessions `numbers` and wait until the read model has every session so far."""
+    for number in numbers:
+        await store.append_all(_session(tenant, number))
+    await eventually(
+        lambda: _caught_up(store, database_url, tenant, numbers.stop),
+        timeout_s=60,
+        what=f"the read model to catch up with {numbers.stop} sessions",
+    )
+
+
 async def _assert_rows_equal_the_fold(store: EventStore, database_url: str, tenant: str) -> None:
     sessions = {row["session_id"]: row for row in await _rows(database_url, "sessions", tenant)}
     steps = await _rows(database_url, "steps", tenant)
@@ -191,13 +207,7 @@ async def test_the_read_model_equals_the_fold_of_every_session(
     nats_url: str, database_url: str, store: EventStore, tenant: str
 ) -> None:
     async with state_service(nats_url, database_url, tenant):
-        for number in range(30):
-            await store.append_all(_session(tenant, number))
-        await eventually(
-            lambda: _caught_up(store, database_url, tenant, 30),
-            timeout_s=60,
-            what="the read model to catch up",
-        )
+        await _append_and_project(store, database_url, tenant, range(30))
     await _assert_rows_equal_the_fold(store, database_url, tenant)
 
     # What `helmline replay` reports: nothing, until a row is changed behind the log's back.
@@ -239,3 +249,93 @@ async def test_postgres_down_mid_run_loses_nothing(
             what="the read model to catch up after the outage",
         )
     await _assert_rows_equal_the_fold(store, postgres.url, tenant)
+
+
+async def _long_session(store: EventStore, tenant: str, thoughts: int) -> None:
+    started = new_event(
+        SessionStarted(goal="think a lot", requested_by=ANA),
+        tenant=tenant,
+        session_id="long",
+        source="test",
+    )
+    await store.append(started)
+    await asyncio.gather(
+        *(
+            store.append(
+                started.derive(
+                    ThoughtRecorded(kind="reasoning", text=f"{n}"), source="test", key=str(n)
+                )
+            )
+            for n in range(thoughts)
+        )
+    )
+
+
+async def test_rebuild_switches_to_the_fold_of_the_log_while_queries_keep_answering(
+    own_log: tuple[str, EventStore], own_postgres: Any, tenant: str
+) -> None:
+    nats_url, store = own_log
+    database_url = own_postgres.url
+    async with state_service(nats_url, database_url, tenant):
+        await _append_and_project(store, database_url, tenant, range(30))
+        # Another tenant's events, which the (tenant-filtered) live consumer never sees, give
+        # the rebuild enough to fold that queries can run while it does.
+        await _long_session(store, f"{tenant}x", 3_000)
+        reader = await asyncpg.connect(database_url)
+        try:
+            await reader.execute("CREATE ROLE api_reader")
+            await reader.execute("GRANT SELECT ON sessions, steps, approvals TO api_reader")
+            await reader.execute("UPDATE sessions SET goal = 'tampered' WHERE session_id = 's1'")
+
+            progress: list[int] = []
+            rebuilding = asyncio.create_task(
+                rebuild_read_model(
+                    store, database_url, progress=lambda done, end: progress.append(done)
+                )
+            )
+            answers: list[tuple[int, int]] = []
+            while not rebuilding.done():
+                count = await reader.fetchval(
+                    "SELECT count(*) FROM sessions WHERE tenant = $1", tenant
+                )
+                answers.append((len(progress), count))
+            report = await rebuilding
+            # The live service writes on into the new tables.
+            await _append_and_project(store, database_url, tenant, range(30, 35))
+            long_session = await reader.fetchval(
+                "SELECT event_count FROM sessions WHERE tenant = $1", f"{tenant}x"
+            )
+            reader_may_select = await reader.fetchval(
+                "SELECT has_table_privilege('api_reader', 'steps', 'SELECT')"
+            )
+            indexes = {
+                r["indexname"]
+                for r in await reader.fetch(
+                    "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+                )
+            }
+            schemas = {r["nspname"] for r in await reader.fetch("SELECT nspname FROM pg_namespace")}
+        finally:
+            await reader.close()
+
+    assert all(count == 30 for _, count in answers)
+    assert any(0 < seen < len(progress) for seen, _ in answers), "no query during the build"
+    assert report.events == report.last_seq > 3_001
+    assert report.sessions == 31
+    assert long_session == 3_001
+    assert reader_may_select
+    assert {"sessions_by_status", "approvals_pending"} <= indexes
+    assert not {"helmline_rebuild", "helmline_retired"} & schemas
+    await _assert_rows_equal_the_fold(store, database_url, tenant)
+    state = fold(item.event for item in await store.read_all(tenant, "s1"))
+    assert await read_model_differences(database_url, state) == []
+
+
+async def test_one_rebuild_at_a_time(store: EventStore, database_url: str) -> None:
+    other = await asyncpg.connect(database_url)
+    try:
+        await other.execute("SELECT pg_advisory_lock(7240532)")
+        with pytest.raises(RebuildError, match="another rebuild"):
+            await rebuild_read_model(store, database_url)
+    finally:
+        await other.close()

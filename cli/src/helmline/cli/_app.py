@@ -16,6 +16,7 @@ import typer
 from helmline.cli import _archive_commands as archive_commands
 from helmline.cli import _dlq_commands as dlq_commands
 from helmline.cli import _policy_commands as policy_commands
+from helmline.cli import _projection_commands as projection_commands
 from helmline.cli import _replay_commands as replay_commands
 from helmline.cli import _session_commands as session_commands
 from helmline.cli import _workspace_commands as workspace_commands
@@ -33,6 +34,7 @@ app = typer.Typer(
 schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_help=True)
 app.add_typer(schema_app, name="schema")
 app.add_typer(dlq_commands.app, name="dlq")
+app.add_typer(projection_commands.app, name="projections")
 policy_app = typer.Typer(
     help="The approval policy: check a file, explain a decision.", no_args_is_help=True
 )

@@ -34,6 +34,15 @@ def stack_nats_url(settings: CliSettings) -> str:
     return record.nats_url
 
 
+def stack_database_url(settings: CliSettings) -> str | None:
+    """HELMLINE_DATABASE_URL if set, else the read model's PostgreSQL of the data folder's
+    stack; None when neither is there."""
+    if settings.database_url:
+        return settings.database_url
+    record = read_record(settings.resolved_data_dir())
+    return record.database_url if record else None
+
+
 @dataclass(frozen=True)
 class EventLog:
     """A connection to the session event log."""

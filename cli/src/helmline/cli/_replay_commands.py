@@ -21,10 +21,9 @@ def replay(
 ) -> None:
     """Fold the session's log and print the state; without --to-seq, also compare it with
     the read model and list every difference (exit 1 when there is one)."""
-    from helmline.cli._connection import connect
+    from helmline.cli._connection import connect, stack_database_url
     from helmline.cli._display import stdout
     from helmline.cli._intents import check_identifiers
-    from helmline.cli._record import read_record
     from helmline.cli._session_view import render_session, state_json
     from helmline.cli._sessions import load_session
     from helmline.cli._settings import load_settings
@@ -33,9 +32,7 @@ def replay(
 
     _attempt(lambda: check_identifiers(tenant, session))
     url = _nats_url(data_dir)
-    settings = load_settings(data_dir=data_dir)
-    record = read_record(settings.resolved_data_dir())
-    database_url = settings.database_url or (record.database_url if record else None)
+    database_url = stack_database_url(load_settings(data_dir=data_dir))
 
     async def rebuild() -> tuple[SessionSnapshot, list[str] | None]:
         async with connect(url) as log:

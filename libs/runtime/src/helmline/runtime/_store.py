@@ -16,6 +16,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 
 from helmline.contracts import (
+    ALL_EVENTS,
     EVENTS_STREAM,
     Event,
     Headers,
@@ -188,6 +189,17 @@ class EventStore:
             subject_filter, after_seq=0, up_to_seq=None, receive=stored.append, since=since
         )
         return stored
+
+    async def log_end(self) -> int:
+        """Sequence of the last event of any session; 0 when the log is empty."""
+        return await self._last_seq_matching(ALL_EVENTS)
+
+    async def replay_log(
+        self, receive: Callable[[StoredEvent], None], *, after_seq: int, up_to_seq: int
+    ) -> None:
+        """Hand every session's events after `after_seq` up to `up_to_seq` to `receive`, in
+        stream order, as they are read (nothing is kept: for folding the whole log)."""
+        await self._replay(ALL_EVENTS, after_seq=after_seq, up_to_seq=up_to_seq, receive=receive)
 
     async def _last_seq_matching(self, subject_filter: str) -> int:
         try:

@@ -14,18 +14,16 @@ from helmline.runtime import Delivery, RetryableError, SessionCache
 from helmline.state._readmodel import (
     APPROVAL_COLUMNS,
     CHECKPOINT_COLUMNS,
+    EVERY_ROW,
     MIGRATIONS,
     SESSION_COLUMNS,
     STEP_COLUMNS,
-    Touched,
     approval_rows,
     checkpoint_rows,
     session_row,
     step_rows,
     touched,
 )
-
-EVERY_ROW = Touched(every_row=True)
 
 logger = logging.getLogger(__name__)
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -38,6 +36,23 @@ UNAVAILABLE = (
     # Class 57: the server is shutting down, starting up, or an administrator intervened.
     asyncpg.exceptions.OperatorInterventionError,
 )
+
+
+async def migrate(connection: Connection) -> None:
+    """Bring the read model's tables in the connection's schema up to the newest version."""
+    async with connection.transaction():
+        # One migrator at a time, whichever replica (or rebuild) gets here first.
+        await connection.execute("SELECT pg_advisory_xact_lock(7240531)")
+        await connection.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY)"
+        )
+        done = await connection.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        for version, statement in enumerate(MIGRATIONS, start=1):
+            if version > done:
+                await connection.execute(statement)
+                await connection.execute(
+                    "INSERT INTO schema_migrations (version) VALUES ($1)", version
+                )
 
 
 class ReadModel:
@@ -56,29 +71,13 @@ class ReadModel:
     async def _connect(self) -> asyncpg.Pool:
         pool = await asyncpg.create_pool(self._url, min_size=0, max_size=4)
         try:
-            await self._migrate(pool)
+            async with pool.acquire() as connection:
+                await migrate(connection)
         except BaseException:
             pool.terminate()
             raise
         self._pool = pool
         return pool
-
-    async def _migrate(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as connection, connection.transaction():
-            # One migrator at a time, whichever replica gets here first.
-            await connection.execute("SELECT pg_advisory_xact_lock(7240531)")
-            await connection.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY)"
-            )
-            done = await connection.fetchval(
-                "SELECT coalesce(max(version), 0) FROM schema_migrations"
-            )
-            for version, statement in enumerate(MIGRATIONS, start=1):
-                if version > done:
-                    await connection.execute(statement)
-                    await connection.execute(
-                        "INSERT INTO schema_migrations (version) VALUES ($1)", version
-                    )
 
     async def apply(self, state: SessionState, event: Event, seq: int) -> bool:
         """Write the rows `event` changed, unless this sequence is already applied."""

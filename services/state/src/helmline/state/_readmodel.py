@@ -150,6 +150,15 @@ CHECKPOINT_COLUMNS = (
     "created_at",
 )
 
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "sessions": SESSION_COLUMNS,
+    "steps": STEP_COLUMNS,
+    "approvals": APPROVAL_COLUMNS,
+    "checkpoints": CHECKPOINT_COLUMNS,
+}
+"""The projected tables (not `schema_migrations`) and their columns; each is keyed by
+tenant and session id first."""
+
 _json_value: TypeAdapter[Any] = TypeAdapter(Any)
 T = TypeVar("T")
 
@@ -164,10 +173,13 @@ class Touched:
     every_row: bool = False
 
 
+EVERY_ROW = Touched(every_row=True)
+
+
 def touched(payload: Payload) -> Touched:
     """The rows an event changes: those it names, or all of them for plans and rollbacks."""
     if isinstance(payload, PlanProposed | RollbackCompleted):
-        return Touched(every_row=True)
+        return EVERY_ROW
     step_id = getattr(payload, "step_id", None)
     request_id = getattr(payload, "request_id", None)
     checkpoint_id = getattr(payload, "checkpoint_id", None)
@@ -199,6 +211,16 @@ def session_row(state: SessionState, last_seq: int) -> tuple[Any, ...]:
         state.event_count,
         last_seq,
     )
+
+
+def session_rows(state: SessionState, last_seq: int) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of a session, by table."""
+    return {
+        "sessions": [session_row(state, last_seq)],
+        "steps": step_rows(state, EVERY_ROW),
+        "approvals": approval_rows(state, EVERY_ROW),
+        "checkpoints": checkpoint_rows(state, EVERY_ROW),
+    }
 
 
 def step_rows(state: SessionState, touched_rows: Touched) -> list[tuple[Any, ...]]:

@@ -7,7 +7,13 @@ from typing import Any
 import asyncpg
 
 from helmline.contracts import SessionState
-from helmline.state._readmodel import SESSION_COLUMNS, STEP_COLUMNS, Touched, session_row, step_rows
+from helmline.state._readmodel import (
+    EVERY_ROW,
+    SESSION_COLUMNS,
+    STEP_COLUMNS,
+    session_row,
+    step_rows,
+)
 
 # `last_seq` is where the projection stands, not a fact of the session: not compared.
 _COMPARED_SESSION_COLUMNS = tuple(c for c in SESSION_COLUMNS if c != "last_seq")
@@ -38,7 +44,7 @@ async def read_model_differences(database_url: str, state: SessionState) -> list
         if session[column] != expected[column]
     ]
     rows = {row["step_id"]: row for row in steps}
-    for values in step_rows(state, Touched(every_row=True)):
+    for values in step_rows(state, EVERY_ROW):
         wanted: dict[str, Any] = dict(zip(STEP_COLUMNS, values, strict=True))
         row = rows.pop(wanted["step_id"], None)
         if row is None:
