@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 PROJECT_FILES := uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml cli/pyproject.toml)
 
 .DEFAULT_GOAL := help
-.PHONY: help install up down status test lint typecheck schema bench clean
+.PHONY: help install mcp-servers up down status test lint typecheck schema bench clean
 
 help: ## List the tasks
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,6 +31,14 @@ $(INSTALLED): $(BIN)/uv $(PROJECT_FILES)
 
 install: $(INSTALLED) ## Create .venv and install every package of the workspace (incremental)
 
+# Real MCP servers from npm for the tests and benchmarks, pinned by the committed lock file.
+MCP_SERVERS := tests/mcp-servers
+$(MCP_SERVERS)/node_modules/.installed: $(MCP_SERVERS)/package-lock.json
+	npm ci --prefix $(MCP_SERVERS) --no-audit --no-fund --loglevel=error
+	@touch $@
+
+mcp-servers: $(MCP_SERVERS)/node_modules/.installed ## Install the npm MCP servers the tests start
+
 up: install ## Start the embedded stack in the background (data in .helmline/)
 	$(BIN)/helmline up
 
@@ -40,7 +48,7 @@ down: install ## Stop the stack `make up` started
 status: install ## Show the health of each part of the stack
 	$(BIN)/helmline status
 
-test: install ## Run the whole test suite (real nats-server and PostgreSQL)
+test: install mcp-servers ## Run the whole test suite (real nats-server and PostgreSQL)
 	$(BIN)/pytest
 
 lint: install ## ruff, formatting, mypy strict and the import-linter contracts
@@ -55,7 +63,7 @@ typecheck: install ## mypy strict over libs, services and cli
 schema: install ## Re-export the event contracts' JSON Schemas to libs/contracts/schema
 	$(BIN)/helmline schema export
 
-bench: install ## Run the benchmarks (JSON lines on stdout)
+bench: install mcp-servers ## Run the benchmarks (JSON lines on stdout)
 	$(BIN)/python benchmarks/run.py
 
 clean: ## Remove the virtual environment and caches (stop the stack first: `make down`)

@@ -47,7 +47,7 @@ def _for_annotation(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[A
     args = typing.get_args(annotation)
     if origin is typing.Annotated:
         return _for_annotation(args[0], [*metadata, *args[1:]])
-    if annotation is JsonValue or annotation == JsonValue:
+    if annotation is JsonValue or annotation == JsonValue or annotation is Any:
         return _json
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*(_for_annotation(arg, metadata) for arg in args))

@@ -19,6 +19,7 @@ from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _projection_commands as projection_commands
 from helmline.cli import _replay_commands as replay_commands
 from helmline.cli import _session_commands as session_commands
+from helmline.cli import _tool_commands as tool_commands
 from helmline.cli import _workspace_commands as workspace_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
@@ -63,6 +64,7 @@ def up(
         ),
     ] = False,
     policy: policy_commands.PolicyFile = None,
+    mcp_servers: tool_commands.McpServersFile = None,
 ) -> None:
     """Start NATS, PostgreSQL and every service in the background, and wait until all are ready.
 
@@ -70,7 +72,8 @@ def up(
     starting embedded ones. A newly started stack gets one sample session, which stops at
     an approval (unless --no-sample). With --policy (or HELMLINE_POLICY), the approval
     service decides by that policy file, checked before anything starts, and reloads it
-    whenever it changes.
+    whenever it changes. With --mcp-servers (or HELMLINE_MCP_SERVERS), the tool gateway
+    federates the MCP servers that file names (checked before anything starts).
     """
     from helmline.cli._display import StartupProgress, render_status, stderr, stdout
     from helmline.cli._settings import load_settings
@@ -85,6 +88,9 @@ def up(
             policy_commands.load_policy_file(policy)
             # Services run in the data folder, so a relative path would not reach the file.
             environ["HELMLINE_POLICY"] = str(policy.resolve())
+        if mcp_servers is not None:
+            tool_commands.check_servers_file(mcp_servers)
+            environ["HELMLINE_MCP_SERVERS"] = str(mcp_servers.resolve())
         with StartupProgress(stderr()) as progress:
             result = start_stack(settings, environ, progress)
     except CliError as error:
@@ -223,6 +229,7 @@ app.command()(archive_commands.export)
 app.command("import")(archive_commands.import_)
 app.command()(replay_commands.replay)
 app.add_typer(workspace_commands.app, name="workspace")
+app.command()(tool_commands.tools)
 
 
 def _fail(error: CliError) -> NoReturn:

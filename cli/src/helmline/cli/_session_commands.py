@@ -66,10 +66,12 @@ def run(
     from helmline.cli._playbook_file import load_playbook
     from helmline.cli._session_view import decide_command
     from helmline.cli._sessions import EXIT_CODES, needs_a_person, start_session, watch
+    from helmline.cli._tool_commands import known_tools
     from helmline.cli._watch import SessionProgress
     from helmline.contracts import SessionState
 
-    loaded = _attempt(lambda: load_playbook(playbook))
+    # MCP tools are known from the running stack's registry.
+    loaded = _attempt(lambda: load_playbook(playbook, known_tools(data_dir)))
     _attempt(lambda: check_identifiers(tenant, "check"))
     url = _nats_url(data_dir)
 

@@ -14,7 +14,7 @@ from pydantic import Field, JsonValue
 
 from helmline.contracts._exchanges import CriterionResult, ModelReply, ModelRequestRecord
 from helmline.contracts._plans import PlanStep, Playbook
-from helmline.contracts._tools import ToolEffect
+from helmline.contracts._tools import ToolEffect, ToolSpec
 from helmline.contracts._values import (
     Actor,
     Arguments,
@@ -511,6 +511,16 @@ class ToolCallCompleted(Payload):
     """The command's exit status (128 + N when signal N ended it), for run_command."""
     usage: ResourceUsage | None = None
     """What a sandboxed command used (wall time, CPU time, peak memory), where measured."""
+    injection_suspected: bool = False
+    """Whether the output held text that tries to instruct a model (role markers, "ignore
+    previous instructions", hidden control characters); such text arrives neutralised."""
+    neutralised: int = Field(default=0, ge=0)
+    """How many instruction-like passages or hidden characters were neutralised."""
+    raw_output: str | None = None
+    """When the output was changed (cut, redacted or neutralised): the name of the object in
+    the tool-outputs store that holds it unchanged, for people allowed to see it."""
+    attempts: int = Field(default=1, ge=1)
+    """How many times the call was sent; each earlier try is a `tool.call.attempt_failed`."""
 
 
 class ToolCallFailed(Payload):
@@ -529,6 +539,78 @@ class ToolCallFailed(Payload):
     """How long the call took before failing."""
     usage: ResourceUsage | None = None
     """What a sandboxed command used before it failed, where measured."""
+    attempts: int = Field(default=1, ge=1)
+    """How many times the call was sent (0 sends still count as one attempt)."""
+
+
+class ToolCallAttemptFailed(Payload):
+    """One try of a call failed with a retryable error; the gateway tries again after a pause."""
+
+    TYPE = "tool.call.attempt_failed"
+    call_id: str = Field(min_length=1, max_length=128)
+    """The call."""
+    step_id: StepId
+    """Its step."""
+    tool: ToolName
+    """The tool."""
+    attempt: int = Field(ge=1)
+    """Which try failed: 1 for the first."""
+    error: ToolError
+    """Why it failed."""
+    retry_in_s: float = Field(ge=0)
+    """The pause before the next try (exponential backoff with full jitter)."""
+
+
+# --- tool registry (gateway-wide, on the tools stream, not in a session's log) -------------
+
+
+class ToolServerStatus(Contract):
+    """How a federated MCP server is doing, as the gateway that publishes the registry sees it."""
+
+    server: str = Field(min_length=1, max_length=64)
+    """The server's id, as configured."""
+    transport: Literal["stdio", "http"]
+    """How the gateway talks to it."""
+    available: bool
+    """Whether its tools could be listed; an unavailable server is retried in the background."""
+    error: str | None = None
+    """Why it is unavailable."""
+    tools: int = Field(default=0, ge=0)
+    """How many tools it contributes."""
+    circuit: Literal["closed", "open", "half_open"] = "closed"
+    """The state of its circuit breaker."""
+
+
+class ToolRegistryPublished(Payload):
+    """The tools a gateway can call now: the built-in ones and every federated MCP server's.
+
+    Published at the gateway's start, whenever a server's tool list changes and whenever a
+    server becomes available or unavailable. The newest one is the registry.
+    """
+
+    TYPE = "tool.registry.published"
+    tools: tuple[ToolSpec, ...]
+    """Every tool, built-in first; MCP tools are named `<server>__<tool>`."""
+    servers: tuple[ToolServerStatus, ...] = ()
+    """Every configured MCP server, available or not."""
+
+
+class ToolCircuitChanged(Payload):
+    """A server's circuit breaker changed state (closed → open → half-open → closed)."""
+
+    TYPE = "tool.circuit.changed"
+    server: str = Field(min_length=1, max_length=64)
+    """The MCP server."""
+    state: Literal["closed", "open", "half_open"]
+    """The new state: open fails calls at once without reaching the server."""
+    previous: Literal["closed", "open", "half_open"]
+    """The state before."""
+    failures: int = Field(default=0, ge=0)
+    """Consecutive failures that led here."""
+    reason: str = ""
+    """What happened (the last error, or the probe that closed it)."""
+    retry_at: datetime | None = None
+    """When an open breaker lets a probe through."""
 
 
 # --- sandbox ------------------------------------------------------------------------------
@@ -781,6 +863,9 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     ToolCallStarted,
     ToolCallCompleted,
     ToolCallFailed,
+    ToolCallAttemptFailed,
+    ToolRegistryPublished,
+    ToolCircuitChanged,
     SandboxExecutionRequested,
     SandboxLimitApproached,
     SandboxLimitExceeded,

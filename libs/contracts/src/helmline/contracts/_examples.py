@@ -42,11 +42,15 @@ from helmline.contracts._catalogue import (
     StepScheduled,
     StepSkipped,
     ThoughtRecorded,
+    ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
     ToolCallStarted,
+    ToolCircuitChanged,
+    ToolRegistryPublished,
+    ToolServerStatus,
     WorkspaceRestored,
     WorkspaceSnapshotted,
 )
@@ -59,6 +63,7 @@ from helmline.contracts._exchanges import (
     ModelUsage,
 )
 from helmline.contracts._plans import PlanStep, Playbook
+from helmline.contracts._tools import BUILTIN_TOOLS_BY_NAME, ToolSpec
 from helmline.contracts._values import Actor, LimitHit, ResourceUsage, ToolError
 
 _ANA = Actor(id="ana", kind="user", roles=("operator", "approver"))
@@ -185,6 +190,45 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         **_CALL,
         error=ToolError(kind="timeout", message="ran longer than 60 s", retryable=True),
         duration_ms=60000,
+    ),
+    ToolCallAttemptFailed(
+        **_CALL,
+        attempt=1,
+        error=ToolError(kind="unavailable", message="server git: connection reset", retryable=True),
+        retry_in_s=0.07,
+    ),
+    ToolRegistryPublished(
+        tools=(
+            BUILTIN_TOOLS_BY_NAME["echo"],
+            ToolSpec(
+                name="time__get_current_time",
+                description="Get the current time in a timezone.",
+                parameters={
+                    "type": "object",
+                    "properties": {"timezone": {"type": "string"}},
+                    "required": ["timezone"],
+                },
+                risk="low",
+                executor="mcp",
+                server="time",
+                remote_name="get_current_time",
+                idempotent=True,
+            ),
+        ),
+        servers=(
+            ToolServerStatus(server="time", transport="stdio", available=True, tools=1),
+            ToolServerStatus(
+                server="tickets", transport="http", available=False, error="connection refused"
+            ),
+        ),
+    ),
+    ToolCircuitChanged(
+        server="tickets",
+        state="open",
+        previous="closed",
+        failures=5,
+        reason="timed out after 10 s",
+        retry_at=_AT,
     ),
     SandboxExecutionRequested(**_CALL, arguments={"command": "wc -c notes.txt"}),
     SandboxLimitApproached(

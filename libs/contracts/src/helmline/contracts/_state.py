@@ -57,11 +57,14 @@ from helmline.contracts._catalogue import (
     StepScheduled,
     StepSkipped,
     ThoughtRecorded,
+    ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
     ToolCallStarted,
+    ToolCircuitChanged,
+    ToolRegistryPublished,
     WorkspaceRestored,
     WorkspaceSnapshotted,
 )
@@ -553,6 +556,10 @@ class SessionFold:
                         inverse=data.inverse,
                     )
                 )
+            case ToolCallAttemptFailed():
+                pass  # The call goes on; its final outcome is what the state records.
+            case ToolRegistryPublished() | ToolCircuitChanged():
+                pass  # Gateway-wide facts on the tools stream, never in a session's log.
             case SandboxExecutionRequested():
                 pass  # The call is already recorded as authorised; the sandbox takes it from here.
             case SandboxLimitExceeded():

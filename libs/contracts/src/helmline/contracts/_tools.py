@@ -59,6 +59,13 @@ ToolEffect = Literal["none", "workspace", "external"]
 workspace snapshot), or something outside Helmline (undone only by the tool's inverse)."""
 
 
+BUILTIN_SERVER = "builtin"
+"""The `server` of the tools Helmline itself provides."""
+
+MCP_NAME_SEPARATOR = "__"
+"""Between an MCP server's id and its tool's name in the registry: `git__git_status`."""
+
+
 class ToolSpec(Contract):
     """A tool as the control plane knows it."""
 
@@ -70,9 +77,16 @@ class ToolSpec(Contract):
     """JSON Schema (draft 2020-12) of its arguments."""
     risk: Risk
     """Risk of a call unless a plan or policy says otherwise."""
-    executor: Literal["gateway", "sandbox"]
-    """Who runs it: the tool gateway itself (pure tools) or the sandbox (anything touching
-    the workspace or running a process)."""
+    executor: Literal["gateway", "sandbox", "mcp"]
+    """Who runs it: the tool gateway itself (pure tools), the sandbox (anything touching
+    the workspace or running a process) or an MCP server through the gateway."""
+    server: str = BUILTIN_SERVER
+    """What serves it: `builtin`, or the id of the MCP server it is federated from."""
+    remote_name: str | None = None
+    """Its name on its MCP server (the registry calls it `<server>__<remote_name>`)."""
+    required_permission: str | None = None
+    """A permission the caller must hold, by name, as the server's configuration declares it
+    (policy rules can match it); None when the tool asks for none."""
     timeout_s: float = Field(default=30.0, gt=0)
     """Default wall-clock limit of a call."""
     inverse: ToolInverse | None = None

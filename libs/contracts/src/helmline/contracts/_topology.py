@@ -43,6 +43,24 @@ EVENTS_SUBJECT_PREFIX = "helmline.events"
 DEAD_LETTER_SUBJECT_PREFIX = "helmline.deadletter"
 DELIVER_SUBJECT_PREFIX = "helmline.deliver"
 RETRY_SUBJECT_PREFIX = "helmline.retry"
+TOOLS_SUBJECT_PREFIX = "helmline.tools"
+
+TOOL_REGISTRY_SUBJECT = f"{TOOLS_SUBJECT_PREFIX}.registry"
+"""Where gateways publish `tool.registry.published`; the newest message is the registry."""
+
+TOOLS_TENANT = "system"
+TOOLS_SESSION = "tool-gateway"
+"""Tenant and session named in the envelopes of gateway-wide events (registry, circuits),
+which belong to no session and live on the tools stream, not in the events stream."""
+
+
+def circuit_subject(server: str) -> str:
+    """Where a server's `tool.circuit.changed` events are published."""
+    return f"{TOOLS_SUBJECT_PREFIX}.circuit.{server}"
+
+
+ALL_CIRCUITS = f"{TOOLS_SUBJECT_PREFIX}.circuit.*"
+"""Every server's circuit changes."""
 
 
 class EventSubject(NamedTuple):
@@ -192,7 +210,17 @@ DEAD_LETTER_STREAM = StreamSpec(
     append_only=False,
 )
 
-STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM)
+TOOLS_STREAM = StreamSpec(
+    name="HELMLINE_TOOLS",
+    subjects=(f"{TOOLS_SUBJECT_PREFIX}.>",),
+    description="The tool registry as gateways publish it, and circuit breaker changes; kept "
+    "for 30 days (the newest registry message is the registry).",
+    max_age_s=30 * 24 * 3600.0,
+    max_msg_size=8 * 1024 * 1024,
+    append_only=False,
+)
+
+STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM, TOOLS_STREAM)
 
 RATE_LIMITS_BUCKET = KeyValueSpec(
     bucket="helmline_rate_limits",
@@ -205,8 +233,14 @@ WORKSPACES_BUCKET = ObjectStoreSpec(
     description="Workspace snapshots that checkpoints refer to.",
 )
 
+TOOL_OUTPUTS_BUCKET = ObjectStoreSpec(
+    bucket="helmline_tool_outputs",
+    description="Tool outputs as they came, before caps, redaction and neutralising; events "
+    "refer to them for people allowed to see them.",
+)
+
 KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (RATE_LIMITS_BUCKET,)
-OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET,)
+OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET, TOOL_OUTPUTS_BUCKET)
 
 
 def consumer_for(

@@ -61,6 +61,7 @@ class ToolError(Contract):
         "execution",
         "cancelled",
         "internal",
+        "unknown_outcome",
     ]
     """Class of the failure; decides whether retrying can help."""
     message: str

@@ -23,6 +23,7 @@ from helmline.runtime._store import (
     StoredEvent,
     bulk_allocation,
 )
+from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry
 
 __all__ = [
     "Appended",
@@ -44,9 +45,11 @@ __all__ = [
     "SessionSnapshot",
     "Setup",
     "StoredEvent",
+    "ToolCatalogue",
     "bulk_allocation",
     "consumer_config",
     "ensure_topology",
+    "latest_tool_registry",
     "nats_server_binary",
     "provision",
     "run_service",

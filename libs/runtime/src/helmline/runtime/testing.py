@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -99,11 +99,13 @@ class ServiceProcesses:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
 
-    def start(self, name: str) -> None:
-        """Start one service (again, on the same health port) and wait until it is ready."""
+    def start(self, name: str, env: Mapping[str, str] | None = None) -> None:
+        """Start one service (again, on the same health port) and wait until it is ready;
+        `env` adds to its environment (its own settings, say)."""
         port = self.ports.setdefault(name, free_port())
         env = {
             **os.environ,
+            **(env or {}),
             "HELMLINE_NATS_URL": self.nats_url,
             "HELMLINE_DATA_DIR": str(self.data_dir),
             "HELMLINE_HEALTH_PORT": str(port),

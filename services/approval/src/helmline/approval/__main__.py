@@ -9,7 +9,7 @@ from helmline.approval._policy_source import PolicySource
 from helmline.approval._settings import ApprovalSettings
 from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import APPROVAL_CONSUMER, ConsumerSpec
-from helmline.runtime import ServiceHost, Setup, run_service
+from helmline.runtime import ServiceHost, Setup, ToolCatalogue, run_service
 
 
 def setup_approval(
@@ -20,6 +20,9 @@ def setup_approval(
     """Wire the approval service onto a started host (tests pass their own consumer)."""
 
     async def setup(host: ServiceHost) -> None:
+        if isinstance(policies.tools, ToolCatalogue):
+            await policies.tools.follow(host.nc, host.js)
+            host.on_shutdown(policies.tools.close)
         policies.log_in_force()
         handler = ApprovalHandler(host.store, policies, WebhookNotifier(settings.webhook_secrets))
         watcher = asyncio.create_task(policies.watch())
@@ -41,7 +44,10 @@ def main() -> None:
     """Run the approval service (refusing to start with an invalid policy file)."""
     settings = ApprovalSettings()
     try:
-        policies = PolicySource(settings.policy, poll_s=settings.policy_poll_s)
+        # MCP tools are known once a gateway publishes them: the policy follows the registry.
+        policies = PolicySource(
+            settings.policy, poll_s=settings.policy_poll_s, tools=ToolCatalogue()
+        )
     except PolicyFileError as error:
         raise SystemExit(f"approval: {error}") from error
     run_service("approval", settings, setup_approval(policies, settings))

@@ -7,7 +7,7 @@ plain data is traced back to the line a person must fix.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from helmline.approval._document import PolicyDocument
 from helmline.approval._rules import Policy
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolSpec
 from helmline.yamlfile import (
     Location,
     Problem,
@@ -49,22 +50,24 @@ def policy_hash(content: bytes) -> str:
     return "sha256:" + hashlib.sha256(content).hexdigest()
 
 
-def load_policy(path: Path) -> Policy:
+def load_policy(path: Path, tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME) -> Policy:
     """The policy in `path`, or `PolicyFileError` naming each problem."""
     try:
         content = path.read_bytes()
     except OSError as error:
         raise PolicyFileError(str(path), [Problem(1, "", f"cannot read: {error}")]) from error
-    return parse_policy(content, source=str(path))
+    return parse_policy(content, source=str(path), tools=tools)
 
 
-def default_policy() -> Policy:
+def default_policy(tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME) -> Policy:
     """The built-in policy: unknown tools denied, low and medium run, the rest need a person."""
     content = resources.files("helmline.approval").joinpath("default_policy.yaml").read_bytes()
-    return parse_policy(content, source=BUILT_IN)
+    return parse_policy(content, source=BUILT_IN, tools=tools)
 
 
-def parse_policy(content: bytes, *, source: str) -> Policy:
+def parse_policy(
+    content: bytes, *, source: str, tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME
+) -> Policy:
     """Validate and compile a policy document."""
     try:
         text = content.decode("utf-8")
@@ -75,7 +78,7 @@ def parse_policy(content: bytes, *, source: str) -> Policy:
         validated = PolicyDocument.model_validate(document)
     except ValidationError as error:
         raise PolicyFileError(source, _problems(root, document, error)) from error
-    return Policy(validated, policy_hash=policy_hash(content), source=source)
+    return Policy(validated, policy_hash=policy_hash(content), source=source, tools=tools)
 
 
 def _parse(source: str, text: str) -> tuple[yaml.Node, Any]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from helmline.approval._policy_file import PolicyFileError, default_policy, load_policy
 from helmline.approval._rules import Policy
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolSpec
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +23,21 @@ class PolicySource:
     leaves the service without a policy.
     """
 
-    def __init__(self, path: Path | None, *, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        poll_s: float = 1.0,
+        tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME,
+    ) -> None:
         self._path = path
         self._poll_s = poll_s
+        # The tools policies judge: a live catalogue follows the gateways' registry.
+        self.tools = tools
         self._stamp = _stamp(path) if path is not None else None
-        self.current: Policy = load_policy(path) if path is not None else default_policy()
+        self.current: Policy = (
+            load_policy(path, tools) if path is not None else default_policy(tools)
+        )
 
     def log_in_force(self) -> None:
         """Say which policy decides (once logging is set up, at the service's start)."""
@@ -50,7 +62,7 @@ class PolicySource:
             return False
         self._stamp = stamp
         try:
-            policy = load_policy(self._path)
+            policy = load_policy(self._path, self.tools)
         except PolicyFileError as error:
             logger.error(
                 "policy file changed but is invalid; keeping %s\n%s", self.current.hash, error

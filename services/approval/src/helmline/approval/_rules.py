@@ -22,7 +22,6 @@ from helmline.approval._document import ApprovalTerms, Effect, PolicyDocument, R
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
 
 RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
-BUILTIN_SERVER = "builtin"
 UNKNOWN_TOOL_RULE = "unknown-tool"
 NO_RULE_MATCHED = "no-rule-matched"
 _CANDIDATE_CACHE_LIMIT = 4096
@@ -364,7 +363,7 @@ class Policy:
             return None
         # A plan may raise a step's risk, never lower it below the tool's own.
         risk = max(spec.risk, declared_risk or spec.risk, key=RISK_ORDER.index)
-        return CallFacts(tenant, tool, BUILTIN_SERVER, risk, arguments, requester)
+        return CallFacts(tenant, tool, spec.server, risk, arguments, requester)
 
     def judge(
         self,

@@ -1,24 +1,375 @@
-"""The tool gateway's edge: authorised calls in, results or sandbox requests out."""
+"""The tool gateway's edge: authorised calls in; results, failures or sandbox requests out.
+
+An MCP call is recorded as started before it is sent. A redelivered call (the gateway died,
+or could not record the outcome) reads the session's log first: a call with an outcome is
+done; one that was started but has no outcome may or may not have reached the server, so it
+is sent again only if its tool is declared idempotent, and otherwise failed as
+`unknown_outcome` for the planner and people to decide.
+"""
 
 from __future__ import annotations
 
-from helmline.contracts import ToolCallAuthorized
-from helmline.runtime import Delivery, EventStore
-from helmline.tool_gateway._calls import route
+import asyncio
+import json
+import logging
+import time
+from typing import Any
 
-SOURCE = "helmline/tool-gateway"
+import httpx2
+from mcp.shared.exceptions import MCPError
+from mcp.types import CallToolResult
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+from nats.js.object_store import ObjectStore
+from pydantic import JsonValue
+
+from helmline.contracts import (
+    Event,
+    ToolCallAttemptFailed,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolError,
+    ToolSpec,
+)
+from helmline.runtime import Delivery, EventStore, RetryableError
+from helmline.tool_gateway._calls import RunOnServer, Validators, failed, route
+from helmline.tool_gateway._federation import SOURCE, Federation
+from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
+from helmline.tool_gateway._ratelimit import RateLimiter
+from helmline.tool_gateway._registry import rate_limit_of
+from helmline.tool_gateway._resilience import backoff_s
+from helmline.tool_gateway._safety import make_safe
+
+logger = logging.getLogger(__name__)
+
+
+class _Attempt(Exception):
+    """One try failed. `definite`: the server refused it, so it did not take effect."""
+
+    def __init__(self, error: ToolError, *, definite: bool, counts_against_server: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.definite = definite
+        self.counts_against_server = counts_against_server
 
 
 class GatewayHandler:
-    """Validates each authorised call and routes it to its executor."""
+    """Validates each authorised call and runs it: pure tools here, MCP tools on their
+    server, built-in workspace tools by handing them to the sandbox."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        federation: Federation,
+        *,
+        limiter: RateLimiter | None = None,
+        raw_outputs: ObjectStore | None = None,
+        max_output_bytes: int = 65536,
+    ) -> None:
         self._store = store
+        self._federation = federation
+        self._limiter = limiter
+        self._raw_outputs = raw_outputs
+        self._max_output_bytes = max_output_bytes
+        self._validators = Validators()
 
     async def __call__(self, delivery: Delivery) -> None:
         call = delivery.event.data
         if not isinstance(call, ToolCallAuthorized):
             return
-        # Same cause, same derived id: a redelivered call is stored once, never run twice
-        # by the gateway; the sandbox checks the log before running anything again.
-        await self._store.append(delivery.event.derive(route(call), source=SOURCE))
+        next_step = route(call, self._federation.tools, self._validators)
+        if not isinstance(next_step, RunOnServer):
+            # Same cause, same derived id: a redelivered call is stored once, never run twice
+            # by the gateway; the sandbox checks the log before running anything again.
+            await self._store.append(delivery.event.derive(next_step, source=SOURCE))
+            return
+        await self._run_on_server(delivery, call, next_step.tool)
+
+    async def _run_on_server(
+        self, delivery: Delivery, call: ToolCallAuthorized, tool: ToolSpec
+    ) -> None:
+        cause = delivery.event
+        if delivery.deliveries > 1:
+            started, finished = await self._progress(cause, call.call_id)
+            if finished:
+                return
+            if started and not tool.idempotent:
+                await self._record(cause, failed(call, _UNKNOWN_OUTCOME))
+                return
+        server = self._federation.servers[tool.server]
+        limit = rate_limit_of(server.config, tool.remote_name or tool.name)
+        if limit is not None and self._limiter is not None:
+            wait_s = await self._limiter.admit(cause.tenant, tool.name, limit)
+            if wait_s is not None:
+                await self._record(
+                    cause,
+                    failed(
+                        call,
+                        ToolError(
+                            kind="rate_limited",
+                            message=f"{tool.name} is limited to {limit.calls} calls per "
+                            f"{limit.per_s:g} s for this tenant",
+                            retryable=True,
+                            suggestion=f"try again in {wait_s:.0f} s, or do without this tool",
+                        ),
+                    ),
+                )
+                return
+        await self._record(
+            cause,
+            ToolCallStarted(
+                call_id=call.call_id, step_id=call.step_id, tool=call.tool, server=tool.server
+            ),
+        )
+        began = time.perf_counter()
+        attempt = 1
+        while True:
+            try:
+                result = await self._attempt(server, tool, call, key=str(cause.id))
+                break
+            except _Attempt as failure:
+                retry = (
+                    attempt <= server.config.retries
+                    and failure.error.retryable
+                    and (failure.definite or tool.idempotent)
+                )
+                if not retry:
+                    await self._record(
+                        cause,
+                        failed(
+                            call,
+                            failure.error,
+                            attempts=attempt,
+                            duration_ms=(time.perf_counter() - began) * 1000,
+                        ),
+                    )
+                    return
+                pause = backoff_s(attempt)
+                await self._record(
+                    cause,
+                    ToolCallAttemptFailed(
+                        call_id=call.call_id,
+                        step_id=call.step_id,
+                        tool=call.tool,
+                        attempt=attempt,
+                        error=failure.error,
+                        retry_in_s=pause,
+                    ),
+                    key=f"attempt-{attempt}",
+                )
+                await asyncio.sleep(pause)
+                attempt += 1
+        duration_ms = (time.perf_counter() - began) * 1000
+        await self._record(cause, await self._outcome(cause, call, result, attempt, duration_ms))
+
+    async def _attempt(
+        self, server: McpServer, tool: ToolSpec, call: ToolCallAuthorized, *, key: str
+    ) -> CallToolResult:
+        admitted, change = server.breaker.admit(time.monotonic())
+        if change is not None:
+            await self._federation.circuit_changed(server, change)
+        if not admitted:
+            wait_s = max(0.0, server.breaker.retry_at() - time.monotonic())
+            raise _Attempt(
+                ToolError(
+                    kind="unavailable",
+                    message=f"MCP server {server.config.id} is failing: its circuit is open, "
+                    "calls are not sent",
+                    retryable=True,
+                    suggestion=f"try again in {wait_s:.0f} s, or use another tool",
+                ),
+                definite=True,
+                counts_against_server=False,
+            )
+        try:
+            result = await server.call(
+                tool.remote_name or tool.name,
+                dict(call.arguments),
+                timeout_s=tool.timeout_s,
+                key=key,
+            )
+        except _SERVER_FAILURES as error:
+            failure = _classify(server, tool, error)
+            if failure.counts_against_server:
+                change = server.breaker.failed(time.monotonic(), failure.error.message)
+                if change is not None:
+                    await self._federation.circuit_changed(server, change)
+            raise failure from error
+        change = server.breaker.succeeded()
+        if change is not None:
+            await self._federation.circuit_changed(server, change)
+        return result
+
+    async def _outcome(
+        self,
+        cause: Event,
+        call: ToolCallAuthorized,
+        result: CallToolResult,
+        attempts: int,
+        duration_ms: float,
+    ) -> ToolCallCompleted | ToolCallFailed:
+        raw = _output_of(result)
+        safe = make_safe(raw, max_bytes=self._max_output_bytes)
+        if result.is_error:
+            text = safe.output if isinstance(safe.output, str) else json.dumps(safe.output)
+            return failed(
+                call,
+                ToolError(
+                    kind="execution",
+                    message=f"{call.tool} reported an error: {text}",
+                    suggestion="read the message; change the arguments or use another tool",
+                ),
+                attempts=attempts,
+                duration_ms=duration_ms,
+            )
+        raw_name = None
+        if safe.changed and self._raw_outputs is not None:
+            raw_name = f"{cause.tenant}/{cause.session_id}/{call.call_id}"
+            await self._raw_outputs.put(raw_name, json.dumps(raw, ensure_ascii=False).encode())
+        return ToolCallCompleted(
+            call_id=call.call_id,
+            step_id=call.step_id,
+            tool=call.tool,
+            output=safe.output,
+            duration_ms=duration_ms,
+            truncated=safe.truncated,
+            redactions=safe.redactions,
+            injection_suspected=safe.neutralised > 0,
+            neutralised=safe.neutralised,
+            raw_output=raw_name,
+            attempts=attempts,
+        )
+
+    async def _progress(self, cause: Event, call_id: str) -> tuple[bool, bool]:
+        started = finished = False
+        for stored in await self._store.read_all(cause.tenant, cause.session_id):
+            match stored.event.data:
+                case ToolCallCompleted() | ToolCallFailed() as data if data.call_id == call_id:
+                    finished = True
+                case ToolCallStarted() as data if data.call_id == call_id:
+                    started = True
+                case _:
+                    pass
+        return started, finished
+
+    async def _record(self, cause: Event, data: Any, *, key: str = "") -> None:
+        try:
+            await self._store.append(cause.derive(data, source=SOURCE, key=key))
+        except Exception as error:
+            raise RetryableError(f"could not record {data.TYPE} of {cause.id}") from error
+
+
+_UNKNOWN_OUTCOME = ToolError(
+    kind="unknown_outcome",
+    message="the gateway stopped while the call was in flight; it may or may not have taken "
+    "effect, and the tool is not declared idempotent, so it was not sent again",
+    suggestion="check the target for the call's effect before calling it again",
+)
+
+_SERVER_FAILURES = (
+    TimeoutError,
+    ServerUnavailable,
+    MCPError,
+    httpx2.HTTPError,
+    OSError,
+)
+
+
+def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attempt:
+    name = server.config.id
+    match error:
+        case TimeoutError():
+            return _Attempt(
+                ToolError(
+                    kind="timeout",
+                    message=f"{tool.name} did not answer within {tool.timeout_s:g} s",
+                    retryable=True,
+                    suggestion="try again later, with less work per call, or another tool",
+                ),
+                definite=False,
+                counts_against_server=True,
+            )
+        case ServerUnavailable():
+            return _Attempt(
+                ToolError(
+                    kind="unavailable",
+                    message=f"MCP server {name} is unavailable: {error}",
+                    retryable=True,
+                    suggestion="try again later; the gateway reconnects in the background",
+                ),
+                # Not connected: nothing was sent. Connection lost mid-call: unknown.
+                definite=server.view.available is False,
+                counts_against_server=True,
+            )
+        case MCPError() if error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            return _Attempt(
+                ToolError(
+                    kind="unavailable",
+                    message=f"MCP server {name}: {error.error.message}",
+                    retryable=True,
+                    suggestion="try again later",
+                ),
+                definite=False,
+                counts_against_server=True,
+            )
+        case MCPError() if error.code == INTERNAL_ERROR or -32099 <= error.code <= -32002:
+            return _Attempt(
+                ToolError(
+                    kind="unavailable",
+                    message=f"MCP server {name} failed the call: {error.error.message}",
+                    retryable=True,
+                    suggestion="try again later",
+                ),
+                definite=True,
+                counts_against_server=True,
+            )
+        case MCPError():
+            return _Attempt(
+                ToolError(
+                    kind="validation" if error.code == -32602 else "execution",
+                    message=f"MCP server {name} refused the call: {error.error.message}",
+                    suggestion="check the tool's name and arguments against its schema",
+                ),
+                definite=True,
+                counts_against_server=False,
+            )
+        case httpx2.HTTPStatusError() if error.response.status_code in (429, 502, 503, 504):
+            return _Attempt(
+                ToolError(
+                    kind="rate_limited" if error.response.status_code == 429 else "unavailable",
+                    message=f"MCP server {name} answered HTTP {error.response.status_code}",
+                    retryable=True,
+                    suggestion="try again later",
+                ),
+                definite=True,
+                counts_against_server=error.response.status_code != 429,
+            )
+        case _:
+            return _Attempt(
+                ToolError(
+                    kind="unavailable",
+                    message=f"MCP server {name}: {type(error).__name__}: {error}",
+                    retryable=True,
+                    suggestion="try again later",
+                ),
+                definite=False,
+                counts_against_server=True,
+            )
+
+
+def _output_of(result: CallToolResult) -> JsonValue:
+    """An MCP result as the log keeps it: its structured content when it has some, else its
+    text, with other content blocks described rather than inlined."""
+    if result.structured_content is not None:
+        structured: JsonValue = result.structured_content
+        return structured
+    parts: list[JsonValue] = []
+    for block in result.content:
+        if block.type == "text":
+            parts.append(block.text)
+        else:
+            parts.append({"type": block.type, "omitted": True})
+    if all(isinstance(part, str) for part in parts):
+        return "\n".join(str(part) for part in parts)
+    return parts

@@ -1,0 +1,97 @@
+"""`helmline tools`: the federated tool registry, as the running stack's gateway published it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from helmline.cli._errors import CliError
+from helmline.cli._options import DataDir, Json
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolRegistryPublished, ToolSpec
+
+McpServersFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--mcp-servers",
+        envvar="HELMLINE_MCP_SERVERS",
+        help="MCP servers for the tool gateway to federate (YAML) [env: HELMLINE_MCP_SERVERS]",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+
+
+def check_servers_file(path: Path) -> None:
+    """Refuse an MCP servers file with problems, naming each by line and field."""
+    from helmline.tool_gateway import load_servers
+    from helmline.yamlfile import YamlFileError
+
+    try:
+        load_servers(path)
+    except YamlFileError as error:
+        raise CliError(str(error), exit_code=2) from error
+
+
+def tools(as_json: Json = False, data_dir: DataDir = None) -> None:
+    """List the tools sessions may call: each one's source, risk and argument schema.
+
+    MCP tools are named `<server>__<tool>`; servers that are down are listed as unavailable.
+    """
+    from helmline.cli._display import stdout
+    from helmline.cli._session_commands import _nats_url, _run_async
+
+    url = _nats_url(data_dir)
+    registry = _run_async(_registry(url))
+    if registry is None:
+        registry = ToolRegistryPublished(tools=tuple(BUILTIN_TOOLS_BY_NAME.values()))
+    if as_json:
+        typer.echo(registry.model_dump_json(indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("tool", "source", "risk", "arguments", "description", box=None)
+    for tool in registry.tools:
+        table.add_row(
+            tool.name,
+            tool.server,
+            tool.risk,
+            ", ".join(tool.parameters.get("properties", {})),
+            tool.description.splitlines()[0] if tool.description else "",
+        )
+    console = stdout()
+    console.print(table)
+    for server in registry.servers:
+        state = "available" if server.available else f"unavailable: {server.error}"
+        console.print(
+            f"server {server.server} ({server.transport}): {state}; {server.tools} tools; "
+            f"circuit {server.circuit}",
+            highlight=False,
+        )
+
+
+def known_tools(data_dir: Path | None) -> Mapping[str, ToolSpec]:
+    """The tools a playbook may name: the running stack's registry, or the built-in tools
+    when no stack can be reached (its MCP tools are then unknown)."""
+    from helmline.cli._connection import stack_nats_url
+    from helmline.cli._settings import load_settings
+
+    try:
+        url = stack_nats_url(load_settings(data_dir=data_dir))
+        registry = asyncio.run(_registry(url))
+    except CliError:
+        return BUILTIN_TOOLS_BY_NAME
+    if registry is None:
+        return BUILTIN_TOOLS_BY_NAME
+    return {**BUILTIN_TOOLS_BY_NAME, **{tool.name: tool for tool in registry.tools}}
+
+
+async def _registry(url: str) -> ToolRegistryPublished | None:
+    from helmline.cli._connection import connect
+    from helmline.runtime import latest_tool_registry
+
+    async with connect(url) as log:
+        return await latest_tool_registry(log.js)

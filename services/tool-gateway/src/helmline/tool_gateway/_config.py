@@ -1,0 +1,151 @@
+"""The MCP servers file: which servers the gateway federates, and how it treats their tools.
+
+```yaml
+servers:
+  - id: git                       # tools become git__<tool>
+    stdio: {command: python, args: [-m, mcp_server_git, --repository, /srv/repo], env: {}}
+    risk: medium                  # default risk of its tools
+    timeout_s: 10
+    retries: 2                    # extra tries for retryable failures (idempotent tools only
+                                  # when the outcome of a try is unknown)
+    circuit: {failures: 5, reset_s: 30}
+    rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
+    tools:
+      git_commit: {risk: high, required_permission: repo.write, idempotent: false}
+  - id: tickets
+    http: {url: "https://tickets.internal/mcp", headers: {Authorization: Bearer ...}}
+```
+
+Every problem is reported with the file's line and the field at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from helmline.contracts import Risk, ToolInverse
+from helmline.yamlfile import Location, Problem, YamlFileError, compose, field_of, line_of, node_at
+
+SERVER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+"""Server ids prefix tool names (`<id>__<tool>`): no underscores, so the split is plain."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StdioTransport(_Strict):
+    """A server the gateway starts as a child process and talks to over stdin/stdout."""
+
+    command: str = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class HttpTransport(_Strict):
+    """A server reached over MCP's Streamable HTTP transport."""
+
+    url: str = Field(pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class CircuitSettings(_Strict):
+    """When a server's breaker opens, and how long it stays open before a probe."""
+
+    failures: int = Field(default=5, ge=1)
+    reset_s: float = Field(default=30.0, gt=0)
+
+
+class RateLimit(_Strict):
+    """At most `calls` calls per `per_s` seconds, per tool and tenant."""
+
+    calls: int = Field(ge=1)
+    per_s: float = Field(default=60.0, gt=0)
+
+
+class ToolOverride(_Strict):
+    """What the configuration says of one tool, over the server's defaults."""
+
+    risk: Risk | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+    required_permission: str | None = None
+    idempotent: bool | None = None
+    inverse: ToolInverse | None = None
+    rate_limit: RateLimit | None = None
+
+
+class ServerConfig(_Strict):
+    """One federated MCP server."""
+
+    id: str = Field(pattern=SERVER_ID.pattern)
+    stdio: StdioTransport | None = None
+    http: HttpTransport | None = None
+    risk: Risk = "medium"
+    timeout_s: float = Field(default=30.0, gt=0)
+    retries: int = Field(default=2, ge=0, le=10)
+    circuit: CircuitSettings = CircuitSettings()
+    rate_limit: RateLimit | None = None
+    tools: dict[str, ToolOverride] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ServerConfig:
+        if (self.stdio is None) == (self.http is None):
+            raise ValueError("give exactly one of `stdio` or `http`")
+        return self
+
+    @property
+    def transport(self) -> str:
+        """`stdio` or `http`."""
+        return "stdio" if self.stdio is not None else "http"
+
+
+class ServersFile(_Strict):
+    """The whole file."""
+
+    servers: tuple[ServerConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _distinct_ids(self) -> ServersFile:
+        seen: set[str] = set()
+        for server in self.servers:
+            if server.id in seen:
+                raise ValueError(f"server id {server.id!r} is used twice")
+            seen.add(server.id)
+        return self
+
+
+def load_servers(path: Path) -> ServersFile:
+    """Read and validate an MCP servers file; `YamlFileError` lists every problem by line."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise YamlFileError(source, [Problem(1, "", f"cannot read: {error}")]) from error
+    document = compose(text, source, expected="`servers`")
+    try:
+        return ServersFile.model_validate(document.data)
+    except ValidationError as error:
+        raise YamlFileError(
+            source, _problems(document.root, error), what="MCP servers file"
+        ) from error
+
+
+def _problems(root: Any, error: ValidationError) -> list[Problem]:
+    problems = []
+    for detail in error.errors(include_url=False):
+        location: Location = tuple(detail["loc"])
+        message = detail["msg"].removeprefix("Value error, ")
+        match detail["type"]:
+            case "missing":
+                *parent, name = location
+                location = tuple(parent)
+                message = f"missing field {name!r}"
+            case "extra_forbidden":
+                message = "unknown field"
+        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
+    return problems

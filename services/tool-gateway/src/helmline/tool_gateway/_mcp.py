@@ -1,0 +1,180 @@
+"""Federated MCP servers: one connection each, kept up in a task of its own.
+
+A server that is down at start (or drops later) is marked unavailable and reconnected in
+the background with growing pauses; its tools come back into the registry when it does.
+A server's `tools/list_changed` makes the gateway list its tools again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, cast
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    CallToolResult,
+    RequestParamsMeta,
+    ServerNotification,
+    ToolListChangedNotification,
+)
+
+from helmline.tool_gateway._config import ServerConfig
+from helmline.tool_gateway._registry import ListedTool, ServerView, tool_specs
+from helmline.tool_gateway._resilience import CircuitBreaker, CircuitState
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_MAX_S = 30.0
+
+
+class ServerUnavailable(Exception):
+    """The server is not connected (down at start, or dropped and not back yet)."""
+
+
+class McpServer:
+    """One configured server: its connection, its registry view and its circuit breaker."""
+
+    def __init__(self, config: ServerConfig, on_change: Callable[[], None]) -> None:
+        self.config = config
+        self.view = ServerView(config)
+        self.breaker = CircuitBreaker(config.circuit.failures, config.circuit.reset_s)
+        self._on_change = on_change
+        self._client: Client | None = None
+        self._relist = asyncio.Event()
+        self._reconnect = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    def start(self) -> None:
+        """Connect in the background, and keep connected until `stop`."""
+        self._task = asyncio.create_task(self._run(), name=f"mcp-{self.config.id}")
+
+    async def stop(self) -> None:
+        """Close the connection (a stdio server's process ends with it)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def set_circuit(self, state: CircuitState) -> None:
+        """Show the breaker's state in the registry."""
+        self.view = replace(self.view, circuit=state)
+
+    async def call(
+        self, remote_name: str, arguments: dict[str, Any], *, timeout_s: float, key: str
+    ) -> CallToolResult:
+        """Call a tool; raises `TimeoutError`, `ServerUnavailable`, `MCPError` or a transport
+        error. The idempotency key travels in the request's `_meta` for servers that use it."""
+        client = self._client
+        if client is None:
+            raise ServerUnavailable(self.view.error or "not connected")
+        try:
+            with anyio.fail_after(timeout_s):
+                return await client.call_tool(
+                    remote_name,
+                    arguments,
+                    read_timeout_seconds=timeout_s,
+                    meta=cast(RequestParamsMeta, {"helmline/idempotency-key": key}),
+                )
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError) as error:
+            self._reconnect.set()
+            raise ServerUnavailable(f"connection lost: {error}") from error
+
+    async def _run(self) -> None:
+        pause = 0.5
+        while True:
+            try:
+                await self._serve()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                reason = _describe(error)
+                logger.warning("MCP server %s unavailable: %s", self.config.id, reason)
+                self._client = None
+                self.connected.clear()
+                self.view = replace(self.view, available=False, error=reason, tools=())
+                self._on_change()
+            else:
+                pause = 0.5
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RECONNECT_MAX_S)
+
+    async def _serve(self) -> None:
+        self._reconnect.clear()
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                Client(await self._transport(stack), message_handler=self._notified)
+            )
+            while True:
+                self._relist.clear()
+                listed = await _list_tools(client)
+                self._client = client
+                self.view = replace(
+                    self.view, tools=tool_specs(self.config, listed), available=True, error=None
+                )
+                self.connected.set()
+                logger.info("MCP server %s: %d tools", self.config.id, len(listed))
+                self._on_change()
+                relist = asyncio.create_task(self._relist.wait())
+                reconnect = asyncio.create_task(self._reconnect.wait())
+                done, pending = await asyncio.wait(
+                    {relist, reconnect}, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in pending:
+                    task.cancel()
+                if reconnect in done:
+                    raise ServerUnavailable("connection lost")
+
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> StdioServerParameters | Any:
+        config = self.config
+        if config.stdio is not None:
+            return StdioServerParameters(
+                command=config.stdio.command,
+                args=list(config.stdio.args),
+                env=dict(config.stdio.env) or None,
+                cwd=config.stdio.cwd,
+            )
+        assert config.http is not None
+        # Our own HTTP client, for the configured headers; the event stream may stay quiet
+        # for long, so only connecting and writing are bounded here (calls have their own).
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=config.http.headers, timeout=httpx2.Timeout(30.0, read=None))
+        )
+        return streamable_http_client(config.http.url, http_client=http)
+
+    async def _notified(self, message: ServerNotification | Exception) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            self._relist.set()
+        elif isinstance(message, Exception):
+            logger.debug("MCP server %s: %s", self.config.id, message)
+
+
+async def _list_tools(client: Client) -> list[ListedTool]:
+    listed: list[ListedTool] = []
+    cursor: str | None = None
+    while True:
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+        listed.extend(
+            ListedTool(tool.name, tool.description or tool.title or tool.name, tool.input_schema)
+            for tool in page.tools
+        )
+        cursor = page.next_cursor
+        if cursor is None:
+            return listed
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in error.exceptions)
+    if isinstance(error, MCPError):
+        return f"MCP error {error.code}: {error.error.message}"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

@@ -1,0 +1,96 @@
+"""The federated registry: each MCP server's listed tools, as the control plane knows them.
+
+Pure: listings and configuration in, `ToolSpec`s and the registry event out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from helmline.contracts import (
+    BUILTIN_TOOLS,
+    MCP_NAME_SEPARATOR,
+    ToolRegistryPublished,
+    ToolServerStatus,
+    ToolSpec,
+)
+from helmline.tool_gateway._config import RateLimit, ServerConfig
+from helmline.tool_gateway._resilience import CircuitState
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True, slots=True)
+class ListedTool:
+    """A tool as an MCP server lists it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerView:
+    """What the registry says of one server: its tools (if listed) and how it is doing."""
+
+    config: ServerConfig
+    tools: tuple[ToolSpec, ...] = ()
+    available: bool = False
+    error: str | None = "not connected yet"
+    circuit: CircuitState = "closed"
+
+
+def registry_name(server: str, tool: str) -> str:
+    """A federated tool's name: the server's id, `__`, the tool's own name. Always prefixed,
+    so a name never changes when another server starts offering the same tool."""
+    return f"{server}{MCP_NAME_SEPARATOR}{tool}"
+
+
+def tool_specs(config: ServerConfig, listed: Iterable[ListedTool]) -> tuple[ToolSpec, ...]:
+    """The registry entries of a server's listed tools, with the configuration's overrides."""
+    specs = []
+    for tool in listed:
+        override = config.tools.get(tool.name)
+        specs.append(
+            ToolSpec(
+                name=registry_name(config.id, tool.name),
+                description=tool.description,
+                parameters=dict(tool.input_schema) or _ANY_OBJECT,
+                risk=(override and override.risk) or config.risk,
+                executor="mcp",
+                timeout_s=(override and override.timeout_s) or config.timeout_s,
+                inverse=override.inverse if override else None,
+                idempotent=bool(override and override.idempotent),
+                server=config.id,
+                remote_name=tool.name,
+                required_permission=override.required_permission if override else None,
+            )
+        )
+    return tuple(sorted(specs, key=lambda spec: spec.name))
+
+
+def rate_limit_of(config: ServerConfig, remote_name: str) -> RateLimit | None:
+    """The limit on calls of one tool per tenant: the tool's own, else its server's."""
+    override = config.tools.get(remote_name)
+    return (override and override.rate_limit) or config.rate_limit
+
+
+def registry_event(views: Iterable[ServerView]) -> ToolRegistryPublished:
+    """The registry as published: built-in tools, then every server's, and each server's state."""
+    views = tuple(views)
+    return ToolRegistryPublished(
+        tools=(*BUILTIN_TOOLS, *(tool for view in views for tool in view.tools)),
+        servers=tuple(
+            ToolServerStatus(
+                server=view.config.id,
+                transport="stdio" if view.config.stdio is not None else "http",
+                available=view.available,
+                error=view.error,
+                tools=len(view.tools),
+                circuit=view.circuit,
+            )
+            for view in views
+        ),
+    )
