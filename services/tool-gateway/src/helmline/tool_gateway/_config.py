@@ -12,6 +12,8 @@ servers:
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
     tools:
       git_commit: {risk: high, required_permission: repo.write, idempotent: false}
+      git_create_branch:
+        inverse: {tool: git__git_delete_branch, arguments: {name: /arguments/branch_name}}
   - id: tickets
     http: {url: "https://tickets.internal/mcp", headers: {Authorization: Bearer ...}}
 ```
@@ -27,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from helmline.contracts import Risk, ToolInverse
+from helmline.contracts import Risk, ToolEffect, ToolInverse
 from helmline.yamlfile import Location, Problem, YamlFileError, compose, field_of, line_of, node_at
 
 SERVER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -76,6 +78,7 @@ class ToolOverride(_Strict):
     required_permission: str | None = None
     idempotent: bool | None = None
     inverse: ToolInverse | None = None
+    effect: ToolEffect | None = None
     rate_limit: RateLimit | None = None
 
 

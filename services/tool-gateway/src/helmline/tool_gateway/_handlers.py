@@ -24,6 +24,7 @@ from pydantic import JsonValue
 
 from helmline.contracts import (
     Event,
+    InverseCall,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
@@ -161,7 +162,9 @@ class GatewayHandler:
                 await asyncio.sleep(pause)
                 attempt += 1
         duration_ms = (time.perf_counter() - began) * 1000
-        await self._record(cause, await self._outcome(cause, call, result, attempt, duration_ms))
+        await self._record(
+            cause, await self._outcome(cause, call, tool, result, attempt, duration_ms)
+        )
 
     async def _attempt(
         self, server: McpServer, tool: ToolSpec, call: ToolCallAuthorized, *, key: str
@@ -205,6 +208,7 @@ class GatewayHandler:
         self,
         cause: Event,
         call: ToolCallAuthorized,
+        tool: ToolSpec,
         result: CallToolResult,
         attempts: int,
         duration_ms: float,
@@ -239,6 +243,7 @@ class GatewayHandler:
             neutralised=safe.neutralised,
             raw_output=raw_name,
             attempts=attempts,
+            inverse=_inverse_of(tool, call, raw),
         )
 
     async def _progress(self, cause: Event, call_id: str) -> tuple[bool, bool]:
@@ -356,6 +361,18 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 definite=False,
                 counts_against_server=True,
             )
+
+
+def _inverse_of(tool: ToolSpec, call: ToolCallAuthorized, result: JsonValue) -> InverseCall | None:
+    """The call that undoes this one, from the full result (before any redaction)."""
+    if tool.inverse is None:
+        return None
+    try:
+        arguments = tool.inverse.resolve(call.arguments, result)
+    except LookupError as error:
+        logger.warning("no inverse for call %s of %s: %s", call.call_id, tool.name, error)
+        return None
+    return InverseCall(tool=tool.inverse.tool, arguments=arguments)
 
 
 def _output_of(result: CallToolResult) -> JsonValue:

@@ -63,6 +63,7 @@ def tool_specs(config: ServerConfig, listed: Iterable[ListedTool]) -> tuple[Tool
                 timeout_s=(override and override.timeout_s) or config.timeout_s,
                 inverse=override.inverse if override else None,
                 idempotent=bool(override and override.idempotent),
+                effect=(override and override.effect) or "external",
                 server=config.id,
                 remote_name=tool.name,
                 required_permission=override.required_permission if override else None,
