@@ -16,6 +16,7 @@ import approval
 import idle_memory
 import read_model
 import replay
+import ring
 import sandbox
 import steps
 
@@ -23,6 +24,7 @@ Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
 BENCHMARKS: dict[str, Benchmark] = {
     "replay": replay.run,
     "time_travel": replay.time_travel,
+    "ring": ring.run,
     "steps": steps.run,
     "idle_memory": idle_memory.run,
     "approval": approval.run,
