@@ -197,11 +197,13 @@ async def test_approve_grants_the_only_pending_request(nats_url: str, session: S
     await session.plan_and_ask("r1")
 
     result = await helmline(
-        nats_url, "approve", session.id, "--tenant", session.tenant, "--comment", "looks fine"
+        nats_url,
+        *("approve", session.id, "--tenant", session.tenant, "--comment", "looks fine"),
+        "--no-wait",  # No approval service runs here to answer.
     )
 
     assert result.exit_code == 0, result.output
-    assert "approved r1: step count (run_command)" in result.stdout
+    assert "submitted grant of r1: step count (run_command)" in result.stdout
     decision = (await session.events())[-1].data
     assert isinstance(decision, ApprovalDecisionSubmitted)
     assert (decision.request_id, decision.decision, decision.comment) == (
@@ -215,7 +217,9 @@ async def test_approve_grants_the_only_pending_request(nats_url: str, session: S
 async def test_deny_names_one_request_of_several(nats_url: str, session: Session) -> None:
     await session.plan_and_ask("r1", "r2")
 
-    result = await helmline(nats_url, "deny", session.id, "-t", session.tenant, "--request", "r2")
+    result = await helmline(
+        nats_url, "deny", session.id, "-t", session.tenant, "-r", "r2", "--no-wait"
+    )
 
     assert result.exit_code == 0, result.output
     decisions = _decisions(await session.events())
@@ -225,7 +229,9 @@ async def test_deny_names_one_request_of_several(nats_url: str, session: Session
 async def test_approve_all_decides_every_pending_request(nats_url: str, session: Session) -> None:
     await session.plan_and_ask("r1", "r2")
 
-    result = await helmline(nats_url, "approve", session.id, "-t", session.tenant, "--all")
+    result = await helmline(
+        nats_url, "approve", session.id, "-t", session.tenant, "--all", "--no-wait"
+    )
 
     assert result.exit_code == 0, result.output
     decisions = _decisions(await session.events())

@@ -4,7 +4,7 @@ requests that expire while the approval service is down."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,11 @@ import pytest
 from helmline.approval import policy_hash
 from helmline.contracts import (
     Actor,
+    ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalGranted,
     ApprovalRequested,
+    ApprovalVoteCounted,
     Event,
     PlanStep,
     Playbook,
@@ -57,6 +59,7 @@ REQUESTER = Actor(id="ana", roles=("operator",))
 BOB = Actor(id="bob", roles=("sre",))
 CEM = Actor(id="cem", roles=("sre",))
 EVE = Actor(id="eve", roles=("viewer",))
+Helmline = Callable[..., Awaitable[tuple[int, str, str]]]
 
 
 class PolicyStack:
@@ -171,6 +174,35 @@ async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_ar
     assert authorized.arguments == changed
     assert authorized.policy_hash == requested.policy_hash
     assert "goodbye" in str(state.steps["cmd"].output)
+
+
+async def test_the_cli_answers_each_decision_refused_counted_or_approved_with_changed_arguments(
+    stack: PolicyStack, store: EventStore, tenant: str, helmline: Helmline
+) -> None:
+    session_id, _ = await _start(store, tenant, "echo hello")
+    await _until(store, tenant, session_id, "waiting")
+    decide = ("approve", session_id, "--tenant", tenant, "--set", "command=echo changed")
+
+    code, _, err = await helmline(*decide, "--as", "eve", "--role", "viewer")
+    assert code == 1
+    assert "refused: eve holds none of the roles that may decide (sre)" in err
+    code, out, err = await helmline(*decide, "--as", "bob", "--role", "sre")
+    assert code == 0, err
+    assert "grant counted for cmd.1: 1 of 2 approvers" in out
+    code, out, err = await helmline(*decide, "--as", "cem", "--role", "sre", "-m", "fine")
+    assert code == 0, err
+    assert "approved cmd.1: step cmd (run_command)" in out
+
+    state = await _until(store, tenant, session_id, "completed", "failed")
+    assert state.status == "completed", state.outcome
+    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+    (refused,) = [e for e in events if isinstance(e, ApprovalDecisionRefused)]
+    (counted,) = [e for e in events if isinstance(e, ApprovalVoteCounted)]
+    (authorized,) = [e for e in events if isinstance(e, ToolCallAuthorized)]
+    assert (refused.decided_by.id, counted.decided_by.id) == ("eve", "bob")
+    assert authorized.arguments == {"command": "echo changed"}
+    assert state.approvals["cmd.1"].arguments == {"command": "echo hello"}
+    assert "changed" in str(state.steps["cmd"].output)
 
 
 async def test_approve_similar_lets_the_next_matching_call_run_and_stops_at_its_limit(

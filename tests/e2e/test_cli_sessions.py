@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pydantic import TypeAdapter
@@ -23,26 +23,13 @@ from helmline.runtime import EventStore
 from helmline.runtime.testing import ServiceProcesses, eventually
 
 OPERATOR = Actor(id="ana", roles=("operator",))
-HELMLINE = str(Path(sys.executable).with_name("helmline"))
+Helmline = Callable[..., Awaitable[tuple[int, str, str]]]
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "playbooks" / "hello.yaml"
 
 
-async def helmline(nats_url: str, *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        HELMLINE,
-        *args,
-        env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
-async def run_playbook(nats_url: str, tenant: str, playbook: Path) -> str:
+async def run_playbook(helmline: Helmline, tenant: str, playbook: Path) -> str:
     code, out, err = await helmline(
-        nats_url, "run", "--playbook", str(playbook), "--tenant", tenant, "--json"
+        "run", "--playbook", str(playbook), "--tenant", tenant, "--json"
     )
     assert code == 0, err
     session_id: str = json.loads(out)["session_id"]
@@ -67,16 +54,16 @@ def write_playbook(folder: Path, name: str, text: str) -> Path:
 
 
 async def test_hello_completes_after_one_approval(
-    services: ServiceProcesses, nats_url: str, store: EventStore, tenant: str
+    services: ServiceProcesses, helmline: Helmline, store: EventStore, tenant: str
 ) -> None:
-    session_id = await run_playbook(nats_url, tenant, HELLO)
+    session_id = await run_playbook(helmline, tenant, HELLO)
     await until(store, tenant, session_id, "waiting")
-    code, _, err = await helmline(nats_url, "approve", session_id, "--tenant", tenant)
+    code, _, err = await helmline("approve", session_id, "--tenant", tenant)
     assert code == 0, err
     await until(store, tenant, session_id, "completed")
 
     async def three_checkpoints() -> SessionState | None:
-        code, out, _ = await helmline(nats_url, "show", session_id, "--tenant", tenant, "--json")
+        code, out, _ = await helmline("show", session_id, "--tenant", tenant, "--json")
         state = TypeAdapter(SessionState).validate_json(out)
         return state if code == 0 and len(state.checkpoints) == 3 else None
 
@@ -95,7 +82,7 @@ async def test_hello_completes_after_one_approval(
 
 async def test_a_denied_command_never_runs_and_the_session_fails(
     services: ServiceProcesses,
-    nats_url: str,
+    helmline: Helmline,
     store: EventStore,
     tenant: str,
     tmp_path: Path,
@@ -111,11 +98,9 @@ async def test_a_denied_command_never_runs_and_the_session_fails(
             "    arguments: {command: touch proof}\n"
         ),
     )
-    session_id = await run_playbook(nats_url, tenant, playbook)
+    session_id = await run_playbook(helmline, tenant, playbook)
     await until(store, tenant, session_id, "waiting")
-    code, _, err = await helmline(
-        nats_url, "deny", session_id, "--tenant", tenant, "--comment", "no marks"
-    )
+    code, _, err = await helmline("deny", session_id, "--tenant", tenant, "--comment", "no marks")
     assert code == 0, err
     state = await until(store, tenant, session_id, "failed")
     assert "no marks" in state.outcome
@@ -125,7 +110,7 @@ async def test_a_denied_command_never_runs_and_the_session_fails(
 
 async def test_a_path_outside_the_workspace_is_refused_and_recorded(
     services: ServiceProcesses,
-    nats_url: str,
+    helmline: Helmline,
     store: EventStore,
     tenant: str,
     tmp_path: Path,
@@ -141,7 +126,7 @@ async def test_a_path_outside_the_workspace_is_refused_and_recorded(
             "    arguments: {path: ../../etc/passwd}\n"
         ),
     )
-    session_id = await run_playbook(nats_url, tenant, playbook)
+    session_id = await run_playbook(helmline, tenant, playbook)
     state = await until(store, tenant, session_id, "failed", "completed")
     assert state.status == "failed"
     error = state.steps["escape"].error
@@ -152,7 +137,7 @@ async def test_a_path_outside_the_workspace_is_refused_and_recorded(
 
 async def test_pause_stops_new_steps_within_one_step_and_resume_continues(
     services: ServiceProcesses,
-    nats_url: str,
+    helmline: Helmline,
     store: EventStore,
     tenant: str,
     tmp_path: Path,
@@ -163,7 +148,7 @@ async def test_pause_stops_new_steps_within_one_step_and_resume_continues(
         for i in range(300)
     )
     playbook = write_playbook(tmp_path, "long.yaml", "goal: many echoes\nsteps:\n" + steps)
-    session_id = await run_playbook(nats_url, tenant, playbook)
+    session_id = await run_playbook(helmline, tenant, playbook)
 
     async def under_way() -> bool:
         state = (await store.load(tenant, session_id)).state
@@ -183,7 +168,7 @@ async def test_pause_stops_new_steps_within_one_step_and_resume_continues(
     late = [i for i in log if i.seq > pause_seq and isinstance(i.event.data, StepScheduled)]
     assert len(late) <= 1, "a step was started after the pause took effect"
 
-    code, _, err = await helmline(nats_url, "resume", session_id, "--tenant", tenant)
+    code, _, err = await helmline("resume", session_id, "--tenant", tenant)
     assert code == 0, err
     state = await until(store, tenant, session_id, "completed", "failed")
     assert state.status == "completed", state.outcome
@@ -191,7 +176,7 @@ async def test_pause_stops_new_steps_within_one_step_and_resume_continues(
 
 async def test_cancel_kills_a_running_command_within_two_seconds(
     services: ServiceProcesses,
-    nats_url: str,
+    helmline: Helmline,
     store: EventStore,
     tenant: str,
     tmp_path: Path,
@@ -207,9 +192,9 @@ async def test_cancel_kills_a_running_command_within_two_seconds(
             "    arguments: {command: sleep 60}\n"
         ),
     )
-    session_id = await run_playbook(nats_url, tenant, playbook)
+    session_id = await run_playbook(helmline, tenant, playbook)
     await until(store, tenant, session_id, "waiting")
-    assert (await helmline(nats_url, "approve", session_id, "--tenant", tenant))[0] == 0
+    assert (await helmline("approve", session_id, "--tenant", tenant))[0] == 0
 
     async def running() -> bool:
         state = (await store.load(tenant, session_id)).state
@@ -217,7 +202,7 @@ async def test_cancel_kills_a_running_command_within_two_seconds(
 
     await eventually(running, timeout_s=30, what="the command running")
     began = time.monotonic()
-    assert (await helmline(nats_url, "cancel", session_id, "--tenant", tenant))[0] == 0
+    assert (await helmline("cancel", session_id, "--tenant", tenant))[0] == 0
 
     async def killed() -> ToolCallFailed | None:
         for item in await store.read_all(tenant, session_id):

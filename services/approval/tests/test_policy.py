@@ -17,11 +17,13 @@ from helmline.approval._policy import (
 )
 from helmline.contracts import (
     Actor,
+    ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGranted,
     ApprovalRequested,
+    ApprovalVoteCounted,
     Event,
     PlanApproved,
     PlanProposed,
@@ -111,10 +113,19 @@ def _vote(
     # As in the service: the vote is in the log before it is judged.
     events.append(started.derive(vote, source="test", key=str(len(events))))
     state = fold(events)
-    outcome = judge_vote(state, vote, policy, NOW)
-    for decision_made in outcome.decisions:
-        events.append(started.derive(decision_made.payload, source="test", key=str(len(events))))
-    return fold(events), [d.payload for d in outcome.decisions], outcome.note
+    payloads = [d.payload for d in judge_vote(state, vote, policy, NOW)]
+    for payload in payloads:
+        events.append(started.derive(payload, source="test", key=str(len(events))))
+    # A refused or merely counted vote answers the voter with an event that changes nothing.
+    note = None
+    match payloads:
+        case [ApprovalDecisionRefused() as refused]:
+            note = refused.reason
+        case [ApprovalVoteCounted() as counted]:
+            note = f"{counted.decided_by.id} counted: {counted.grants} of {counted.quorum}"
+        case _:
+            return fold(events), payloads, None
+    return fold(events), [], note
 
 
 def test_unknown_tools_are_denied_whatever_the_rules_say() -> None:
@@ -395,14 +406,13 @@ def _plan_waiting() -> tuple[SessionState, list[Event], Event, PlanProposed]:
 def test_an_approved_plan_runs_its_steps_unchanged_without_asking_again() -> None:
     state, events, started, plan = _plan_waiting()
     vote = ApprovalDecisionSubmitted(request_id="plan-1", decision="grant", decided_by=ANA)
-    outcome = judge_vote(state, vote, PLAN_REVIEW, NOW)
-    granted, approved = (d.payload for d in outcome.decisions)
+    decisions = judge_vote(state, vote, PLAN_REVIEW, NOW)
+    granted, approved = (d.payload for d in decisions)
     assert isinstance(granted, ApprovalGranted)
     assert isinstance(approved, PlanApproved)
     assert (approved.revision, approved.approved_by) == (1, ANA)
     events += [
-        started.derive(d.payload, source="test", key=str(i))
-        for i, d in enumerate(outcome.decisions)
+        started.derive(d.payload, source="test", key=str(i)) for i, d in enumerate(decisions)
     ]
     state = fold(events)
 
@@ -430,7 +440,7 @@ def test_an_approved_plan_runs_its_steps_unchanged_without_asking_again() -> Non
 def test_a_denied_or_expired_plan_is_rejected() -> None:
     state, _, _, _ = _plan_waiting()
     vote = ApprovalDecisionSubmitted(request_id="plan-1", decision="deny", decided_by=ANA)
-    denied, rejected = (d.payload for d in judge_vote(state, vote, PLAN_REVIEW, NOW).decisions)
+    denied, rejected = (d.payload for d in judge_vote(state, vote, PLAN_REVIEW, NOW))
     assert isinstance(denied, ApprovalDenied)
     assert isinstance(rejected, PlanRejected)
     assert rejected.reason == "denied by ana"

@@ -13,6 +13,7 @@ from helmline.cli._errors import CliError
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
+    Arguments,
     Event,
     Payload,
     Playbook,
@@ -28,14 +29,24 @@ SOURCE = "helmline/cli"
 Control = Literal["pause", "resume", "cancel"]
 
 
-def current_actor() -> Actor:
-    """The person at the terminal, with every role for now (there is no login yet)."""
+DEFAULT_ROLES = ("operator", "approver")
+
+
+def current_actor(name: str | None = None, roles: tuple[str, ...] = ()) -> Actor:
+    """The person at the terminal: the login name and the operator and approver roles,
+    unless they say who they act as (the CLI speaks to the log directly, so whoever may reach
+    NATS is trusted; the HTTP API checks identities with keys)."""
+    if name is None:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):
+            # A container may run under a uid that has no entry in /etc/passwd.
+            name = f"uid-{os.getuid()}"
     try:
-        name = getpass.getuser()
-    except (KeyError, OSError):
-        # A container may run under a uid that has no entry in /etc/passwd.
-        name = f"uid-{os.getuid()}"
-    return Actor(id=name, kind="user", roles=("operator", "approver"))
+        return Actor(id=name, kind="user", roles=roles or DEFAULT_ROLES)
+    except ValidationError as error:
+        problems = "; ".join(detail["msg"] for detail in error.errors())
+        raise CliError(f"invalid identity {name!r} {roles}: {problems}", exit_code=2) from error
 
 
 def new_session_id() -> str:
@@ -73,9 +84,14 @@ def decision_submitted(
     decision: Literal["grant", "deny"],
     actor: Actor,
     comment: str,
+    modified_arguments: Arguments | None = None,
 ) -> Event:
     payload = ApprovalDecisionSubmitted(
-        request_id=request_id, decision=decision, decided_by=actor, comment=comment
+        request_id=request_id,
+        decision=decision,
+        decided_by=actor,
+        comment=comment,
+        modified_arguments=modified_arguments,
     )
     return _intent(payload, tenant, session_id)
 

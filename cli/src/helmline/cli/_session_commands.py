@@ -21,6 +21,7 @@ from helmline.cli._options import DataDir, Json, SessionId, Tenant
 
 if TYPE_CHECKING:
     from helmline.cli._intents import Control
+    from helmline.cli._sessions import ArgumentChange
 
 DEFAULT_TENANT = "default"
 INTERRUPTED = 130
@@ -225,16 +226,59 @@ def events(
     _run_async(print_events(), interrupted="")
 
 
+Acting = Annotated[
+    str | None,
+    typer.Option("--as", help="Who decides [default: your login name].", show_default=False),
+]
+Roles = Annotated[
+    list[str],
+    typer.Option(
+        "--role", help="A role you decide in (repeat it) [default: operator and approver]."
+    ),
+]
+Answer = Annotated[
+    bool,
+    typer.Option(
+        "--wait/--no-wait", help="Wait for the approval service's answer, or only submit."
+    ),
+]
+
+
 def approve(
     session: SessionId,
     request: Request = None,
     every: Every = False,
     comment: Comment = "",
+    arguments: Annotated[
+        str | None,
+        typer.Option(
+            "--arguments",
+            help="Run the call with these arguments instead (a JSON object); "
+            "they are checked against the tool's schema and the policy.",
+            show_default=False,
+        ),
+    ] = None,
+    set_fields: Annotated[
+        list[str],
+        typer.Option(
+            "--set",
+            help="Change one argument, FIELD=VALUE (VALUE is JSON, or else text); repeat it.",
+        ),
+    ] = [],  # noqa: B006 - Typer reads the default; it is never mutated
+    acting: Acting = None,
+    roles: Roles = [],  # noqa: B006
+    wait: Answer = True,
     tenant: Tenant = DEFAULT_TENANT,
     data_dir: DataDir = None,
 ) -> None:
-    """Grant a pending approval request (the only one, the one named, or --all)."""
-    _decide("grant", session, request, every, comment, tenant, data_dir)
+    """Grant a pending approval request (the only one, the one named, or --all).
+
+    Waits for the approval service's answer: granted, counted towards a quorum, or refused
+    with the reason (exit status 1).
+    """
+    change = _argument_change(arguments, set_fields)
+    identity = (acting, tuple(roles))
+    _decide("grant", session, request, every, comment, tenant, data_dir, identity, change, wait)
 
 
 def deny(
@@ -242,11 +286,15 @@ def deny(
     request: Request = None,
     every: Every = False,
     comment: Comment = "",
+    acting: Acting = None,
+    roles: Roles = [],  # noqa: B006
+    wait: Answer = True,
     tenant: Tenant = DEFAULT_TENANT,
     data_dir: DataDir = None,
 ) -> None:
     """Deny a pending approval request (the only one, the one named, or --all)."""
-    _decide("deny", session, request, every, comment, tenant, data_dir)
+    identity = (acting, tuple(roles))
+    _decide("deny", session, request, every, comment, tenant, data_dir, identity, None, wait)
 
 
 def pause(
@@ -274,6 +322,31 @@ def cancel(
     _control("cancel", session, reason, tenant, data_dir)
 
 
+def _argument_change(arguments: str | None, set_fields: list[str]) -> ArgumentChange | None:
+    from helmline.cli._sessions import ArgumentChange
+
+    if arguments is None and not set_fields:
+        return None
+    replace = None
+    if arguments is not None:
+        try:
+            replace = json.loads(arguments)
+        except json.JSONDecodeError as error:
+            _fail(CliError(f"--arguments is not JSON: {error}", exit_code=2))
+        if not isinstance(replace, dict):
+            _fail(CliError("--arguments must be a JSON object", exit_code=2))
+    fields: dict[str, Any] = {}
+    for assignment in set_fields:
+        name, equals, text = assignment.partition("=")
+        if not equals or not name:
+            _fail(CliError(f"--set {assignment!r}: write FIELD=VALUE", exit_code=2))
+        try:
+            fields[name] = json.loads(text)
+        except json.JSONDecodeError:
+            fields[name] = text
+    return ArgumentChange(replace, fields)
+
+
 def _decide(
     decision: Literal["grant", "deny"],
     session: str,
@@ -282,19 +355,28 @@ def _decide(
     comment: str,
     tenant: str,
     data_dir: Path | None,
+    identity: tuple[str | None, tuple[str, ...]],
+    change: ArgumentChange | None,
+    wait: bool,
 ) -> None:
     from helmline.cli._connection import connect
     from helmline.cli._display import stdout
-    from helmline.cli._intents import check_identifiers
-    from helmline.cli._sessions import decide
-    from helmline.contracts import ApprovalState
+    from helmline.cli._intents import check_identifiers, current_actor
+    from helmline.cli._sessions import ANSWER_TIMEOUT_S, Decided, decide
+    from helmline.contracts import (
+        ApprovalDecisionRefused,
+        ApprovalDenied,
+        ApprovalGranted,
+        ApprovalVoteCounted,
+    )
 
     if request is not None and every:
         _fail(CliError("give either --request or --all, not both", exit_code=2))
     _attempt(lambda: check_identifiers(tenant, session))
+    actor = _attempt(lambda: current_actor(*identity))
     url = _nats_url(data_dir)
 
-    async def submit() -> tuple[ApprovalState, ...]:
+    async def submit() -> list[Decided]:
         async with connect(url) as log:
             return await decide(
                 log,
@@ -304,12 +386,39 @@ def _decide(
                 request_id=request,
                 every=every,
                 comment=comment,
+                actor=actor,
+                arguments=change,
+                wait_s=ANSWER_TIMEOUT_S if wait else 0,
             )
 
-    verb = "approved" if decision == "grant" else "denied"
+    refused = False
     for decided in _run_async(submit()):
-        what = f"step {decided.step_id} ({decided.tool})" if decided.step_id else "the plan"
-        stdout().print(f"{verb} {decided.request_id}: {what}", highlight=False)
+        asked = decided.request
+        what = f"step {asked.step_id} ({asked.tool})" if asked.step_id else "the plan"
+        match decided.answer:
+            case ApprovalGranted():
+                stdout().print(f"approved {asked.request_id}: {what}", highlight=False)
+            case ApprovalDenied():
+                stdout().print(f"denied {asked.request_id}: {what}", highlight=False)
+            case ApprovalVoteCounted(grants=grants, quorum=quorum):
+                stdout().print(
+                    f"grant counted for {asked.request_id}: {grants} of {quorum} approvers",
+                    highlight=False,
+                )
+            case ApprovalDecisionRefused(reason=reason):
+                refused = True
+                typer.echo(f"error: {asked.request_id} refused: {reason}", err=True)
+            case None if not wait:
+                verb = "grant" if decision == "grant" else "denial"
+                stdout().print(f"submitted {verb} of {asked.request_id}: {what}", highlight=False)
+            case None:
+                typer.echo(
+                    f"warning: decision on {asked.request_id} recorded, but the approval "
+                    f"service has not answered within {ANSWER_TIMEOUT_S:g} s (is it running?)",
+                    err=True,
+                )
+    if refused:
+        raise typer.Exit(1)
 
 
 def _control(

@@ -6,8 +6,11 @@ Every answer is folded from the log right here; the CLI keeps nothing of its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from helmline.cli._connection import EventLog
 from helmline.cli._errors import CliError
@@ -20,7 +23,17 @@ from helmline.cli._intents import (
     new_session_id,
     session_started,
 )
-from helmline.contracts import ApprovalState, Playbook, SessionFold, SessionState
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionRefused,
+    ApprovalDenied,
+    ApprovalGranted,
+    ApprovalState,
+    ApprovalVoteCounted,
+    Playbook,
+    SessionFold,
+    SessionState,
+)
 from helmline.runtime import SessionSnapshot
 
 EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "cancelled": 2, "waiting": 3}
@@ -51,6 +64,21 @@ async def load_session(
     return snapshot
 
 
+ANSWER_TIMEOUT_S = 10.0
+"""How long `approve`/`deny` wait for the approval service to answer a decision."""
+
+Answer = ApprovalGranted | ApprovalDenied | ApprovalDecisionRefused | ApprovalVoteCounted
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A decision submitted on one request, and the approval service's answer to it."""
+
+    request: ApprovalState
+    answer: Answer | None
+    """None when the service did not answer in time (the decision stays in the log)."""
+
+
 async def decide(
     log: EventLog,
     tenant: str,
@@ -60,23 +88,60 @@ async def decide(
     request_id: str | None,
     every: bool,
     comment: str,
-) -> tuple[ApprovalState, ...]:
-    """Submit the decision on the chosen pending requests; the requests decided on."""
-    state = (await load_session(log, tenant, session_id)).state
-    chosen = _choose_requests(state, request_id=request_id, every=every)
-    actor = current_actor()
+    actor: Actor,
+    arguments: ArgumentChange | None = None,
+    wait_s: float = ANSWER_TIMEOUT_S,
+) -> list[Decided]:
+    """Submit the decision on the chosen pending requests and wait up to `wait_s` for each
+    answer.
+
+    The approval service answers every decision with an event caused by it: granted,
+    denied, counted towards a quorum, or refused with the reason.
+    """
+    snapshot = await load_session(log, tenant, session_id)
+    chosen = _choose_requests(snapshot.state, request_id=request_id, every=every)
+    submitted: dict[uuid.UUID, ApprovalState] = {}
     for request in chosen:
-        await log.store.append(
-            decision_submitted(
-                tenant=tenant,
-                session_id=session_id,
-                request_id=request.request_id,
-                decision=decision,
-                actor=actor,
-                comment=comment,
-            )
+        event = decision_submitted(
+            tenant=tenant,
+            session_id=session_id,
+            request_id=request.request_id,
+            decision=decision,
+            actor=actor,
+            comment=comment,
+            modified_arguments=arguments.applied_to(request) if arguments else None,
         )
-    return chosen
+        await log.store.append(event)
+        submitted[event.id] = request
+    answers: dict[uuid.UUID, Answer] = {}
+    if wait_s <= 0:
+        return [Decided(request, None) for request in submitted.values()]
+    with contextlib.suppress(TimeoutError):
+        async with (
+            asyncio.timeout(wait_s),
+            following(log.js, tenant, session_id, after_seq=snapshot.last_seq) as events,
+        ):
+            async for stored in events:
+                cause = stored.event.causation_id
+                if cause in submitted and isinstance(stored.event.data, Answer):
+                    answers.setdefault(cause, stored.event.data)
+                    if len(answers) == len(submitted):
+                        break
+    return [Decided(request, answers.get(cause)) for cause, request in submitted.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentChange:
+    """Arguments a person substitutes when granting: all of them, or some fields."""
+
+    replace: dict[str, Any] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def applied_to(self, request: ApprovalState) -> dict[str, Any]:
+        if request.tool is None:
+            raise CliError(f"{request.request_id} approves a plan, which has no arguments")
+        base = self.replace if self.replace is not None else dict(request.arguments or {})
+        return {**base, **self.fields}
 
 
 def _choose_requests(

@@ -373,6 +373,34 @@ class ApprovalDenied(Payload):
     """Why."""
 
 
+class ApprovalDecisionRefused(Payload):
+    """A person's decision changed nothing, and why: there is no such pending request, they
+    hold none of the roles that may decide, or the arguments they substituted do not fit the
+    tool's schema or the policy in force."""
+
+    TYPE = "approval.decision_refused"
+    request_id: str = Field(min_length=1, max_length=128)
+    """The request the decision named."""
+    decided_by: Actor
+    """Who tried to decide."""
+    reason: str = Field(min_length=1)
+    """Why the decision was refused, for that person."""
+
+
+class ApprovalVoteCounted(Payload):
+    """A grant counted towards a request's quorum; more distinct approvers are needed."""
+
+    TYPE = "approval.vote_counted"
+    request_id: str = Field(min_length=1, max_length=128)
+    """The request granted."""
+    decided_by: Actor
+    """Who granted."""
+    grants: int = Field(ge=1)
+    """Distinct approvers who granted the same thing so far."""
+    quorum: int = Field(ge=2)
+    """How many are needed."""
+
+
 class ApprovalExpired(Payload):
     """Nobody decided in time; an expired request counts as a denial."""
 
@@ -855,6 +883,8 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     ApprovalDecisionSubmitted,
     ApprovalGranted,
     ApprovalDenied,
+    ApprovalDecisionRefused,
+    ApprovalVoteCounted,
     ApprovalExpired,
     StepScheduled,
     StepSkipped,

@@ -7,11 +7,13 @@ from datetime import UTC, datetime
 
 from helmline.contracts._catalogue import (
     Alternative,
+    ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGranted,
     ApprovalRequested,
+    ApprovalVoteCounted,
     CheckpointCreated,
     CompensationCompleted,
     CompensationFailed,
@@ -169,6 +171,12 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
     ),
     ApprovalGranted(request_id="count.1", decided_by=(_ANA,), comment="fine"),
     ApprovalDenied(request_id="count.1", decided_by=_ANA, comment="not now"),
+    ApprovalDecisionRefused(
+        request_id="count.1",
+        decided_by=Actor(id="eve", kind="user", roles=("viewer",)),
+        reason="eve holds none of the roles that may decide (approver)",
+    ),
+    ApprovalVoteCounted(request_id="count.1", decided_by=_ANA, grants=1, quorum=2),
     ApprovalExpired(request_id="count.1"),
     StepScheduled(
         step_id="count",

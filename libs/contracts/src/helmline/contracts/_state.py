@@ -21,11 +21,13 @@ from pydantic import JsonValue
 
 from helmline.contracts._catalogue import (
     Alternative,
+    ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGranted,
     ApprovalRequested,
+    ApprovalVoteCounted,
     CheckpointCreated,
     CompensationCompleted,
     CompensationFailed,
@@ -697,6 +699,8 @@ class SessionFold:
                 v["cost_usd"] += data.cost_usd or 0.0
             case ContextCompacted() | LoopDetected():
                 pass  # Facts for people and replays; the session's state does not change.
+            case ApprovalDecisionRefused() | ApprovalVoteCounted():
+                pass  # Answers to the person who decided; the request is unchanged.
             case RollbackRequested():
                 self.rollbacks[data.rollback_id] = RollbackState(
                     rollback_id=data.rollback_id,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -21,6 +20,8 @@ from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
+    ApprovalDenied,
+    ApprovalGranted,
     ApprovalRequested,
     Event,
     PlanProposed,
@@ -33,7 +34,6 @@ from helmline.runtime import Delivery, EventStore, SessionCache
 
 SOURCE = "helmline/approval"
 REQUESTER_CACHE_LIMIT = 10_000
-logger = logging.getLogger(__name__)
 
 
 class ApprovalHandler:
@@ -100,18 +100,10 @@ class ApprovalHandler:
                     self._notifier.announce(event, policy.document.webhooks)
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
-                outcome = judge_vote(state, data, policy, datetime.now(UTC))
-                if outcome.note is not None:
-                    logger.warning(
-                        "decision by %s on %s/%s appends nothing: %s",
-                        data.decided_by.id,
-                        event.session_id,
-                        data.request_id,
-                        outcome.note,
-                    )
-                appended = await self._append(event, outcome.decisions)
+                decisions = judge_vote(state, data, policy, datetime.now(UTC))
+                appended = await self._append(event, decisions)
                 self._sessions.record(state, appended)
-                if outcome.decisions:
+                if any(isinstance(d.payload, ApprovalGranted | ApprovalDenied) for d in decisions):
                     self._cancel_timer(event.tenant, event.session_id, data.request_id)
             case _:
                 pass

@@ -5,7 +5,7 @@ Every decision event records the rule that made it and the hash of the policy in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from jsonschema import Draft202012Validator
@@ -14,12 +14,14 @@ from helmline.approval._document import DEFAULT_APPROVER_ROLES
 from helmline.approval._rules import RISK_ORDER, Policy, Verdict
 from helmline.contracts import (
     Actor,
+    ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGranted,
     ApprovalRequested,
     ApprovalState,
+    ApprovalVoteCounted,
     Payload,
     PlanApproved,
     PlanProposed,
@@ -41,15 +43,6 @@ class Decision:
 
     payload: Payload
     identity: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class VoteOutcome:
-    """What a person's decision leads to: events, or why it changes nothing (for the log)."""
-
-    decisions: list[Decision] = field(default_factory=list)
-    note: str | None = None
-    """Why nothing is appended: a refusal, or a grant that waits for more approvers."""
 
 
 PLAN_APPROVAL_RULE = "plan-approval"
@@ -247,8 +240,9 @@ def _standing_grant(
 
 def judge_vote(
     state: SessionState, vote: ApprovalDecisionSubmitted, policy: Policy, now: datetime
-) -> VoteOutcome:
-    """A person's decision on a pending request, if they may make it.
+) -> list[Decision]:
+    """What a person's decision on a pending request leads to; never nothing, so that
+    whoever decided learns the outcome from the log (granted, denied, counted or refused).
 
     One denial by someone allowed to decide denies the request. Grants count once per
     person, and only grants of the very same arguments (and "approve similar" scope) count
@@ -259,26 +253,24 @@ def judge_vote(
     request = state.approvals.get(vote.request_id)
     voter = vote.decided_by
     if request is None:
-        return VoteOutcome(note=f"no approval request {vote.request_id}")
+        return _refuse(vote, f"no approval request {vote.request_id}")
     if request.status != "pending":
-        return VoteOutcome(note=f"request {request.request_id} is already {request.status}")
+        return _refuse(vote, f"request {request.request_id} is already {request.status}")
     roles = request.approver_roles or DEFAULT_APPROVER_ROLES
     if not _may_decide(voter, roles):
-        return VoteOutcome(
-            note=f"{voter.id} holds none of the roles that may decide ({', '.join(roles)})"
+        return _refuse(
+            vote, f"{voter.id} holds none of the roles that may decide ({', '.join(roles)})"
         )
     if vote.decision == "deny":
         reason = f"denied by {voter.id}" + (f": {vote.comment}" if vote.comment else "")
         denied = ApprovalDenied(
             request_id=request.request_id, decided_by=voter, comment=vote.comment
         )
-        return VoteOutcome(
-            [
-                Decision(denied, f"decided/{request.request_id}"),
-                *_deny_call(request, reason, policy.hash),
-                *_reject_plan(request, reason, voter, policy.hash),
-            ]
-        )
+        return [
+            Decision(denied, f"decided/{request.request_id}"),
+            *_deny_call(request, reason, policy.hash),
+            *_reject_plan(request, reason, voter, policy.hash),
+        ]
     arguments = vote.modified_arguments
     if arguments is None:
         arguments = request.arguments or {}
@@ -286,7 +278,7 @@ def judge_vote(
     if request.call_id is not None and request.step_id is not None and request.tool:
         problem = _modified_arguments_problem(request, vote, policy)
         if problem is not None:
-            return VoteOutcome(note=problem)
+            return _refuse(vote, problem)
         verdict = policy.judge(
             tenant=state.tenant,
             tool=request.tool,
@@ -297,9 +289,10 @@ def judge_vote(
         if verdict.effect == "deny" or (
             verdict.effect == "require_approval" and verdict.rule != request.rule
         ):
-            return VoteOutcome(
-                note=f"the policy in force no longer lets a person approve this call "
-                f"({verdict.effect} by rule {verdict.rule}); deny it or let it expire"
+            return _refuse(
+                vote,
+                f"the policy in force no longer lets a person approve this call "
+                f"({verdict.effect} by rule {verdict.rule}); deny it or let it expire",
             )
         authorized = ToolCallAuthorized(
             call_id=request.call_id,
@@ -315,10 +308,13 @@ def judge_vote(
         )
     granters = _granters(request, vote, roles)
     if len(granters) < request.quorum:
-        return VoteOutcome(
-            note=f"grant by {voter.id} counted: {len(granters)} of {request.quorum} "
-            f"distinct approvers for {request.request_id}"
+        counted = ApprovalVoteCounted(
+            request_id=request.request_id,
+            decided_by=voter,
+            grants=len(granters),
+            quorum=request.quorum,
         )
+        return [Decision(counted)]
     similar_until = None
     if vote.similar_limit is not None:
         similar_until = vote.similar_until or now + SIMILAR_GRANT_DEFAULT
@@ -337,7 +333,14 @@ def judge_vote(
     if revision is not None:
         approval = PlanApproved(revision=revision, approved_by=granters[0], policy_hash=policy.hash)
         decisions.append(Decision(approval, f"plan.approved/{revision}"))
-    return VoteOutcome(decisions)
+    return decisions
+
+
+def _refuse(vote: ApprovalDecisionSubmitted, reason: str) -> list[Decision]:
+    refused = ApprovalDecisionRefused(
+        request_id=vote.request_id, decided_by=vote.decided_by, reason=reason
+    )
+    return [Decision(refused)]
 
 
 def _may_decide(actor: Actor, roles: tuple[str, ...]) -> bool:
