@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,6 +19,8 @@ from typing import Any
 import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+from helmline.runtime.testing import NatsServer
 
 HOPS = 3
 LAPS = 300
@@ -55,23 +56,21 @@ async def _hop(hop: int, url: str) -> None:
 
 
 async def run() -> list[dict[str, Any]]:
-    from helmline.runtime.testing import NatsServer  # noqa: PLC0415 (hop processes need none)
-
     with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
         nc = await nats.connect(server.url)
         js = nc.jetstream()
         await js.add_stream(StreamConfig(name=STREAM, subjects=["ring.*"]))
         # Hops 1 and 2 are processes of their own; this process is hop 0 and times laps.
         hops = [
-            subprocess.Popen(
-                [sys.executable, __file__, str(hop), server.url], stdout=subprocess.PIPE, text=True
+            await asyncio.create_subprocess_exec(
+                sys.executable, __file__, str(hop), server.url, stdout=asyncio.subprocess.PIPE
             )
             for hop in (1, 2)
         ]
         try:
             for process in hops:
                 assert process.stdout is not None
-                process.stdout.readline()
+                await process.stdout.readline()
             laps: list[float] = []
             arrived: asyncio.Queue[float] = asyncio.Queue()
 
@@ -87,6 +86,7 @@ async def run() -> list[dict[str, Any]]:
         finally:
             for process in hops:
                 process.kill()
+                await process.wait()
             await nc.close()
     laps = laps[LAPS // 10 :]  # Connections and consumers warm up in the first laps.
     return [
