@@ -111,6 +111,7 @@ from helmline.contracts._tools import (
 from helmline.contracts._topology import (
     ALL_CIRCUITS,
     ALL_EVENTS,
+    API_KEYS_BUCKET,
     APPROVAL_CONSUMER,
     DEAD_LETTER_STREAM,
     EVENTS_STREAM,
@@ -154,6 +155,8 @@ from helmline.contracts._values import (
     ResourceUsage,
     Risk,
     SandboxLimits,
+    SessionId,
+    TenantId,
     ToolError,
 )
 from helmline.contracts._versions import (
@@ -165,6 +168,7 @@ from helmline.contracts._versions import (
 __all__ = [
     "ALL_CIRCUITS",
     "ALL_EVENTS",
+    "API_KEYS_BUCKET",
     "APPROVAL_CONSUMER",
     "BUILTIN_SERVER",
     "BUILTIN_TOOLS",
@@ -252,6 +256,7 @@ __all__ = [
     "SessionCompleted",
     "SessionFailed",
     "SessionFold",
+    "SessionId",
     "SessionPauseRequested",
     "SessionPaused",
     "SessionResumeRequested",
@@ -264,6 +269,7 @@ __all__ = [
     "StepState",
     "StepStatus",
     "StreamSpec",
+    "TenantId",
     "ThoughtRecorded",
     "ThoughtState",
     "ToolCallAttemptFailed",

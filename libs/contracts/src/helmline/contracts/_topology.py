@@ -228,6 +228,12 @@ RATE_LIMITS_BUCKET = KeyValueSpec(
     ttl_s=3600.0,
 )
 
+API_KEYS_BUCKET = KeyValueSpec(
+    bucket="helmline_api_keys",
+    description="API keys by key id: tenant, roles and the SHA-256 of the secret (never the "
+    "secret itself).",
+)
+
 WORKSPACES_BUCKET = ObjectStoreSpec(
     bucket="helmline_workspaces",
     description="Workspace snapshots that checkpoints refer to.",
@@ -239,7 +245,7 @@ TOOL_OUTPUTS_BUCKET = ObjectStoreSpec(
     "refer to them for people allowed to see them.",
 )
 
-KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (RATE_LIMITS_BUCKET,)
+KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (RATE_LIMITS_BUCKET, API_KEYS_BUCKET)
 OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET, TOOL_OUTPUTS_BUCKET)
 
 

@@ -2,17 +2,27 @@
 
 from helmline.api._app import create_app
 from helmline.api._settings import ApiSettings
-from helmline.runtime import ServiceHost, run_service
+from helmline.runtime import ServiceHost, Setup, run_service
+
+
+def setup_api(settings: ApiSettings) -> Setup:
+    """Serve the API on a started host's connection (tests run it in-process this way)."""
+
+    async def setup(host: ServiceHost) -> None:
+        app = create_app(host, settings)
+        host.on_shutdown(app.state.lister.close)
+        await host.serve_http(app, settings.api_host, settings.api_port)
+        # Cleanups run last added first: open event streams end before uvicorn waits for
+        # their connections to close.
+        host.on_shutdown(app.state.streams.close_all)
+
+    return setup
 
 
 def main() -> None:
     """Run the API service."""
     settings = ApiSettings()
-
-    async def setup(host: ServiceHost) -> None:
-        await host.serve_http(create_app(host), settings.api_host, settings.api_port)
-
-    run_service("api", settings, setup)
+    run_service("api", settings, setup_api(settings))
 
 
 if __name__ == "__main__":

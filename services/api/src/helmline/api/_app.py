@@ -1,19 +1,36 @@
-"""The FastAPI application."""
+"""The FastAPI application: routes, problem details, authentication and the web console."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Response
+from pathlib import Path
 
+from fastapi import FastAPI, Response
+from fastapi.staticfiles import StaticFiles
+
+from helmline.api import _events, _routes
+from helmline.api._auth import Authenticator
+from helmline.api._problems import install_problem_handlers, not_found
+from helmline.api._reads import SessionLister
+from helmline.api._settings import ApiSettings
 from helmline.runtime import ServiceHost
 
+CONSOLE_BUILD = Path(__file__).resolve().parents[3] / "console" / "dist"
+"""Where `npm run build` puts the console in a source checkout."""
 
-def create_app(host: ServiceHost) -> FastAPI:
+
+def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     """The HTTP API, answering from the event log the service host is connected to."""
     app = FastAPI(
         title="Helmline",
-        summary="Control plane for tool-using AI agents",
+        summary="Control plane for tool-using AI agents: sessions, approvals, live events",
         version="0.1.0",
     )
+    app.state.store = host.store
+    app.state.js = host.js
+    app.state.authenticator = Authenticator(settings, host.js)
+    app.state.lister = SessionLister(host.store, settings.database_url)
+    app.state.streams = _events.OpenStreams()
+    install_problem_handlers(app)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -27,5 +44,18 @@ def create_app(host: ServiceHost) -> FastAPI:
             response.status_code = 503
             return {"service": "api", "status": "not ready"}
         return {"service": "api", "status": "ready"}
+
+    app.include_router(_routes.router)
+    app.include_router(_events.router)
+    console = settings.console_dir or CONSOLE_BUILD
+    if (console / "index.html").is_file():
+        app.mount("/", StaticFiles(directory=console, html=True), name="console")
+    else:
+
+        @app.get("/", include_in_schema=False)
+        async def no_console() -> None:
+            raise not_found(
+                f"the web console is not built ({console} has no index.html): run `make install`"
+            )
 
     return app

@@ -1,0 +1,344 @@
+"""The session routes: every read is a fold of the log, every command one appended event."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, Field, model_validator
+
+from helmline.api._auth import Approver, Operator, Principal, Viewer
+from helmline.api._problems import PROBLEM_RESPONSES, ProblemDetails, conflict, forbidden, not_found
+from helmline.api._reads import SessionFilter, SessionLister, SessionSummary, load_session
+from helmline.contracts import (
+    BUILTIN_TOOLS,
+    ApprovalDecisionSubmitted,
+    Arguments,
+    CheckpointState,
+    Event,
+    ForkOrigin,
+    Payload,
+    Playbook,
+    RollbackRequested,
+    SessionCancelRequested,
+    SessionId,
+    SessionPauseRequested,
+    SessionResumeRequested,
+    SessionStarted,
+    SessionState,
+    SessionStatus,
+    ToolSpec,
+    new_event,
+)
+from helmline.runtime import EventStore
+
+SOURCE = "helmline/api"
+
+Responses = dict[int | str, dict[str, Any]]
+
+NOT_FOUND: Responses = {
+    404: {"model": ProblemDetails, "description": "No such session in the principal's tenant"}
+}
+CONFLICTS: Responses = {
+    **NOT_FOUND,
+    409: {"model": ProblemDetails, "description": "The session is not in a state that allows it"},
+}
+
+router = APIRouter(responses=PROBLEM_RESPONSES)
+
+SessionPath = Annotated[SessionId, "the session id"]
+
+
+class NewSession(BaseModel):
+    """A session to start: a goal for the planner, or a declared playbook."""
+
+    goal: str | None = Field(default=None, min_length=1, max_length=10_000)
+    """What to achieve; with a playbook, overrides the playbook's goal."""
+    playbook: Playbook | None = None
+    """Declared steps to run instead of planning."""
+    labels: dict[str, str] = {}
+    """Free labels for finding the session later."""
+
+    @model_validator(mode="after")
+    def _goal_or_playbook(self) -> NewSession:
+        if self.goal is None and self.playbook is None:
+            raise ValueError("give a goal, a playbook, or both")
+        return self
+
+
+class Accepted(BaseModel):
+    """The command's event is in the log; services act on it from there."""
+
+    session_id: str
+    seq: int
+    """Stream sequence of the appended event (`GET /sessions/{id}?at_seq=` from there)."""
+
+
+class Control(BaseModel):
+    reason: str = Field(default="", max_length=2000)
+    """Why, in the person's words."""
+
+
+class Decision(BaseModel):
+    """A decision on a pending approval request."""
+
+    decision: Literal["grant", "deny"]
+    comment: str = Field(default="", max_length=2000)
+    modified_arguments: Arguments | None = None
+    """Arguments to run the call with instead of the requested ones (grant only)."""
+    similar_limit: int | None = Field(default=None, ge=1, le=1000)
+    """Let the grant also stand for up to this many later calls of the same tool and rule."""
+
+    @model_validator(mode="after")
+    def _modifications_only_with_grant(self) -> Decision:
+        if self.decision == "deny" and (
+            self.modified_arguments is not None or self.similar_limit is not None
+        ):
+            raise ValueError("modified_arguments and similar_limit only go with a grant")
+        return self
+
+
+class Rollback(BaseModel):
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    """The checkpoint to return to: every step after it is undone."""
+    accept_partial: bool = False
+    """Undo what can be undone even if an irreversible step is in the way."""
+    reason: str = Field(default="", max_length=2000)
+
+
+class RollbackAccepted(Accepted):
+    rollback_id: str
+
+
+class Fork(BaseModel):
+    at_seq: int | None = Field(default=None, ge=1)
+    """The origin's last event the fork includes; its latest when left out."""
+
+
+def _store(request: Request) -> EventStore:
+    store: EventStore = request.app.state.store
+    return store
+
+
+async def _append(request: Request, principal: Principal, session_id: str, payload: Payload) -> int:
+    event: Event = new_event(payload, tenant=principal.tenant, session_id=session_id, source=SOURCE)
+    return (await _store(request).append(event)).seq
+
+
+async def _accepted(
+    request: Request, principal: Principal, session_id: str, payload: Payload
+) -> Accepted:
+    seq = await _append(request, principal, session_id, payload)
+    return Accepted(session_id=session_id, seq=seq)
+
+
+async def _live_session(request: Request, principal: Principal, session_id: str) -> SessionState:
+    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    if state.is_terminal:
+        raise conflict(f"session {session_id} has already ended: {state.status}")
+    return state
+
+
+@router.post("/sessions", status_code=201, tags=["sessions"], responses=NOT_FOUND)
+async def create_session(
+    body: NewSession, principal: Operator, request: Request, response: Response
+) -> Accepted:
+    """Start a session: `session.started` with the goal (mode plan) or the playbook."""
+    session_id = uuid.uuid4().hex
+    goal = body.goal or (body.playbook.goal if body.playbook else "")
+    payload = SessionStarted(
+        goal=goal,
+        mode="playbook" if body.playbook else "plan",
+        playbook=body.playbook,
+        requested_by=principal.actor(),
+        labels=body.labels,
+    )
+    event = new_event(payload, tenant=principal.tenant, session_id=session_id, source=SOURCE)
+    # A new id has no events; expecting none only guards against an id collision.
+    appended = await _store(request).append(event, expected_last_seq=0)
+    response.headers["Location"] = f"/sessions/{session_id}"
+    return Accepted(session_id=session_id, seq=appended.seq)
+
+
+@router.get("/sessions", tags=["sessions"])
+async def list_sessions(
+    principal: Viewer,
+    request: Request,
+    status: Annotated[list[SessionStatus], Query()] = [],  # noqa: B006 - FastAPI copies it
+    waiting: Annotated[
+        bool | None, Query(description="Only sessions with (or without) a pending approval")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> list[SessionSummary]:
+    """The tenant's sessions, newest first, with what each waits for."""
+    lister: SessionLister = request.app.state.lister
+    query = SessionFilter(status=status, waiting=waiting, limit=limit, offset=offset)
+    return await lister.sessions(principal.tenant, query)
+
+
+@router.get("/sessions/{session_id}", tags=["sessions"], responses=NOT_FOUND)
+async def get_session(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    response: Response,
+    at_seq: Annotated[
+        int | None, Query(ge=1, description="The state as it was after this stream sequence")
+    ] = None,
+) -> SessionState:
+    """The session folded from its log: plan, steps, approvals, checkpoints, thoughts."""
+    snapshot = await load_session(_store(request), principal.tenant, session_id, at_seq=at_seq)
+    response.headers["X-Last-Seq"] = str(snapshot.last_seq)
+    return snapshot.state
+
+
+@router.get("/sessions/{session_id}/checkpoints", tags=["sessions"], responses=NOT_FOUND)
+async def list_checkpoints(
+    session_id: SessionPath, principal: Viewer, request: Request
+) -> list[CheckpointState]:
+    """The points the session can be rolled back to, oldest first."""
+    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    return list(state.checkpoints)
+
+
+@router.post(
+    "/sessions/{session_id}/approvals/{request_id}",
+    status_code=202,
+    tags=["approvals"],
+    responses=CONFLICTS,
+)
+async def decide(
+    session_id: SessionPath,
+    request_id: Annotated[str, "the approval request"],
+    body: Decision,
+    principal: Approver,
+    request: Request,
+) -> Accepted:
+    """Grant (optionally with modified arguments) or deny a pending approval request.
+
+    The approval service judges the decision: modified arguments must fit the tool's schema
+    and the policy in force.
+    """
+    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    approval = state.approvals.get(request_id)
+    if approval is None:
+        raise not_found(f"session {session_id} has no approval request {request_id}")
+    if approval.status != "pending":
+        raise conflict(f"approval request {request_id} is already {approval.status}")
+    actor = principal.actor()
+    if approval.approver_roles and set(actor.roles).isdisjoint(approval.approver_roles):
+        raise forbidden(
+            f"approval request {request_id} may be decided by "
+            f"{', '.join(approval.approver_roles)} only"
+        )
+    payload = ApprovalDecisionSubmitted(
+        request_id=request_id,
+        decision=body.decision,
+        decided_by=actor,
+        comment=body.comment,
+        modified_arguments=body.modified_arguments,
+        similar_limit=body.similar_limit,
+    )
+    return await _accepted(request, principal, session_id, payload)
+
+
+@router.post("/sessions/{session_id}/pause", status_code=202, tags=["control"], responses=CONFLICTS)
+async def pause(
+    session_id: SessionPath, body: Control, principal: Operator, request: Request
+) -> Accepted:
+    """Ask that no new step start; a running step finishes."""
+    await _live_session(request, principal, session_id)
+    payload = SessionPauseRequested(requested_by=principal.actor(), reason=body.reason)
+    return await _accepted(request, principal, session_id, payload)
+
+
+@router.post(
+    "/sessions/{session_id}/resume", status_code=202, tags=["control"], responses=CONFLICTS
+)
+async def resume(session_id: SessionPath, principal: Operator, request: Request) -> Accepted:
+    """Ask a paused session to continue."""
+    await _live_session(request, principal, session_id)
+    payload = SessionResumeRequested(requested_by=principal.actor())
+    return await _accepted(request, principal, session_id, payload)
+
+
+@router.post(
+    "/sessions/{session_id}/cancel", status_code=202, tags=["control"], responses=CONFLICTS
+)
+async def cancel(
+    session_id: SessionPath, body: Control, principal: Operator, request: Request
+) -> Accepted:
+    """Ask that the session stop for good; a running command is killed."""
+    await _live_session(request, principal, session_id)
+    payload = SessionCancelRequested(requested_by=principal.actor(), reason=body.reason)
+    return await _accepted(request, principal, session_id, payload)
+
+
+@router.post(
+    "/sessions/{session_id}/rollback", status_code=202, tags=["control"], responses=NOT_FOUND
+)
+async def rollback(
+    session_id: SessionPath, body: Rollback, principal: Operator, request: Request
+) -> RollbackAccepted:
+    """Ask that the session be rolled back to a checkpoint (`rollback.requested`).
+
+    The state service runs the compensations in reverse order, or refuses when an
+    irreversible step is in the way and a partial rollback was not accepted.
+    """
+    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    if not any(c.checkpoint_id == body.checkpoint_id for c in state.checkpoints):
+        raise not_found(f"session {session_id} has no checkpoint {body.checkpoint_id}")
+    rollback_id = uuid.uuid4().hex
+    payload = RollbackRequested(
+        rollback_id=rollback_id,
+        checkpoint_id=body.checkpoint_id,
+        requested_by=principal.actor(),
+        accept_partial=body.accept_partial,
+        reason=body.reason,
+    )
+    seq = await _append(request, principal, session_id, payload)
+    return RollbackAccepted(session_id=session_id, seq=seq, rollback_id=rollback_id)
+
+
+@router.post("/sessions/{session_id}/fork", status_code=201, tags=["sessions"], responses=NOT_FOUND)
+async def fork(
+    session_id: SessionPath, body: Fork, principal: Operator, request: Request, response: Response
+) -> Accepted:
+    """Start a new session from this one's history up to a sequence (`fork_of` names it)."""
+    store = _store(request)
+    history = await store.read_all(principal.tenant, session_id, up_to_seq=body.at_seq)
+    origin = next((s.event.data for s in history if isinstance(s.event.data, SessionStarted)), None)
+    if origin is None:
+        where = f" at or before sequence {body.at_seq}" if body.at_seq is not None else ""
+        raise not_found(f"no session {session_id}{where}")
+    payload = origin.model_copy(
+        update={
+            "requested_by": principal.actor(),
+            "fork_of": ForkOrigin(session_id=session_id, at_seq=history[-1].seq),
+        }
+    )
+    new_id = uuid.uuid4().hex
+    event = new_event(payload, tenant=principal.tenant, session_id=new_id, source=SOURCE)
+    appended = await store.append(event, expected_last_seq=0)
+    response.headers["Location"] = f"/sessions/{new_id}"
+    return Accepted(session_id=new_id, seq=appended.seq)
+
+
+@router.get("/tools", tags=["tools"])
+async def list_tools(principal: Viewer) -> list[ToolSpec]:
+    """The tools plans may call, with their argument schemas and default risk."""
+    return list(BUILTIN_TOOLS)
+
+
+class Me(BaseModel):
+    id: str
+    tenant: str
+    roles: list[str]
+
+
+@router.get("/me", tags=["auth"])
+async def me(principal: Viewer) -> Me:
+    """Who the credential belongs to."""
+    return Me(id=principal.id, tenant=principal.tenant, roles=sorted(principal.roles))

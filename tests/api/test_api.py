@@ -1,0 +1,345 @@
+"""Every API endpoint over real HTTP against the running stack: commands, reads, errors,
+roles and tenant isolation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from helmline.contracts import SessionStarted
+from helmline.runtime import EventStore
+from helmline.runtime.testing import eventually
+from tests.api.conftest import Issuer, KeyMaker
+
+HELLO: dict[str, Any] = {
+    "goal": "write a note and count it",
+    "steps": [
+        {"id": "write", "tool": "write_file", "arguments": {"path": "n.txt", "content": "a\nb\n"}},
+        {
+            "id": "count",
+            "tool": "run_command",
+            "arguments": {"command": "wc -c n.txt"},
+            "depends_on": ["write"],
+        },
+    ],
+}
+
+
+async def start(client: httpx.AsyncClient, headers: dict[str, str]) -> str:
+    response = await client.post("/sessions", json={"playbook": HELLO}, headers=headers)
+    assert response.status_code == 201, response.text
+    session_id: str = response.json()["session_id"]
+    assert response.headers["location"] == f"/sessions/{session_id}"
+    return session_id
+
+
+async def until(
+    client: httpx.AsyncClient, headers: dict[str, str], session_id: str, *statuses: str
+) -> dict[str, Any]:
+    async def reached() -> dict[str, Any] | None:
+        state: dict[str, Any] = (
+            await client.get(f"/sessions/{session_id}", headers=headers)
+        ).json()
+        return state if state["status"] in statuses else None
+
+    found: dict[str, Any] = await eventually(reached, timeout_s=30, what=f"status {statuses}")
+    return found
+
+
+async def waiting_request(
+    client: httpx.AsyncClient, headers: dict[str, str], session_id: str
+) -> str:
+    state = await until(client, headers, session_id, "waiting")
+    (request_id,) = [r for r, a in state["approvals"].items() if a["status"] == "pending"]
+    return request_id
+
+
+def assert_problem(response: httpx.Response, status: int, *words: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status
+    assert body["title"]
+    for word in words:
+        assert word in body["detail"], body
+
+
+async def test_health_and_readiness_need_no_credential(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"service": "api", "status": "alive"}
+    assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_openapi_lists_every_route(client: httpx.AsyncClient) -> None:
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    assert {
+        "/sessions",
+        "/sessions/{session_id}",
+        "/sessions/{session_id}/checkpoints",
+        "/sessions/{session_id}/approvals/{request_id}",
+        "/sessions/{session_id}/pause",
+        "/sessions/{session_id}/resume",
+        "/sessions/{session_id}/cancel",
+        "/sessions/{session_id}/rollback",
+        "/sessions/{session_id}/fork",
+        "/sessions/{session_id}/events",
+        "/events",
+        "/tools",
+        "/healthz",
+        "/readyz",
+    } <= set(paths)
+    assert (await client.get("/docs")).status_code == 200
+
+
+async def test_without_a_valid_credential_the_answer_is_401(
+    client: httpx.AsyncClient, tenant: str
+) -> None:
+    assert_problem(await client.get("/sessions"), 401, "API key")
+    unknown = {"Authorization": "Bearer hlk_0123456789abcdef_not-a-secret"}
+    assert_problem(await client.get("/sessions", headers=unknown), 401, "not known")
+    assert_problem(
+        await client.get("/sessions", headers={"Authorization": "Bearer not.a.jwt"}),
+        401,
+        "bearer token was refused",
+    )
+
+
+async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_waits_for(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin)
+    request_id = await waiting_request(client, admin, session_id)
+
+    async def listed() -> list[dict[str, Any]]:
+        response = await client.get(
+            "/sessions", params={"status": "waiting", "waiting": "true"}, headers=admin
+        )
+        assert response.status_code == 200, response.text
+        return [s for s in response.json() if s["session_id"] == session_id]
+
+    (summary,) = await eventually(listed, timeout_s=30, what="session in the list")
+    assert summary["waiting_for"][0]["request_id"] == request_id
+    assert summary["waiting_for"][0]["tool"] == "run_command"
+    assert summary["goal"] == HELLO["goal"]
+    done = await client.get("/sessions", params={"status": "completed"}, headers=admin)
+    assert all(s["session_id"] != session_id for s in done.json())
+
+    first = await client.get(f"/sessions/{session_id}", params={"at_seq": 1}, headers=admin)
+    assert first.json()["event_count"] == 1
+    assert first.json()["status"] in ("pending", "planning")
+    checkpoints = (await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)).json()
+    assert [c["step_id"] for c in checkpoints] == ["write"]
+
+
+async def test_a_grant_with_modified_arguments_runs_them_and_records_the_comment(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    approver = await make_key(tenant, "approver")
+    session_id = await start(client, operator)
+    request_id = await waiting_request(client, approver, session_id)
+    decision = {
+        "decision": "grant",
+        "comment": "lines, not bytes",
+        "modified_arguments": {"command": "wc -l n.txt"},
+    }
+    url = f"/sessions/{session_id}/approvals/{request_id}"
+    assert (await client.post(url, json=decision, headers=approver)).status_code == 202
+    state = await until(client, approver, session_id, "completed", "failed")
+    assert state["status"] == "completed", state["outcome"]
+    assert state["steps"]["count"]["output"]["stdout"].strip().startswith("2")
+    approval = state["approvals"][request_id]
+    assert approval["comment"] == "lines, not bytes"
+    assert approval["modified_arguments"] == {"command": "wc -l n.txt"}
+    assert_problem(await client.post(url, json=decision, headers=approver), 409, "already")
+
+
+async def test_a_denial_fails_the_session(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin)
+    request_id = await waiting_request(client, admin, session_id)
+    response = await client.post(
+        f"/sessions/{session_id}/approvals/{request_id}",
+        json={"decision": "deny", "comment": "no commands today"},
+        headers=admin,
+    )
+    assert response.status_code == 202
+    state = await until(client, admin, session_id, "failed", "completed")
+    assert state["status"] == "failed"
+    assert "no commands today" in state["outcome"]
+
+
+async def test_each_role_may_do_only_its_part(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    viewer = await make_key(tenant, "viewer")
+    operator = await make_key(tenant, "operator")
+    approver = await make_key(tenant, "approver")
+    assert_problem(
+        await client.post("/sessions", json={"playbook": HELLO}, headers=viewer), 403, "operator"
+    )
+    session_id = await start(client, operator)
+    request_id = await waiting_request(client, viewer, session_id)
+    grant = {"decision": "grant"}
+    url = f"/sessions/{session_id}/approvals/{request_id}"
+    assert_problem(await client.post(url, json=grant, headers=operator), 403, "approver")
+    assert_problem(await client.post(url, json=grant, headers=viewer), 403, "approver")
+    for control in ("pause", "cancel"):
+        response = await client.post(f"/sessions/{session_id}/{control}", json={}, headers=approver)
+        assert_problem(response, 403, "operator")
+    assert (await client.get(f"/sessions/{session_id}", headers=viewer)).status_code == 200
+
+
+async def test_another_tenants_session_is_not_found(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    owner = await make_key(tenant, "admin")
+    stranger = await make_key(f"{tenant}-b", "admin")
+    session_id = await start(client, owner)
+    request_id = await waiting_request(client, owner, session_id)
+    base = f"/sessions/{session_id}"
+    for response in (
+        await client.get(base, headers=stranger),
+        await client.get(f"{base}/checkpoints", headers=stranger),
+        await client.get(f"{base}/events", headers=stranger),
+        await client.post(f"{base}/pause", json={}, headers=stranger),
+        await client.post(f"{base}/fork", json={}, headers=stranger),
+        await client.post(
+            f"{base}/approvals/{request_id}", json={"decision": "grant"}, headers=stranger
+        ),
+    ):
+        assert_problem(response, 404, session_id)
+    listed = (await client.get("/sessions", headers=stranger)).json()
+    assert all(s["session_id"] != session_id for s in listed)
+
+
+async def test_pause_resume_and_cancel_become_events_and_an_ended_session_refuses_them(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    operator = await make_key(tenant, "operator")
+    session_id = await start(client, operator)
+    await waiting_request(client, operator, session_id)
+    base = f"/sessions/{session_id}"
+    paused = await client.post(f"{base}/pause", json={"reason": "lunch"}, headers=operator)
+    assert paused.status_code == 202
+    state = await until(client, operator, session_id, "paused", "waiting")
+    assert state["pause_requested"] is True
+    assert (await client.post(f"{base}/resume", headers=operator)).status_code == 202
+    cancelled = await client.post(f"{base}/cancel", json={"reason": "enough"}, headers=operator)
+    assert cancelled.status_code == 202
+    await until(client, operator, session_id, "cancelled")
+    assert_problem(await client.post(f"{base}/pause", json={}, headers=operator), 409, "ended")
+
+
+async def test_rollback_and_fork_append_their_events(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    session_id = await start(client, operator)
+    await waiting_request(client, operator, session_id)
+    base = f"/sessions/{session_id}"
+    missing = await client.post(
+        f"{base}/rollback", json={"checkpoint_id": "nope"}, headers=operator
+    )
+    assert_problem(missing, 404, "nope")
+    (checkpoint,) = (await client.get(f"{base}/checkpoints", headers=operator)).json()
+    rolled = await client.post(
+        f"{base}/rollback", json={"checkpoint_id": checkpoint["checkpoint_id"]}, headers=operator
+    )
+    assert rolled.status_code == 202
+    requested = [
+        s.event.data
+        for s in await store.read_all(tenant, session_id)
+        if s.seq == rolled.json()["seq"]
+    ]
+    assert requested[0].TYPE == "rollback.requested"
+
+    forked = await client.post(
+        f"{base}/fork", json={"at_seq": checkpoint["at_seq"]}, headers=operator
+    )
+    assert forked.status_code == 201, forked.text
+    (first,) = await store.read_all(
+        tenant, forked.json()["session_id"], up_to_seq=forked.json()["seq"]
+    )
+    assert isinstance(first.event.data, SessionStarted)
+    assert first.event.data.fork_of is not None
+    assert first.event.data.fork_of.session_id == session_id
+    assert first.event.data.fork_of.at_seq <= checkpoint["at_seq"]
+    assert first.event.data.playbook is not None
+
+
+async def test_tools_are_listed_with_their_schemas(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    tools = (await client.get("/tools", headers=await make_key(tenant, "viewer"))).json()
+    by_name = {tool["name"]: tool for tool in tools}
+    assert by_name["run_command"]["risk"] == "high"
+    assert "command" in by_name["run_command"]["parameters"]["properties"]
+
+
+async def test_invalid_input_is_one_problem_that_names_each_field(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    operator = await make_key(tenant, "operator")
+    assert_problem(
+        await client.post("/sessions", json={}, headers=operator), 422, "goal, a playbook"
+    )
+    cyclic = {
+        "goal": "loop",
+        "steps": [
+            {"id": "a", "tool": "echo", "depends_on": ["b"]},
+            {"id": "b", "tool": "echo", "depends_on": ["a"]},
+        ],
+    }
+    response = await client.post("/sessions", json={"playbook": cyclic}, headers=operator)
+    assert_problem(response, 422, "body.playbook")
+    assert "cycle" in response.json()["detail"]
+    bad_limit = await client.get("/sessions", params={"limit": 0}, headers=operator)
+    assert_problem(bad_limit, 422, "query.limit")
+    assert bad_limit.json()["errors"][0]["field"] == "query.limit"
+    assert_problem(
+        await client.get("/sessions/not..valid", headers=operator), 422, "path.session_id"
+    )
+
+
+async def test_a_goal_starts_a_planned_session(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    response = await client.post("/sessions", json={"goal": "tidy up"}, headers=operator)
+    assert response.status_code == 201
+    (started,) = await store.read_all(
+        tenant, response.json()["session_id"], up_to_seq=response.json()["seq"]
+    )
+    assert isinstance(started.event.data, SessionStarted)
+    assert (started.event.data.goal, started.event.data.mode) == ("tidy up", "plan")
+    assert started.event.data.requested_by.id.startswith("key:")
+
+
+async def test_oidc_tokens_signed_by_the_issuer_carry_tenant_and_roles(
+    client: httpx.AsyncClient, issuer: Issuer, tenant: str
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    good = issuer.token(tenant=tenant, roles=["viewer", "approver"])
+    me = await client.get("/me", headers={"Authorization": f"Bearer {good}"})
+    assert me.json() == {"id": "ana", "tenant": tenant, "roles": ["approver", "viewer"]}
+    forged = issuer.token(
+        key=rsa.generate_private_key(public_exponent=65537, key_size=2048), tenant=tenant
+    )
+    for token, why in (
+        (forged, "Signature"),
+        (issuer.token(tenant=tenant, exp=1), "expired"),
+        (issuer.token(tenant=tenant, aud="someone-else"), "Audience"),
+        (issuer.token(tenant="Not A Tenant"), "tenant"),
+    ):
+        response = await client.get("/me", headers={"Authorization": f"Bearer {token}"})
+        assert_problem(response, 401, why)
+    viewer_only = issuer.token(tenant=tenant, roles="viewer")
+    refused = await client.post(
+        "/sessions", json={"goal": "x"}, headers={"Authorization": f"Bearer {viewer_only}"}
+    )
+    assert_problem(refused, 403, "operator")
