@@ -51,7 +51,8 @@ async def waiting_request(
     client: httpx.AsyncClient, headers: dict[str, str], session_id: str
 ) -> str:
     state = await until(client, headers, session_id, "waiting")
-    (request_id,) = [r for r, a in state["approvals"].items() if a["status"] == "pending"]
+    pending: list[str] = [r for r, a in state["approvals"].items() if a["status"] == "pending"]
+    (request_id,) = pending
     return request_id
 
 
@@ -206,7 +207,7 @@ async def test_another_tenants_session_is_not_found(
         await client.get(f"{base}/checkpoints", headers=stranger),
         await client.get(f"{base}/events", headers=stranger),
         await client.post(f"{base}/pause", json={}, headers=stranger),
-        await client.post(f"{base}/fork", json={}, headers=stranger),
+        await client.post(f"{base}/fork", json={"checkpoint_id": "c"}, headers=stranger),
         await client.post(
             f"{base}/approvals/{request_id}", json={"decision": "grant"}, headers=stranger
         ),
@@ -257,9 +258,8 @@ async def test_rollback_and_fork_append_their_events(
     ]
     assert requested[0].TYPE == "rollback.requested"
 
-    forked = await client.post(
-        f"{base}/fork", json={"at_seq": checkpoint["at_seq"]}, headers=operator
-    )
+    origin = {"checkpoint_id": checkpoint["checkpoint_id"]}
+    forked = await client.post(f"{base}/fork", json=origin, headers=operator)
     assert forked.status_code == 201, forked.text
     (first,) = await store.read_all(
         tenant, forked.json()["session_id"], up_to_seq=forked.json()["seq"]
@@ -267,7 +267,8 @@ async def test_rollback_and_fork_append_their_events(
     assert isinstance(first.event.data, SessionStarted)
     assert first.event.data.fork_of is not None
     assert first.event.data.fork_of.session_id == session_id
-    assert first.event.data.fork_of.at_seq <= checkpoint["at_seq"]
+    assert first.event.data.fork_of.at_seq == checkpoint["at_seq"]
+    assert first.event.data.fork_of.completed_steps == ("write",)
     assert first.event.data.playbook is not None
 
 

@@ -29,6 +29,7 @@ from helmline.contracts import (
     SessionState,
     SessionStatus,
     ToolSpec,
+    fold,
     new_event,
 )
 from helmline.runtime import EventStore
@@ -112,8 +113,9 @@ class RollbackAccepted(Accepted):
 
 
 class Fork(BaseModel):
-    at_seq: int | None = Field(default=None, ge=1)
-    """The origin's last event the fork includes; its latest when left out."""
+    checkpoint_id: str = Field(min_length=1, max_length=128)
+    """The origin's checkpoint the fork starts from: its workspace snapshot, and the steps
+    completed by then, which the fork does not run again."""
 
 
 def _store(request: Request) -> EventStore:
@@ -306,17 +308,30 @@ async def rollback(
 async def fork(
     session_id: SessionPath, body: Fork, principal: Operator, request: Request, response: Response
 ) -> Accepted:
-    """Start a new session from this one's history up to a sequence (`fork_of` names it)."""
+    """Start a new session from one of this one's checkpoints (`session.started` with
+    `fork_of`): same goal and playbook, the workspace as it was there."""
     store = _store(request)
-    history = await store.read_all(principal.tenant, session_id, up_to_seq=body.at_seq)
-    origin = next((s.event.data for s in history if isinstance(s.event.data, SessionStarted)), None)
-    if origin is None:
-        where = f" at or before sequence {body.at_seq}" if body.at_seq is not None else ""
-        raise not_found(f"no session {session_id}{where}")
+    current = (await load_session(store, principal.tenant, session_id)).state
+    checkpoint = next(
+        (c for c in current.checkpoints if c.checkpoint_id == body.checkpoint_id), None
+    )
+    if checkpoint is None:
+        raise not_found(f"session {session_id} has no checkpoint {body.checkpoint_id}")
+    history = await store.read_all(principal.tenant, session_id, up_to_seq=checkpoint.at_seq)
+    then = fold(stored.event for stored in history)
+    origin = next(s.event.data for s in history if isinstance(s.event.data, SessionStarted))
     payload = origin.model_copy(
         update={
             "requested_by": principal.actor(),
-            "fork_of": ForkOrigin(session_id=session_id, at_seq=history[-1].seq),
+            "fork_of": ForkOrigin(
+                session_id=session_id,
+                at_seq=checkpoint.at_seq,
+                checkpoint_id=checkpoint.checkpoint_id,
+                snapshot_id=checkpoint.snapshot_id,
+                completed_steps=tuple(
+                    step.id for step in then.steps.values() if step.status == "succeeded"
+                ),
+            ),
         }
     )
     new_id = uuid.uuid4().hex
