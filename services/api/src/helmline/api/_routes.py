@@ -32,7 +32,7 @@ from helmline.contracts import (
     fold,
     new_event,
 )
-from helmline.runtime import EventStore
+from helmline.runtime import EventStore, latest_tool_registry
 
 SOURCE = "helmline/api"
 
@@ -342,9 +342,11 @@ async def fork(
 
 
 @router.get("/tools", tags=["tools"])
-async def list_tools(principal: Viewer) -> list[ToolSpec]:
-    """The tools plans may call, with their argument schemas and default risk."""
-    return list(BUILTIN_TOOLS)
+async def list_tools(principal: Viewer, request: Request) -> list[ToolSpec]:
+    """The tools plans may call now, with their argument schemas and default risk: the tool
+    gateway's latest published registry (built-in and MCP tools), else the built-in ones."""
+    registry = await latest_tool_registry(request.app.state.js)
+    return list(registry.tools if registry is not None else BUILTIN_TOOLS)
 
 
 class Me(BaseModel):
