@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
 import pytest
-from typer.testing import CliRunner, Result
 
-from helmline.cli import app
+from helmline.cli.testing import invoke
 from helmline.contracts import (
     Actor,
     Event,
@@ -24,12 +22,6 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore, ensure_topology
 from helmline.runtime.testing import NatsServer
-
-
-async def helmline(nats_url: str, *args: str) -> Result:
-    return await asyncio.to_thread(
-        CliRunner().invoke, app, list(args), env={"HELMLINE_NATS_URL": nats_url}
-    )
 
 
 @pytest.fixture
@@ -68,18 +60,18 @@ async def test_a_session_moves_unchanged_and_a_second_import_changes_nothing(
     await store.append_all(_session(tenant, "s1"))
     export_file = tmp_path / "s1.ndjson"
 
-    exported = await helmline(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    exported = await invoke(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
     assert exported.exit_code == 0, exported.output
     assert len(export_file.read_text().splitlines()) == 4
 
-    first = await helmline(other_cluster, "import", str(export_file))
+    first = await invoke(other_cluster, "import", str(export_file))
     assert first.exit_code == 0, first.output
     assert "imported 4 events of 1 sessions (0 were already there)" in first.stdout
-    again = await helmline(other_cluster, "import", str(export_file))
+    again = await invoke(other_cluster, "import", str(export_file))
     assert "imported 0 events of 1 sessions (4 were already there)" in again.stdout
 
-    here = await helmline(nats_url, "show", "s1", "-t", tenant, "--json")
-    there = await helmline(other_cluster, "show", "s1", "-t", tenant, "--json")
+    here = await invoke(nats_url, "show", "s1", "-t", tenant, "--json")
+    there = await invoke(other_cluster, "show", "s1", "-t", tenant, "--json")
     assert json.loads(there.stdout) == json.loads(here.stdout)
 
 
@@ -88,16 +80,16 @@ async def test_a_bad_line_is_named_and_nothing_is_imported(
 ) -> None:
     await store.append_all(_session(tenant, "s1"))
     export_file = tmp_path / "s1.ndjson"
-    await helmline(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    await invoke(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
     lines = export_file.read_text().splitlines()
     lines[2] = lines[2].replace('"step.scheduled"', '"step.exploded"')
     export_file.write_text("\n".join(lines) + "\n")
 
-    result = await helmline(other_cluster, "import", str(export_file))
+    result = await invoke(other_cluster, "import", str(export_file))
 
     assert result.exit_code == 1
     assert f"{export_file}:3: unknown event type 'step.exploded'" in result.stderr
-    assert "no session" in (await helmline(other_cluster, "show", "s1", "-t", tenant)).stderr
+    assert "no session" in (await invoke(other_cluster, "show", "s1", "-t", tenant)).stderr
 
 
 async def test_all_exports_only_that_tenant(nats_url: str, store: EventStore, tenant: str) -> None:
@@ -105,7 +97,7 @@ async def test_all_exports_only_that_tenant(nats_url: str, store: EventStore, te
     await store.append_all(_session(tenant, "s2"))
     await store.append_all(_session(f"{tenant}x", "s3"))
 
-    result = await helmline(nats_url, "export", "--all", "-t", tenant)
+    result = await invoke(nats_url, "export", "--all", "-t", tenant)
 
     assert result.exit_code == 0, result.output
     sessions = {json.loads(line)["sessionid"] for line in result.stdout.splitlines()}
@@ -117,7 +109,7 @@ async def test_replay_prints_the_state_up_to_a_sequence(
 ) -> None:
     appended = await store.append_all(_session(tenant, "s1"))
 
-    result = await helmline(
+    result = await invoke(
         nats_url, "replay", "s1", "-t", tenant, "--to-seq", str(appended[1].seq), "--json"
     )
 

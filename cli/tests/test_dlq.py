@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from typer.testing import CliRunner, Result
 
-from helmline.cli import app
+from helmline.cli.testing import invoke
 from helmline.contracts import EVENTS_STREAM, ConsumerSpec, event_subject, tenant_filter
 from helmline.runtime import DeadLetterBox, Delivery, EventConsumer
 from helmline.runtime.testing import eventually
-
-
-async def helmline(nats_url: str, *args: str) -> Result:
-    return await asyncio.to_thread(
-        CliRunner().invoke, app, list(args), env={"HELMLINE_NATS_URL": nats_url}
-    )
 
 
 async def _ignore(delivery: Delivery) -> None:
@@ -40,22 +32,22 @@ async def test_list_show_retry_and_discard(
     box = DeadLetterBox(nc, js)
     (parked,) = await eventually(lambda: box.letters(spec.durable), what="the letter parked")
 
-    listed = await helmline(nats_url, "dlq", "list", "--consumer", spec.durable, "--json")
+    listed = await invoke(nats_url, "dlq", "list", "--consumer", spec.durable, "--json")
     assert listed.exit_code == 0, listed.output
     (letter,) = json.loads(listed.stdout)
     assert letter["seq"] == parked.seq
     assert "not valid JSON" in letter["reason"]
-    shown = await helmline(nats_url, "dlq", "show", str(parked.seq))
+    shown = await invoke(nats_url, "dlq", "show", str(parked.seq))
     assert json.loads(shown.stdout)["payload"] == "{broken"
 
-    retried = await helmline(nats_url, "dlq", "retry", str(parked.seq))
+    retried = await invoke(nats_url, "dlq", "retry", str(parked.seq))
     assert retried.exit_code == 1
     assert "failed again" in retried.stderr
     await consumer.stop(grace_s=1)
-    unanswered = await helmline(nats_url, "dlq", "retry", str(parked.seq))
+    unanswered = await invoke(nats_url, "dlq", "retry", str(parked.seq))
     assert "no replica of" in unanswered.stderr
 
-    discarded = await helmline(nats_url, "dlq", "discard", str(parked.seq))
+    discarded = await invoke(nats_url, "dlq", "discard", str(parked.seq))
     assert discarded.exit_code == 0, discarded.output
-    missing = await helmline(nats_url, "dlq", "show", str(parked.seq))
+    missing = await invoke(nats_url, "dlq", "show", str(parked.seq))
     assert f"no dead letter {parked.seq}" in missing.stderr

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import asyncpg
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from helmline.cli import app
+from helmline.cli.testing import invoke
 from helmline.contracts import Actor, PlanProposed, PlanStep, SessionStarted, new_event
 from helmline.runtime import EventStore
-
-
-async def helmline(nats_url: str, database_url: str, *args: str) -> Result:
-    environment = {"HELMLINE_NATS_URL": nats_url, "HELMLINE_DATABASE_URL": database_url}
-    return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=environment)
 
 
 async def test_rebuild_projects_every_session_and_reports_it(
@@ -33,7 +28,9 @@ async def test_rebuild_projects_every_session_and_reports_it(
         plan = PlanProposed(revision=1, steps=(PlanStep(id="a", tool="echo"),))
         await store.append_all([started, started.derive(plan, source="test")])
 
-    result = await helmline(nats_url, own_postgres.url, "projections", "rebuild", "--json")
+    result = await invoke(
+        nats_url, "projections", "rebuild", "--json", database_url=own_postgres.url
+    )
 
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

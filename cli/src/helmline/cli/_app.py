@@ -15,6 +15,7 @@ import typer
 
 from helmline.cli import _archive_commands as archive_commands
 from helmline.cli import _dlq_commands as dlq_commands
+from helmline.cli import _events_commands as events_commands
 from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _projection_commands as projection_commands
 from helmline.cli import _replay_commands as replay_commands
@@ -216,7 +217,7 @@ def schema_export(
 app.command()(session_commands.run)
 app.command()(session_commands.sessions)
 app.command()(session_commands.show)
-app.command()(session_commands.events)
+app.add_typer(events_commands.app, name="events")
 app.command()(session_commands.approve)
 app.command()(session_commands.deny)
 app.command()(session_commands.pause)

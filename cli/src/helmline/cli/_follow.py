@@ -1,6 +1,7 @@
-"""Reading the log as it grows: one session's new events, and the sessions of a tenant.
+"""Reading the log as it grows: one session's new events, every session's (filtered), and
+the sessions of a tenant.
 
-Both use ordered consumers (ephemeral, flow-controlled, restarted by the client on a gap),
+All use ordered consumers (ephemeral, flow-controlled, restarted by the client on a gap),
 which deliver in stream order without a durable consumer left behind on the server.
 """
 
@@ -36,6 +37,15 @@ async def following(
 ) -> AsyncIterator[AsyncIterator[StoredEvent]]:
     """The session's events after `after_seq`, as they are appended, while the block runs."""
     async with _Ordered(js, session_filter(tenant, session_id), start_seq=after_seq + 1) as feed:
+        yield _decoded(feed)
+
+
+@asynccontextmanager
+async def tailing(
+    js: JetStreamContext, subject_filter: str, *, from_seq: int
+) -> AsyncIterator[AsyncIterator[StoredEvent]]:
+    """Events of every session on matching subjects from `from_seq` on, as they are appended."""
+    async with _Ordered(js, subject_filter, start_seq=from_seq) as feed:
         yield _decoded(feed)
 
 
