@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import ValidationError
@@ -69,10 +70,21 @@ def check_identifiers(tenant: str, session_id: str) -> None:
         ) from error
 
 
-def session_started(playbook: Playbook, *, tenant: str, session_id: str, actor: Actor) -> Event:
-    payload = SessionStarted(
-        goal=playbook.goal, mode="playbook", playbook=playbook, requested_by=actor
-    )
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """A goal in plain language, for the planner's model to plan (`plan`) or act on (`act`)."""
+
+    text: str
+    mode: Literal["plan", "act"]
+
+
+def session_started(plan: Playbook | Goal, *, tenant: str, session_id: str, actor: Actor) -> Event:
+    if isinstance(plan, Goal):
+        if not plan.text.strip():
+            raise CliError("the goal is empty; say what the session should achieve", exit_code=2)
+        payload = SessionStarted(goal=plan.text, mode=plan.mode, requested_by=actor)
+    else:
+        payload = SessionStarted(goal=plan.goal, mode="playbook", playbook=plan, requested_by=actor)
     return _intent(payload, tenant, session_id)
 
 

@@ -38,12 +38,26 @@ Every = Annotated[bool, typer.Option("--all", help="Decide every pending request
 
 
 def run(
+    goal: Annotated[
+        str | None,
+        typer.Argument(
+            help="A goal in plain language, for the planner's model.", show_default=False
+        ),
+    ] = None,
     playbook: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--playbook", "-p", help="The playbook file (YAML).", dir_okay=False, show_default=False
         ),
-    ],
+    ] = None,
+    mode: Annotated[
+        Literal["plan", "act"],
+        typer.Option(
+            "--mode",
+            envvar="HELMLINE_PLANNER_MODE",
+            help="For a goal: plan then execute, or act one tool call at a time.",
+        ),
+    ] = "plan",
     tenant: Tenant = DEFAULT_TENANT,
     wait: Annotated[
         bool,
@@ -56,23 +70,32 @@ def run(
     as_json: Json = False,
     data_dir: DataDir = None,
 ) -> None:
-    """Start a session from a playbook and print its id.
+    """Start a session for a goal (the planner's model plans it) or from a playbook, and
+    print its id.
 
-    The playbook is checked first (YAML, fields, tools, arguments, dependencies); nothing is
+    A playbook is checked first (YAML, fields, tools, arguments, dependencies); nothing is
     started if anything is wrong with it (exit 2).
     """
     from helmline.cli._connection import connect
     from helmline.cli._display import stderr, stdout
-    from helmline.cli._intents import check_identifiers
+    from helmline.cli._intents import Goal, check_identifiers
     from helmline.cli._playbook_file import load_playbook
     from helmline.cli._session_view import decide_command
     from helmline.cli._sessions import EXIT_CODES, needs_a_person, start_session, watch
     from helmline.cli._tool_commands import known_tools
     from helmline.cli._watch import SessionProgress
-    from helmline.contracts import SessionState
+    from helmline.contracts import Playbook, SessionState
 
+    if (goal is None) == (playbook is None):
+        _fail(
+            CliError('give a goal (helmline run "GOAL") or --playbook FILE, not both', exit_code=2)
+        )
     # MCP tools are known from the running stack's registry.
-    loaded = _attempt(lambda: load_playbook(playbook, known_tools(data_dir)))
+    loaded: Playbook | Goal = (
+        _attempt(lambda: load_playbook(playbook, known_tools(data_dir)))
+        if playbook is not None
+        else Goal(text=goal or "", mode=mode)
+    )
     _attempt(lambda: check_identifiers(tenant, "check"))
     url = _nats_url(data_dir)
 

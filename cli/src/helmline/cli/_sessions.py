@@ -17,6 +17,7 @@ from helmline.cli._errors import CliError
 from helmline.cli._follow import following, session_ids
 from helmline.cli._intents import (
     Control,
+    Goal,
     control_requested,
     current_actor,
     decision_submitted,
@@ -44,10 +45,10 @@ EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "cancelled": 2, "wait
 CONCURRENT_LOADS = 8
 
 
-async def start_session(log: EventLog, playbook: Playbook, *, tenant: str) -> tuple[str, int]:
+async def start_session(log: EventLog, plan: Playbook | Goal, *, tenant: str) -> tuple[str, int]:
     """Append `session.started` for a new session; its id and the event's sequence."""
     session_id = new_session_id()
-    event = session_started(playbook, tenant=tenant, session_id=session_id, actor=current_actor())
+    event = session_started(plan, tenant=tenant, session_id=session_id, actor=current_actor())
     # A new id has no events, so expecting none only guards against an id collision.
     appended = await log.store.append(event, expected_last_seq=0)
     return session_id, appended.seq

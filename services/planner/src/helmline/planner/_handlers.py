@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from helmline.contracts import Event
 from helmline.planner._domain import decide
+from helmline.planner._engine import SOURCE, GoalEngine
 from helmline.runtime import Delivery, EventStore, SessionCache
-
-SOURCE = "helmline/planner"
 
 
 class PlannerHandler:
-    """Folds each delivered event into the session's cached state and appends decisions."""
+    """Folds each delivered event into the session's cached state and appends decisions.
 
-    def __init__(self, store: EventStore) -> None:
+    Goal sessions (a model plans) go to the goal engine, which reads the session's whole log:
+    a model call costs far more than the read, and the log holds the conversation.
+    """
+
+    def __init__(self, store: EventStore, goals: GoalEngine) -> None:
         self._store = store
         self._sessions = SessionCache(store)
+        self._goals = goals
 
     async def __call__(self, delivery: Delivery) -> None:
         state = await self._sessions.advance(delivery)
+        if state.mode != "playbook":
+            event = delivery.event
+            log = [s.event for s in await self._store.read_all(event.tenant, event.session_id)]
+            await self._goals.handle(event, log, self._append)
+            self._sessions.forget(event.tenant, event.session_id)
+            return
         decisions = decide(state, delivery.event)
         appended = []
         for index, decision in enumerate(decisions):
@@ -26,3 +37,6 @@ class PlannerHandler:
             await self._store.append(event)
             appended.append(event)
         self._sessions.record(state, appended)
+
+    async def _append(self, event: Event) -> None:
+        await self._store.append(event)

@@ -1,0 +1,90 @@
+"""Context management: which tools a request offers, how big results may be, and compaction.
+
+Pure and deterministic (a shadow replay must build the very same request), so tokens are
+estimated from characters rather than counted by a provider's tokenizer: about four
+characters a token for English and JSON, which errs on the large side for most models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from helmline.contracts import ModelMessage, ToolSpec
+
+CHARS_PER_TOKEN = 4
+KEPT_TAIL = 4
+"""Newest messages never compacted: the model's latest call and what answered it."""
+_WORD = re.compile(r"[a-z0-9]+")
+SUMMARY_HEADING = "Summary of earlier work (older turns were compacted):"
+
+
+def estimate_tokens(
+    system: str, messages: Sequence[ModelMessage], tools: Sequence[ToolSpec]
+) -> int:
+    """Estimated prompt size of a request."""
+    chars = len(system)
+    for message in messages:
+        chars += len(message.content) + sum(
+            len(c.name) + len(c.arguments) for c in message.tool_calls
+        )
+    for tool in tools:
+        chars += len(tool.name) + len(tool.description) + len(json.dumps(tool.parameters))
+    return chars // CHARS_PER_TOKEN + 1
+
+
+def truncate(text: str, limit: int) -> str:
+    """The text, cut to `limit` characters with a marker saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[truncated: {limit} of {len(text)} characters shown]"
+
+
+def select_tools(
+    registry: Sequence[ToolSpec], context: Iterable[str], used: Iterable[str], limit: int
+) -> list[ToolSpec]:
+    """At most `limit` tools: those the session used, then the best matches of the goal and
+    recent messages by shared words of name and description; registry order breaks ties."""
+    words = {word for text in context for word in _WORD.findall(text.lower())}
+    recent = set(used)
+
+    def score(tool: ToolSpec) -> int:
+        if tool.name in recent:
+            return 1_000_000
+        named = set(_WORD.findall(tool.name.lower()))
+        described = set(_WORD.findall(tool.description.lower()))
+        return 10 * len(named & words) + len(described & words)
+
+    ranked = sorted(range(len(registry)), key=lambda index: -score(registry[index]))
+    chosen = sorted(ranked[:limit])
+    return [registry[index] for index in chosen]
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A conversation made smaller: the messages now sent, and what the summary kept."""
+
+    messages: tuple[ModelMessage, ...]
+    kept: tuple[str, ...]
+    dropped: int
+
+
+def compact(messages: Sequence[ModelMessage], facts: Sequence[str]) -> Compaction | None:
+    """Replace every message between the goal and the newest turn by a summary of `facts`.
+
+    The summary is built from facts the log holds for certain (plans decided, each step's
+    outcome), not from a model's paraphrase, so nothing decided is lost or invented. The
+    kept tail starts at an assistant message, because tool results must follow the call
+    they answer. None when there is nothing to drop.
+    """
+    cut = len(messages) - KEPT_TAIL
+    while cut > 1 and messages[cut].role != "assistant":
+        cut -= 1
+    if cut <= 1:
+        return None
+    goal = messages[0].content.split(f"\n\n{SUMMARY_HEADING}")[0]
+    summary = "\n".join(f"- {fact}" for fact in facts)
+    first = ModelMessage(role="user", content=f"{goal}\n\n{SUMMARY_HEADING}\n{summary}")
+    return Compaction(messages=(first, *messages[cut:]), kept=tuple(facts), dropped=cut - 1)

@@ -1,0 +1,587 @@
+"""Goal sessions, decided purely: when to ask the model, what to ask, what its answer means.
+
+A goal session (mode `plan` or `act`) runs on the same machinery as a playbook: plans are
+proposed, approved by policy, and their steps scheduled by `_domain`. What differs is who
+writes the plans and who says "done": the model, through the control tools. Everything here
+is a function of the session's log, so a restarted planner and a shadow replay reach the
+same requests and the same decisions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import json_repair
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from helmline.contracts import (
+    ContextCompacted,
+    CriterionResult,
+    Event,
+    LoopDetected,
+    ModelExchangeRecorded,
+    ModelMessage,
+    ModelRequestRecord,
+    ModelToolCall,
+    PlanApproved,
+    PlanProposed,
+    PlanRejected,
+    PlanStep,
+    SessionCompleted,
+    SessionFailed,
+    SessionResumeRequested,
+    SessionStarted,
+    SessionState,
+    StepScheduled,
+    StepSkipped,
+    StepState,
+    ThoughtRecorded,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+    ToolSpec,
+    find_dependency_problem,
+)
+from helmline.planner._context import compact, estimate_tokens, select_tools, truncate
+from helmline.planner._domain import Decision, decide
+from helmline.planner._prompts import (
+    CONTROL_TOOLS,
+    CREATE_PLAN,
+    FINISH,
+    GIVE_UP,
+    control_tools,
+    goal_message,
+    system_prompt,
+)
+from helmline.planner._settings import PlannerSettings
+
+Purpose = Literal["plan", "replan", "act", "verify", "repair"]
+IN_FLIGHT = frozenset({"scheduled", "authorized", "running"})
+PROBLEMS = frozenset({"failed", "denied"})
+THOUGHT_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Reaction:
+    """Decisions to append, and whether the model must be asked next (and why)."""
+
+    decisions: list[Decision]
+    ask: Purpose | None = None
+
+
+def react(state: SessionState, log: Sequence[Event], trigger: Event) -> Reaction:
+    """The planner's reaction to an event of a goal session; `state` includes the event."""
+    if state.is_terminal:
+        return Reaction([])
+    data = trigger.data
+    match data:
+        case SessionStarted():
+            first: Purpose = "act" if state.mode == "act" else "plan"
+            return Reaction([], None if state.model_calls else first)
+        case PlanRejected():
+            current = data.revision == state.plan_revision
+            return Reaction([], "replan" if current else None)
+        case PlanApproved() | SessionResumeRequested():
+            return _carry_on(state, log, trigger, current=True)
+        case ToolCallCompleted() | ToolCallFailed() | ToolCallDenied():
+            step = state.steps.get(data.step_id)
+            current = step is not None and step.call_id == data.call_id
+            return _carry_on(state, log, trigger, current=current)
+        case _:
+            return Reaction(decide(state, trigger))
+
+
+def _carry_on(
+    state: SessionState, log: Sequence[Event], trigger: Event, *, current: bool
+) -> Reaction:
+    """Schedule what the plan allows; when nothing is left to run, the model decides."""
+    # The playbook logic schedules steps and retries; ending the session is the model's call.
+    decisions = [
+        d
+        for d in decide(state, trigger)
+        if not isinstance(d.payload, SessionCompleted | SessionFailed)
+    ]
+    busy = any(isinstance(d.payload, StepScheduled) for d in decisions) or any(
+        s.status in IN_FLIGHT for s in state.steps.values()
+    )
+    if busy or not current or state.pause_requested or state.plan_revision == 0:
+        return Reaction(decisions)
+    if state.mode == "act":
+        return Reaction(decisions, "act")
+    return Reaction(decisions, "replan" if _new_problems(state, log) else "verify")
+
+
+def _new_problems(state: SessionState, log: Sequence[Event]) -> list[StepState]:
+    """Steps that failed or were denied since the model last spoke."""
+    calls = {
+        e.data.call_id
+        for e in log[_after_last_exchange(log) :]
+        if isinstance(e.data, ToolCallFailed | ToolCallDenied)
+    }
+    return [s for s in state.steps.values() if s.status in PROBLEMS and s.call_id in calls]
+
+
+def _after_last_exchange(log: Sequence[Event]) -> int:
+    for index in range(len(log) - 1, -1, -1):
+        if isinstance(log[index].data, ModelExchangeRecorded):
+            return index + 1
+    return 0
+
+
+def exchanges(log: Sequence[Event]) -> list[Event]:
+    """The session's model exchanges, in order."""
+    return [e for e in log if isinstance(e.data, ModelExchangeRecorded)]
+
+
+# --- limits -------------------------------------------------------------------------------
+
+
+def limit_reached(
+    state: SessionState, settings: PlannerSettings, now: datetime
+) -> SessionFailed | None:
+    """The end of a session that may not ask the model again, or None when it may."""
+    reason = None
+    if state.model_calls >= settings.planner_max_iterations:
+        reason = f"{state.model_calls} model calls, the limit"
+    elif state.tokens_used >= settings.planner_max_tokens:
+        reason = f"{state.tokens_used} tokens used, the limit is {settings.planner_max_tokens}"
+    elif (
+        settings.planner_max_cost_usd is not None
+        and state.cost_usd >= settings.planner_max_cost_usd
+    ):
+        reason = f"${state.cost_usd:.4f} spent, the limit is ${settings.planner_max_cost_usd}"
+    elif (
+        state.started_at and (now - state.started_at).total_seconds() > settings.planner_max_wall_s
+    ):
+        reason = f"running longer than {settings.planner_max_wall_s:g} s"
+    if reason is None:
+        return None
+    succeeded = sum(1 for s in state.steps.values() if s.status == "succeeded")
+    return SessionFailed(
+        reason=f"stopped: {reason}; {succeeded} of {len(state.steps)} steps had succeeded"
+    )
+
+
+# --- the request --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request ready to send, the tools it offers, and a compaction it needed."""
+
+    request: ModelRequestRecord
+    tools: list[ToolSpec]
+    compaction: ContextCompacted | None
+
+
+def prepare(
+    state: SessionState,
+    log: Sequence[Event],
+    registry: Sequence[ToolSpec],
+    settings: PlannerSettings,
+) -> Prepared:
+    """The next request of the session, within its context budget."""
+    previous = exchanges(log)
+    turn = len(previous) + 1
+    messages = _conversation(state, log, previous, settings)
+    used = [s.tool for s in state.steps.values()]
+    context = [state.goal, *(m.content for m in messages[-3:])]
+    tools = select_tools(registry, context, used, settings.planner_max_tools) + control_tools(
+        state.mode
+    )
+    system = system_prompt(state.mode, settings.planner_system_prompt)
+    budget = settings.planner_context_tokens
+    size = estimate_tokens(system, messages, tools)
+    compaction = None
+    if size > settings.planner_compact_at * budget:
+        compacted = compact(messages, _facts(state, log))
+        if compacted is not None:
+            messages = list(compacted.messages)
+            compaction = ContextCompacted(
+                turn=turn,
+                budget_tokens=budget,
+                tokens_before=size,
+                tokens_after=estimate_tokens(system, messages, tools),
+                dropped_messages=compacted.dropped,
+                kept=compacted.kept,
+            )
+    request = ModelRequestRecord(
+        model=settings.model_for("planning"),
+        system=system,
+        messages=tuple(messages),
+        tools=tuple(tool.name for tool in tools),
+        max_tokens=settings.llm_max_output_tokens,
+    )
+    return Prepared(request=request, tools=tools, compaction=compaction)
+
+
+def _conversation(
+    state: SessionState, log: Sequence[Event], previous: list[Event], settings: PlannerSettings
+) -> list[ModelMessage]:
+    if not previous:
+        return [ModelMessage(role="user", content=goal_message(state.goal))]
+    last = previous[-1]
+    assert isinstance(last.data, ModelExchangeRecorded)
+    reply = last.data.reply
+    messages = [
+        *last.data.request.messages,
+        ModelMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls),
+    ]
+    if not reply.tool_calls:
+        note = "Call one of the tools; an answer in free text does not end the session."
+        return [*messages, ModelMessage(role="user", content=note)]
+    caused = [e for e in log if e.causation_id == last.id]
+    for call in reply.tool_calls:
+        answer = _answer(call, last.data, caused, state, settings.planner_max_result_chars)
+        messages.append(ModelMessage(role="tool", tool_call_id=call.id, content=answer))
+    return messages
+
+
+def _answer(
+    call: ModelToolCall,
+    exchange: ModelExchangeRecorded,
+    caused: list[Event],
+    state: SessionState,
+    limit: int,
+) -> str:
+    """What the planner tells the model about one of its calls, once acted on."""
+    parsed = parse_call(call, exchange)
+    if isinstance(parsed, Unusable):
+        return f"Error: {parsed.reason}. Send the call again with valid arguments."
+    plans = [e.data for e in caused if isinstance(e.data, PlanProposed)]
+    if not plans:
+        return "Not run: another call of the same answer was taken instead."
+    plan = plans[0]
+    if parsed.name == CREATE_PLAN:
+        lines = [f"Plan revision {plan.revision}:"]
+        lines += [_outcome(state, step.id, limit) for step in plan.steps]
+        if any(state.steps[s.id].status in PROBLEMS for s in plan.steps if s.id in state.steps):
+            lines.append(
+                "Some steps did not succeed. Call create_plan with a new plan for what remains "
+                "(steps that succeeded stay done), or give_up with the reason."
+            )
+        else:
+            lines.append(
+                "Every step succeeded. Check each completion criterion against the results "
+                "and call finish."
+            )
+        return "\n".join(lines)
+    step_id = _step_id(
+        exchange, exchange.reply.tool_calls.index(call), len(exchange.reply.tool_calls)
+    )
+    return _outcome(state, step_id, limit)
+
+
+def _outcome(state: SessionState, step_id: str, limit: int) -> str:
+    step = state.steps.get(step_id)
+    if step is None:
+        return f"- {step_id}: unknown"
+    head = f"- {step.id} ({step.tool})"
+    match step.status:
+        case "succeeded":
+            return f"{head}: succeeded: {truncate(json.dumps(step.output), limit)}"
+        case "failed" if step.error is not None:
+            hint = f" Suggestion: {step.error.suggestion}" if step.error.suggestion else ""
+            return f"{head}: failed ({step.error.kind}): {step.error.message}.{hint}"
+        case "denied":
+            return f"{head}: denied by policy: {step.reason}"
+        case "skipped":
+            return f"{head}: skipped: {step.reason}"
+        case _:
+            return f"{head}: {step.status}"
+
+
+def _facts(state: SessionState, log: Sequence[Event]) -> list[str]:
+    """What a compaction keeps: each plan decided and each step's outcome, from the log."""
+    facts = [
+        f"plan revision {e.data.revision}: " + ", ".join(f"{s.id} ({s.tool})" for s in e.data.steps)
+        for e in log
+        if isinstance(e.data, PlanProposed)
+    ]
+    if state.completion_criteria:
+        facts.append("completion criteria: " + "; ".join(state.completion_criteria))
+    facts += [_outcome(state, step_id, 200)[2:] for step_id in state.steps]
+    return facts
+
+
+# --- the answer ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A call the planner can act on."""
+
+    call: ModelToolCall
+    name: str
+    arguments: dict[str, JsonValue]
+    repaired: bool
+    steps: tuple[PlanStep, ...] = ()
+    """The steps of a `create_plan` call, with the session's ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """A call the planner cannot act on, and why."""
+
+    call: ModelToolCall
+    reason: str
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _DraftStep(_Lenient):
+    id: str
+    description: str = ""
+    tool: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list)
+    risk: Literal["low", "medium", "high", "critical"] | None = None
+
+
+class _Draft(_Lenient):
+    steps: list[_DraftStep] = Field(min_length=1)
+    completion_criteria: list[str] = Field(min_length=1)
+    reasoning: str = ""
+    confidence: float | None = Field(default=None, ge=0, le=1)
+
+
+class _Finish(_Lenient):
+    summary: str = ""
+    criteria: list[CriterionResult] = Field(min_length=1)
+
+
+class _GiveUp(_Lenient):
+    reason: str = Field(min_length=1)
+
+
+_CONTROL_ARGUMENTS: dict[str, type[_Lenient]] = {
+    CREATE_PLAN: _Draft,
+    FINISH: _Finish,
+    GIVE_UP: _GiveUp,
+}
+
+
+def parse_call(call: ModelToolCall, exchange: ModelExchangeRecorded) -> Parsed | Unusable:
+    """Read a call's arguments, repairing broken JSON where the intent is unambiguous."""
+    repaired = False
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError as error:
+        arguments = json_repair.loads(call.arguments)
+        repaired = True
+        if not isinstance(arguments, dict) or not arguments:
+            return Unusable(call, f"the arguments of {call.name} are not valid JSON ({error})")
+    if not isinstance(arguments, dict):
+        return Unusable(call, f"the arguments of {call.name} must be a JSON object")
+    if call.name not in exchange.request.tools:
+        return Unusable(call, f"there is no tool {call.name!r} among those offered")
+    model = _CONTROL_ARGUMENTS.get(call.name)
+    steps: tuple[PlanStep, ...] = ()
+    try:
+        if model is not None:
+            model.model_validate(arguments)
+        if call.name == CREATE_PLAN:
+            steps = _plan_steps(exchange, _Draft.model_validate(arguments))
+    except ValidationError as error:
+        return Unusable(call, f"{call.name}: {_describe(error)}")
+    problem = find_dependency_problem(steps)
+    if problem is not None:
+        return Unusable(call, f"{call.name}: {problem}")
+    return Parsed(call, call.name, arguments, repaired, steps)
+
+
+def _plan_steps(exchange: ModelExchangeRecorded, draft: _Draft) -> tuple[PlanStep, ...]:
+    # Later plans' steps get ids of their own, so the first plan's ids (and call ids) stay unique.
+    prefix = "" if exchange.purpose == "plan" else f"t{exchange.turn}."
+    return tuple(
+        PlanStep(
+            id=prefix + step.id,
+            description=step.description,
+            tool=step.tool,
+            arguments=step.arguments,
+            depends_on=tuple(prefix + d for d in step.depends_on),
+            risk=step.risk,
+        )
+        for step in draft.steps
+    )
+
+
+def _describe(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in detail['loc']) or 'arguments'}: {detail['msg']}"
+        for detail in error.errors(include_url=False)[:3]
+    )
+
+
+def interpret(
+    state: SessionState, log: Sequence[Event], exchange_event: Event, settings: PlannerSettings
+) -> Reaction:
+    """What the model's answer decides: a plan, a call, the end; or a re-ask when unusable."""
+    exchange = exchange_event.data
+    assert isinstance(exchange, ModelExchangeRecorded)
+    reply = exchange.reply
+    decisions: list[Decision] = []
+    if reply.content.strip():
+        decisions.append(_thought("reasoning", reply.content))
+    parsed = [parse_call(call, exchange) for call in reply.tool_calls]
+    problems = [p.reason for p in parsed if isinstance(p, Unusable)]
+    if not reply.tool_calls:
+        problems.append("the answer called no tool")
+    usable = [p for p in parsed if isinstance(p, Parsed)]
+    ending = next((p for p in usable if p.name in (FINISH, GIVE_UP)), None)
+    if ending is not None and ending.name == FINISH:
+        missing = _unreported_criteria(state, ending.arguments)
+        if missing:
+            problems.append(f"finish must report every completion criterion; missing: {missing}")
+            ending = None
+    if problems and (ending is None):
+        return _unusable(decisions, exchange, problems[0])
+    decisions += [
+        _thought("observation", f"repaired malformed JSON arguments of {p.name} from the model")
+        for p in usable
+        if p.repaired
+    ]
+    if ending is not None:
+        return Reaction([*decisions, _end(state, ending)])
+    plan = next((p for p in usable if p.name == CREATE_PLAN), None)
+    if plan is not None:
+        return Reaction([*decisions, *_propose(state, plan)])
+    calls = [p for p in usable if p.name not in CONTROL_TOOLS]
+    loop = _loop(log, calls, settings.planner_loop_repeats)
+    if loop is not None:
+        return Reaction([*decisions, *loop])
+    return Reaction([*decisions, *_act(state, exchange, calls)])
+
+
+def _thought(
+    kind: Literal["observation", "reasoning", "decision", "reflection"], text: str
+) -> Decision:
+    return Decision(ThoughtRecorded(kind=kind, text=truncate(text, THOUGHT_CHARS)))
+
+
+def _unusable(decisions: list[Decision], exchange: ModelExchangeRecorded, problem: str) -> Reaction:
+    if exchange.purpose == "repair":
+        reason = f"the model's answer could not be used, even when asked again: {problem}"
+        return Reaction([*decisions, Decision(SessionFailed(reason=reason), "end")])
+    note = f"the model's answer could not be used ({problem}); asking it once more"
+    return Reaction([*decisions, _thought("observation", note)], "repair")
+
+
+def _unreported_criteria(state: SessionState, arguments: dict[str, JsonValue]) -> list[str]:
+    reported = {c.criterion.strip().lower() for c in _Finish.model_validate(arguments).criteria}
+    return [c for c in state.completion_criteria if c.strip().lower() not in reported]
+
+
+def _end(state: SessionState, ending: Parsed) -> Decision:
+    if ending.name == GIVE_UP:
+        reason = _GiveUp.model_validate(ending.arguments).reason
+        return Decision(SessionFailed(reason=f"the planner gave up: {reason}"), "end")
+    finish = _Finish.model_validate(ending.arguments)
+    met = sum(1 for c in finish.criteria if c.met)
+    summary = finish.summary or f"{met} of {len(finish.criteria)} completion criteria met"
+    completed = SessionCompleted(
+        summary=summary, partial=met < len(finish.criteria), criteria=tuple(finish.criteria)
+    )
+    return Decision(completed, "end")
+
+
+def _step_id(exchange: ModelExchangeRecorded, index: int, count: int) -> str:
+    return f"t{exchange.turn}" if count == 1 else f"t{exchange.turn}.{index + 1}"
+
+
+def _propose(state: SessionState, plan: Parsed) -> list[Decision]:
+    draft = _Draft.model_validate(plan.arguments)
+    steps = plan.steps
+    revision = state.plan_revision + 1
+    proposed = PlanProposed(
+        revision=revision,
+        steps=steps,
+        reasoning=draft.reasoning,
+        confidence=draft.confidence,
+        permissions=tuple(sorted({s.tool for s in steps})),
+        completion_criteria=tuple(draft.completion_criteria),
+    )
+    decision = Decision(
+        ThoughtRecorded(
+            kind="decision" if revision == 1 else "reflection",
+            text=truncate(draft.reasoning or f"plan revision {revision}", THOUGHT_CHARS),
+            confidence=draft.confidence,
+        )
+    )
+    return [*_supersede(state, revision), decision, Decision(proposed, f"plan/{revision}")]
+
+
+def _supersede(state: SessionState, revision: int) -> list[Decision]:
+    """Steps of earlier plans that never ran will not run: the new plan replaces them."""
+    return [
+        Decision(
+            StepSkipped(step_id=s.id, reason=f"replaced by plan revision {revision}"),
+            f"skip/{s.id}",
+        )
+        for s in state.steps.values()
+        if s.status == "pending"
+    ]
+
+
+def _act(
+    state: SessionState, exchange: ModelExchangeRecorded, calls: list[Parsed]
+) -> list[Decision]:
+    count = len(exchange.reply.tool_calls)
+    steps = tuple(
+        PlanStep(
+            id=_step_id(exchange, exchange.reply.tool_calls.index(p.call), count),
+            tool=p.name,
+            arguments=p.arguments,
+        )
+        for p in calls
+    )
+    revision = state.plan_revision + 1
+    proposed = PlanProposed(
+        revision=revision,
+        steps=steps,
+        reasoning=exchange.reply.content,
+        permissions=tuple(sorted({s.tool for s in steps})),
+    )
+    action = "; ".join(_signature(s.tool, s.arguments) for s in steps)
+    return [
+        *_supersede(state, revision),
+        Decision(ThoughtRecorded(kind="action", text=truncate(action, THOUGHT_CHARS))),
+        Decision(proposed, f"plan/{revision}"),
+    ]
+
+
+def _signature(tool: str, arguments: dict[str, JsonValue]) -> str:
+    return f"{tool} {json.dumps(arguments, sort_keys=True)}"
+
+
+def _loop(log: Sequence[Event], calls: list[Parsed], repeats: int) -> list[Decision] | None:
+    """Stop when the new calls make the same call, or the same cycle of calls, `repeats`
+    times in a row."""
+    history = [
+        _signature(e.data.tool, e.data.arguments)
+        for e in log
+        if isinstance(e.data, StepScheduled) and e.data.attempt == 1
+    ]
+    history += [_signature(p.name, p.arguments) for p in calls]
+    for length in (1, 2, 3):
+        span = length * repeats
+        if len(history) < span:
+            break
+        cycle = history[-length:]
+        if all(history[-span + i] == cycle[i % length] for i in range(span)):
+            shown = " → ".join(cycle)
+            reason = (
+                f"stopped: the model repeated {shown} {repeats} times in a row; "
+                "a person should look at the goal or the tools"
+            )
+            return [
+                Decision(LoopDetected(calls=tuple(cycle), repeats=repeats), "loop"),
+                Decision(SessionFailed(reason=reason), "end"),
+            ]
+    return None
