@@ -16,6 +16,7 @@ import pytest
 from pydantic import JsonValue
 
 from helmline.contracts import (
+    BUILTIN_TOOLS,
     Actor,
     Event,
     LoopDetected,
@@ -26,7 +27,9 @@ from helmline.contracts import (
     SessionState,
     ToolCallAuthorized,
     new_event,
+    tenant_filter,
 )
+from helmline.planner import PlannerSettings, shadow_replay
 from helmline.planner.testing import Received, Reply, Responder, ScriptedModel
 from helmline.runtime import EventStore
 from helmline.runtime.testing import ServiceProcesses, eventually
@@ -335,3 +338,63 @@ async def test_helmline_run_starts_a_goal_session(
     state = (await store.load(tenant, answer["session_id"])).state
     assert state.mode == "act"
     assert state.steps["t1"].output == {"message": "hello from the cli"}
+
+
+async def test_a_shadow_replay_reproduces_a_20_step_session_and_names_a_divergence(
+    stack: ServiceProcesses, model: ScriptedModel, nats_url: str, store: EventStore, tenant: str
+) -> None:
+    def twenty_steps(received: Received) -> Reply:
+        done = sum(1 for text in received.texts() if "succeeded" in text)
+        if done < 20:
+            return Reply.call("echo", text=f"step {done + 1} of 20", message=f"part {done + 1}")
+        return Reply.call(
+            "finish", summary="20 parts said", criteria=[{"criterion": "20 parts", "met": True}]
+        )
+
+    model.script("twenty", twenty_steps)
+    session_id = await start(store, tenant, "twenty: say the 20 parts", mode="act")
+    state = await ended(store, tenant, session_id)
+    assert state.status == "completed", state.outcome
+    assert len(state.steps) == 20
+    recording = await log_of(store, tenant, session_id)
+    calls_before = len(model.received("twenty"))
+    tenant_events = len(await store.read_matching(tenant_filter(tenant)))
+
+    settings = PlannerSettings(planner_loop_repeats=LOOP_REPEATS)
+    same = await shadow_replay(recording, settings, BUILTIN_TOOLS)
+    assert same.divergences == []
+    assert (same.model_calls, same.steps, same.side_effects) == (21, 20, 0)
+    assert same.shadow_status == same.recorded_status == "completed"
+
+    changed = await shadow_replay(
+        recording,
+        PlannerSettings(planner_loop_repeats=LOOP_REPEATS, planner_system_prompt="Be brief."),
+        BUILTIN_TOOLS,
+    )
+    (divergence,) = changed.divergences
+    assert divergence.where == "model call 1"
+    assert divergence.step == "t1"
+    assert "Be brief." in divergence.shadow
+
+    # Through the command: no divergence, and nothing was run or appended by any replay.
+    process = await asyncio.create_subprocess_exec(
+        HELMLINE,
+        "replay",
+        session_id,
+        "--shadow",
+        "--tenant",
+        tenant,
+        "--json",
+        env={
+            "HELMLINE_NATS_URL": nats_url,
+            "PATH": "/usr/bin:/bin",
+            "HELMLINE_PLANNER_LOOP_REPEATS": str(LOOP_REPEATS),
+        },
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=90)
+    assert process.returncode == 0, err.decode() + out.decode()
+    assert json.loads(out)["divergences"] == []
+    assert len(model.received("twenty")) == calls_before
+    assert len(await store.read_matching(tenant_filter(tenant))) == tenant_events

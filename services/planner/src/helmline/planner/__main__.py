@@ -2,27 +2,38 @@
 
 from collections.abc import Callable, Sequence
 
-from helmline.contracts import BUILTIN_TOOLS, PLANNER_CONSUMER, ConsumerSpec, ToolSpec
+from helmline.contracts import PLANNER_CONSUMER, ConsumerSpec, ToolSpec
 from helmline.planner._engine import GoalEngine
 from helmline.planner._handlers import PlannerHandler
 from helmline.planner._providers import model_client
 from helmline.planner._settings import PlannerSettings
-from helmline.runtime import ServiceHost, Setup, run_service
+from helmline.runtime import ServiceHost, Setup, ToolCatalogue, run_service
 
 
 def setup_planner(
     consumer: ConsumerSpec = PLANNER_CONSUMER,
     settings: PlannerSettings | None = None,
-    registry: Callable[[], Sequence[ToolSpec]] = lambda: BUILTIN_TOOLS,
+    registry: Callable[[], Sequence[ToolSpec]] | None = None,
 ) -> Setup:
-    """Wire the planner onto a started host (tests pass their own consumer, settings and
-    tool registry)."""
+    """Wire the planner onto a started host (tests pass their own consumer and settings).
+
+    Goal sessions are offered the tools of the newest registry the tool gateway published
+    (built-in and federated), unless `registry` says otherwise.
+    """
     settings = settings or PlannerSettings()
 
     async def setup(host: ServiceHost) -> None:
         model = model_client(settings)
         host.on_shutdown(model.aclose)
-        goals = GoalEngine(settings, model, registry)
+        catalogue = ToolCatalogue()
+        if registry is None:
+            await catalogue.follow(host.nc, host.js)
+            host.on_shutdown(catalogue.close)
+
+        def newest_registry() -> Sequence[ToolSpec]:
+            return tuple(catalogue.values())
+
+        goals = GoalEngine(settings, model, registry or newest_registry)
         await host.consume(consumer, PlannerHandler(host.store, goals))
 
     return setup
