@@ -3,79 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from pydantic import TypeAdapter
 
 from helmline.contracts import (
     Actor,
-    ApprovalDecisionSubmitted,
-    ApprovalRequested,
-    Event,
     PlanStep,
     Playbook,
     SessionStarted,
     SessionState,
-    decode_event,
-    event_type_filter,
     fold,
     new_event,
 )
 from helmline.runtime import EventStore
-from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.runtime.testing import ServiceProcesses, auto_approver, eventually
 
 APPROVER = Actor(id="robot", roles=("approver",))
 STEPS = 10
-
-
-class AutoApprover:
-    """Grants every approval request of the tenant, as a person would, once each; can hold
-    requests back for a while, so that no command runs at a chosen moment."""
-
-    def __init__(self, store: EventStore) -> None:
-        self._store = store
-        self.holding = False
-        self._held: list[Event] = []
-
-    async def receive(self, message: Msg) -> None:
-        requested = decode_event(message.data)
-        assert isinstance(requested.data, ApprovalRequested)
-        if self.holding:
-            self._held.append(requested)
-        else:
-            await self._grant(requested)
-
-    async def release(self) -> None:
-        self.holding = False
-        held, self._held = self._held, []
-        for requested in held:
-            await self._grant(requested)
-
-    async def _grant(self, requested: Event) -> None:
-        assert isinstance(requested.data, ApprovalRequested)
-        vote = ApprovalDecisionSubmitted(
-            request_id=requested.data.request_id, decision="grant", decided_by=APPROVER
-        )
-        await self._store.append(requested.derive(vote, source="test/approver"))
-
-
-@contextlib.asynccontextmanager
-async def auto_approver(nc: NATS, store: EventStore, tenant: str) -> AsyncIterator[AutoApprover]:
-    approver = AutoApprover(store)
-    subscription = await nc.subscribe(
-        event_type_filter(ApprovalRequested.TYPE, tenant), cb=approver.receive
-    )
-    try:
-        yield approver
-    finally:
-        await subscription.unsubscribe()
 
 
 def _appending_commands() -> Playbook:
@@ -98,7 +47,7 @@ async def test_a_session_survives_a_kill_and_runs_each_tool_once(
     services: ServiceProcesses, nc: NATS, store: EventStore, tenant: str, victim: str
 ) -> None:
     session_id = uuid.uuid4().hex
-    async with auto_approver(nc, store, tenant) as approver:
+    async with auto_approver(nc, store, tenant, APPROVER) as approver:
         await store.append(
             new_event(
                 SessionStarted(

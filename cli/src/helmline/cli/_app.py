@@ -19,6 +19,7 @@ from helmline.cli import _events_commands as events_commands
 from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _projection_commands as projection_commands
 from helmline.cli import _replay_commands as replay_commands
+from helmline.cli import _rollback_commands as rollback_commands
 from helmline.cli import _session_commands as session_commands
 from helmline.cli import _tool_commands as tool_commands
 from helmline.cli import _workspace_commands as workspace_commands
@@ -223,6 +224,9 @@ app.command()(session_commands.deny)
 app.command()(session_commands.pause)
 app.command()(session_commands.resume)
 app.command()(session_commands.cancel)
+app.command()(rollback_commands.checkpoints)
+app.command()(rollback_commands.rollback)
+app.command()(rollback_commands.fork)
 app.add_typer(policy_app, name="policy")
 policy_app.command("check")(policy_commands.check)
 policy_app.command("explain")(policy_commands.explain)

@@ -112,19 +112,25 @@ def render_session(console: Console, state: SessionState) -> None:
         console.print(approvals_table(pending))
         console.print(f"decide with: {decide_command(state)}  (or helmline deny ...)")
     if state.checkpoints:
-        table = Table(title="checkpoints", title_justify="left")
-        for column in ("checkpoint", "step", "seq", "reversible", "snapshot", "at"):
-            table.add_column(column, no_wrap=column != "checkpoint")
-        for checkpoint in state.checkpoints:
-            table.add_row(
-                checkpoint.checkpoint_id,
-                checkpoint.step_id,
-                str(checkpoint.at_seq),
-                Text("yes" if checkpoint.reversible else f"no ({checkpoint.compensation or '-'})"),
-                Text(checkpoint.snapshot_id or ""),
-                _time(checkpoint.created_at),
-            )
-        console.print(table)
+        console.print(checkpoints_table(state))
+
+
+def checkpoints_table(state: SessionState) -> Table:
+    """The session's checkpoints, numbered as `rollback --to` and `fork --at` accept them."""
+    table = Table(title="checkpoints", title_justify="left")
+    for column in ("#", "checkpoint", "step", "seq", "reversible", "snapshot", "at"):
+        table.add_column(column, no_wrap=column != "checkpoint")
+    for number, checkpoint in enumerate(state.checkpoints, start=1):
+        table.add_row(
+            str(number),
+            checkpoint.checkpoint_id,
+            checkpoint.step_id,
+            str(checkpoint.at_seq),
+            Text("yes" if checkpoint.reversible else f"no ({checkpoint.compensation or '-'})"),
+            Text(checkpoint.snapshot_id or ""),
+            _time(checkpoint.created_at),
+        )
+    return table
 
 
 def session_panel(state: SessionState, *, full: bool) -> RenderableType:

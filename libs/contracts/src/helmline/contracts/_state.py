@@ -732,6 +732,9 @@ class SessionFold:
                     undone_steps=data.undone_steps,
                     not_undone_steps=data.not_undone_steps,
                 )
+                for step_id in data.undone_steps:
+                    if step_id in self.steps:
+                        self.update_step(step_id, status="undone")
                 self._keep_checkpoints_up_to(data.checkpoint_id)
                 # A rolled-back session waits for a person to resume or replan it.
                 v["status"] = "paused"

@@ -16,6 +16,7 @@ from helmline.contracts._catalogue import (
     ApprovalRequested,
     CompensationCompleted,
     CompensationFailed,
+    CompensationScheduled,
     Payload,
     PlanApproved,
     PlanProposed,
@@ -295,8 +296,9 @@ TOOL_GATEWAY_CONSUMER = consumer_for(
 )
 SANDBOX_CONSUMER = consumer_for(
     "sandbox",
-    (SandboxExecutionRequested, SessionCancelRequested),
-    "Runs built-in tools in session workspaces; kills running commands on cancel.",
+    (SandboxExecutionRequested, SessionCancelRequested, CompensationScheduled, SessionStarted),
+    "Runs built-in tools in session workspaces; kills running commands on cancel; restores "
+    "workspaces for rollbacks and forks.",
     # A command may run for minutes; its message is kept in progress meanwhile. A cancel
     # must reach the command it kills, and parallel steps run in parallel.
     max_ack_pending=256,

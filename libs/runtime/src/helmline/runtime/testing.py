@@ -6,6 +6,7 @@ Other teams can use them too: start a throwaway JetStream server, wait on condit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -13,12 +14,24 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionSubmitted,
+    ApprovalRequested,
+    Event,
+    decode_event,
+    event_type_filter,
+)
 from helmline.runtime._embedded import nats_server_binary
+from helmline.runtime._store import EventStore
 
 
 def free_port() -> int:
@@ -172,3 +185,51 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not hold within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+class AutoApprover:
+    """Grants every approval request of a tenant, as a person would, once each; can hold
+    requests back for a while, so that no call runs at a chosen moment."""
+
+    def __init__(self, store: EventStore, approver: Actor) -> None:
+        self._store = store
+        self._approver = approver
+        self.holding = False
+        self._held: list[Event] = []
+
+    async def receive(self, message: Msg) -> None:
+        requested = decode_event(message.data)
+        assert isinstance(requested.data, ApprovalRequested)
+        if self.holding:
+            self._held.append(requested)
+        else:
+            await self._grant(requested)
+
+    async def release(self) -> None:
+        """Grant what was held back, and every request from now on."""
+        self.holding = False
+        held, self._held = self._held, []
+        for requested in held:
+            await self._grant(requested)
+
+    async def _grant(self, requested: Event) -> None:
+        assert isinstance(requested.data, ApprovalRequested)
+        vote = ApprovalDecisionSubmitted(
+            request_id=requested.data.request_id, decision="grant", decided_by=self._approver
+        )
+        await self._store.append(requested.derive(vote, source="test/approver"))
+
+
+@contextlib.asynccontextmanager
+async def auto_approver(
+    nc: NATS, store: EventStore, tenant: str, approver: Actor
+) -> AsyncIterator[AutoApprover]:
+    """An `AutoApprover` of the tenant's requests while the block runs."""
+    granting = AutoApprover(store, approver)
+    subscription = await nc.subscribe(
+        event_type_filter(ApprovalRequested.TYPE, tenant), cb=granting.receive
+    )
+    try:
+        yield granting
+    finally:
+        await subscription.unsubscribe()

@@ -27,12 +27,15 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    WorkspaceRestored,
 )
 
 MAX_ATTEMPTS = 3
 """Tries of a step whose failures are retryable."""
 
 DONE = frozenset({"succeeded", "skipped"})
+READY = frozenset({"pending", "undone"})
+"""Statuses of steps that may be scheduled once their dependencies succeeded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +52,17 @@ def decide(state: SessionState, event: Event) -> list[Decision]:
     if state.is_terminal:
         return []
     data = event.data
+    if _rolling_back(state) and not isinstance(data, SessionCancelRequested):
+        return []  # Nothing starts while a rollback undoes steps; it ends paused.
     match data:
         case SessionStarted():
             return _plan(state, data)
         case PlanApproved() if data.revision == state.plan_revision:
             return _advance(state)
         case PlanRejected():
-            return [Decision(SessionFailed(reason=f"plan rejected: {data.reason}"), "end")]
+            return [
+                Decision(SessionFailed(reason=f"plan rejected: {data.reason}"), _once(state, "end"))
+            ]
         case ToolCallCompleted():
             return _advance(state, after=data.step_id)
         case ToolCallFailed():
@@ -68,9 +75,30 @@ def decide(state: SessionState, event: Event) -> list[Decision]:
             resumed = [] if state.status != "paused" else [Decision(SessionResumed())]
             return resumed + _advance(state)
         case SessionCancelRequested():
-            return [Decision(SessionCancelled(reason=data.reason or "cancelled"), "end")]
+            return [
+                Decision(SessionCancelled(reason=data.reason or "cancelled"), _once(state, "end"))
+            ]
+        case WorkspaceRestored():
+            return _advance(state)  # A fork's workspace is ready.
         case _:
             return []
+
+
+def _once(state: SessionState, fact: str) -> str:
+    """The identity of a fact that happens once per course of the session: a rollback starts
+    a new course, in which the session may end (or skip a step) again."""
+    rolled_back = sum(1 for r in state.rollbacks.values() if r.status == "completed")
+    return f"{fact}/after-rollback-{rolled_back}" if rolled_back else fact
+
+
+def _rolling_back(state: SessionState) -> bool:
+    return any(rollback.active for rollback in state.rollbacks.values())
+
+
+def _waits_for_workspace(state: SessionState) -> bool:
+    """A fork runs nothing before its workspace holds its origin's checkpoint."""
+    origin = state.fork_of
+    return origin is not None and origin.snapshot_id is not None and not state.latest_snapshot_id
 
 
 def _plan(state: SessionState, started: SessionStarted) -> list[Decision]:
@@ -78,7 +106,7 @@ def _plan(state: SessionState, started: SessionStarted) -> list[Decision]:
         return []
     if started.playbook is None:
         reason = f"no planner for mode {started.mode!r} without a playbook is configured"
-        return [Decision(SessionFailed(reason=reason), "end")]
+        return [Decision(SessionFailed(reason=reason), _once(state, "end"))]
     steps = started.playbook.steps
     proposal = PlanProposed(
         revision=1,
@@ -101,30 +129,35 @@ def _advance(
     """
     if state.plan_revision == 0 or state.plan_approved_revision < state.plan_revision:
         return []
+    if _waits_for_workspace(state):
+        return []
     decisions: list[Decision] = []
     skipping = set(skipped)
     candidates: Iterable[StepState] = state.steps.values()
     if after is not None:
         candidates = [step for step in candidates if after in step.depends_on]
     for step in candidates:
-        if step.status != "pending" or step.id in skipping:
+        if step.status not in READY or step.id in skipping:
             continue
         blocked = [d for d in step.depends_on if _status(state, d, skipping) == "skipped"]
         if blocked:
             skipping.add(step.id)
             reason = f"depends on skipped step {blocked[0]!r}"
             decisions.append(
-                Decision(StepSkipped(step_id=step.id, reason=reason), f"skip/{step.id}")
+                Decision(
+                    StepSkipped(step_id=step.id, reason=reason), _once(state, f"skip/{step.id}")
+                )
             )
         elif not state.pause_requested and all(
             _status(state, d, skipping) == "succeeded" for d in step.depends_on
         ):
-            decisions.append(_schedule(step, attempt=1))
+            # A step a rollback undid runs again as a new attempt (a new call).
+            decisions.append(_schedule(step, attempt=step.attempts + 1))
     scheduled = any(isinstance(d.payload, StepScheduled) for d in decisions)
     if not scheduled and all(s.status in DONE or s.id in skipping for s in state.steps.values()):
         succeeded = sum(1 for s in state.steps.values() if s.status == "succeeded")
         summary = f"{succeeded} of {len(state.steps)} steps succeeded"
-        decisions.append(Decision(SessionCompleted(summary=summary), "end"))
+        decisions.append(Decision(SessionCompleted(summary=summary), _once(state, "end")))
     return decisions
 
 
@@ -155,7 +188,7 @@ def _after_failure(state: SessionState, failed: ToolCallFailed) -> list[Decision
     if step.error is not None and step.error.retryable and step.attempts < MAX_ATTEMPTS:
         return [_schedule(step, attempt=step.attempts + 1)]
     reason = f"step {step.id!r} failed: {failed.error.message}"
-    return [Decision(SessionFailed(reason=reason, step_id=step.id), "end")]
+    return [Decision(SessionFailed(reason=reason, step_id=step.id), _once(state, "end"))]
 
 
 def _after_denial(state: SessionState, denied: ToolCallDenied) -> list[Decision]:
@@ -164,7 +197,7 @@ def _after_denial(state: SessionState, denied: ToolCallDenied) -> list[Decision]
         return []
     if (step.on_denied or state.on_denied) == "fail":
         reason = f"step {step.id!r} was denied: {denied.reason}"
-        return [Decision(SessionFailed(reason=reason, step_id=step.id), "end")]
+        return [Decision(SessionFailed(reason=reason, step_id=step.id), _once(state, "end"))]
     skip = Decision(
         StepSkipped(step_id=step.id, reason=f"denied: {denied.reason}"), f"skip/{step.id}"
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helmline.contracts import Event
+from helmline.contracts import Event, RollbackCompleted, RollbackFailed
 from helmline.planner._domain import decide
 from helmline.planner._engine import SOURCE, GoalEngine
 from helmline.runtime import Delivery, EventStore, SessionCache
@@ -21,6 +21,10 @@ class PlannerHandler:
         self._goals = goals
 
     async def __call__(self, delivery: Delivery) -> None:
+        if isinstance(delivery.event.data, RollbackCompleted | RollbackFailed):
+            # A rollback changed steps through events the planner does not consume.
+            event = delivery.event
+            self._sessions.forget(event.tenant, event.session_id)
         state = await self._sessions.advance(delivery)
         if state.mode != "playbook":
             event = delivery.event

@@ -18,11 +18,13 @@ from typing import Generic, TypeVar
 from nats.errors import Error as NatsError
 
 from helmline.contracts import (
+    CompensationScheduled,
     Event,
     LimitHit,
     ResourceUsage,
     SandboxExecutionRequested,
     SessionCancelRequested,
+    SessionStarted,
 )
 from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
 from helmline.sandbox._calls import (
@@ -41,6 +43,7 @@ from helmline.sandbox._calls import (
 )
 from helmline.sandbox._commands import CommandControl, Reaper, kill_marked
 from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._restores import WorkspaceRestorer
 from helmline.sandbox._snapshots import Snapshot, WorkspaceSnapshots
 from helmline.sandbox._tools import Tools
 
@@ -88,6 +91,9 @@ class SandboxHandler:
         self._workspaces_dir = workspaces_dir
         self._tools = tools
         self._snapshots = snapshots
+        self._restorer = (
+            WorkspaceRestorer(store, workspaces_dir, snapshots) if snapshots is not None else None
+        )
         # Sessions whose latest state this process snapshotted: that snapshot is the
         # "before" of their next call, so only the first call of a session takes one.
         self._snapshotted: _Recent[SessionKey, None] = _Recent(memory)
@@ -111,6 +117,9 @@ class SandboxHandler:
                 await self._execute(event, request, delivery.deliveries)
             case SessionCancelRequested():
                 self.cancel_session(event.tenant, event.session_id)
+            case CompensationScheduled() | SessionStarted():
+                if self._restorer is not None:  # Without snapshots there is nothing to restore.
+                    await self._restorer(delivery)
             case other:
                 raise PermanentError(f"the sandbox does not handle {other.TYPE} events")
 

@@ -2,7 +2,7 @@
 
 from helmline.contracts import READ_MODEL_CONSUMER, STATE_CONSUMER, ConsumerSpec
 from helmline.runtime import ServiceHost, SessionCache, Setup, run_service
-from helmline.state._handlers import CheckpointHandler
+from helmline.state._handlers import StateHandler
 from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._settings import StateSettings
 
@@ -15,7 +15,7 @@ def setup_state(
     """Wire the state service onto a started host (tests pass their own consumers)."""
 
     async def setup(host: ServiceHost) -> None:
-        await host.consume(checkpoints, CheckpointHandler(host.store))
+        await host.consume(checkpoints, StateHandler(host.store))
         if settings.database_url:
             model = ReadModel(settings.database_url)
             host.on_shutdown(model.close)

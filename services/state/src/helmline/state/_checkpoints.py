@@ -2,21 +2,73 @@
 
 from __future__ import annotations
 
-from helmline.contracts import CheckpointCreated, ToolCallCompleted
+from helmline.contracts import (
+    BUILTIN_TOOLS_BY_NAME,
+    CheckpointCreated,
+    SessionState,
+    ToolCallCompleted,
+    ToolEffect,
+)
 
-WITHOUT_EFFECT = frozenset({"echo", "read_file", "list_files"})
-"""Built-in tools that change nothing, so there is nothing to undo after them."""
+
+def effect_of(tool: str) -> ToolEffect:
+    """What a call of `tool` changes; a tool Helmline does not run itself reaches outside."""
+    spec = BUILTIN_TOOLS_BY_NAME.get(tool)
+    return spec.effect if spec is not None else "external"
 
 
-def checkpoint_after(completed: ToolCallCompleted, seq: int) -> CheckpointCreated:
-    """The checkpoint after a completed step, at the sequence of its completion."""
-    reversible = completed.tool in WITHOUT_EFFECT
-    how = "nothing to undo" if reversible else "no workspace snapshot or inverse tool yet"
+def checkpoint_after(
+    state: SessionState, completed: ToolCallCompleted, seq: int
+) -> CheckpointCreated:
+    """The checkpoint after a completed step, at the sequence of its completion.
+
+    `state` is the session with the completion applied: the sandbox records the snapshot
+    taken after a call before the call's result, so its latest snapshot is this call's.
+    """
+    effect = effect_of(completed.tool)
+    snapshot = state.latest_snapshot_id
+    reversible, how = _how_to_undo(state, completed, effect, snapshot)
     return CheckpointCreated(
         checkpoint_id=f"cp-{completed.call_id}",
         step_id=completed.step_id,
         call_id=completed.call_id,
         at_seq=seq,
+        snapshot_id=snapshot,
         reversible=reversible,
         compensation=how,
+        tool=completed.tool,
+        effect=effect,
+        inverse=completed.inverse,
     )
+
+
+def _how_to_undo(
+    state: SessionState, completed: ToolCallCompleted, effect: ToolEffect, snapshot: str | None
+) -> tuple[bool, str]:
+    match effect:
+        case "none":
+            return True, "nothing to undo"
+        case "workspace":
+            return _workspace_undo(state, snapshot)
+        case "external" if completed.inverse is not None:
+            inverse = completed.inverse
+            return True, f"call {inverse.tool} with {inverse.arguments}"
+        case "external":
+            return False, f"{completed.tool} acts outside Helmline and declares no inverse"
+
+
+def _workspace_undo(state: SessionState, after: str | None) -> tuple[bool, str]:
+    """A workspace change is undone by restoring the snapshot of the previous checkpoint (or
+    the workspace as it was before the session's first change)."""
+    previous = state.checkpoints[-1].snapshot_id if state.checkpoints else None
+    before = previous or state.initial_snapshot_id
+    unstored = state.unrestorable_snapshots
+    if before is None:
+        return False, "the sandbox took no snapshot of the workspace before it"
+    if before in unstored:
+        return False, f"the workspace before it was not stored: {unstored[before]}"
+    how = f"restore the workspace to snapshot {before}"
+    if after in unstored:
+        how += f"; the workspace after it was not stored ({unstored[after]}), so no rollback "
+        how += "can return to this checkpoint"
+    return True, how

@@ -1,26 +1,85 @@
-"""The state service's edge: a checkpoint after every completed step, off the critical path."""
+"""The state service's edge: a checkpoint after every completed step, and rollbacks driven
+one compensation at a time, both off the critical path."""
 
 from __future__ import annotations
 
-from helmline.contracts import ToolCallCompleted
-from helmline.runtime import Delivery, EventStore
+from helmline.contracts import (
+    CompensationCompleted,
+    CompensationFailed,
+    Event,
+    RollbackRequested,
+    RollbackState,
+    SessionState,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+    fold,
+)
+from helmline.runtime import Delivery, EventStore, SessionCache
 from helmline.state._checkpoints import checkpoint_after
+from helmline.state._rollback import call_outcome, next_decisions, plan_rollback
 
 SOURCE = "helmline/state"
 
 
-class CheckpointHandler:
-    """Records a checkpoint for each completed tool call."""
+class StateHandler:
+    """Records checkpoints and drives rollbacks."""
 
     def __init__(self, store: EventStore) -> None:
         self._store = store
+        self._sessions = SessionCache(store)
 
     async def __call__(self, delivery: Delivery) -> None:
-        completed = delivery.event.data
-        if isinstance(completed, ToolCallCompleted):
-            checkpoint = checkpoint_after(completed, delivery.seq)
-            await self._store.append(
-                delivery.event.derive(
-                    checkpoint, source=SOURCE, identity=f"checkpoint/{completed.call_id}"
+        event = delivery.event
+        state = await self._sessions.advance(delivery)
+        match event.data:
+            case ToolCallCompleted() as completed if not _compensates(state, completed.call_id):
+                checkpoint = event.derive(
+                    checkpoint_after(state, completed, delivery.seq),
+                    source=SOURCE,
+                    identity=f"checkpoint/{completed.call_id}",
                 )
-            )
+                await self._store.append(checkpoint)
+                self._sessions.record(state, [checkpoint])
+            case ToolCallCompleted() | ToolCallFailed() | ToolCallDenied() as outcome if (
+                _compensates(state, outcome.call_id)
+            ):
+                await self._advance_rollbacks(event)
+            case RollbackRequested() | CompensationCompleted() | CompensationFailed():
+                await self._advance_rollbacks(event)
+            case _:
+                pass  # Snapshots and restores: folded into the cached state for checkpoints.
+
+    async def _advance_rollbacks(self, cause: Event) -> None:
+        """Take each rollback under way one decision further.
+
+        Decides from the whole log rather than the cache: a rollback is rare, and the log
+        shows every compensation already scheduled or finished, even after a crash.
+        """
+        tenant, session_id = cause.tenant, cause.session_id
+        now = (await self._store.load(tenant, session_id)).state
+        for rollback in [r for r in now.rollbacks.values() if r.active]:
+            plan = plan_rollback(now, await self._at_checkpoint(now, rollback), rollback)
+            outcome = call_outcome(plan, rollback, cause.data)
+            decisions = [outcome] if outcome is not None else next_decisions(plan, rollback)
+            while decisions:
+                events = [
+                    cause.derive(d.payload, source=SOURCE, identity=d.identity) for d in decisions
+                ]
+                await self._store.append_all(events)
+                now = fold(events, now)
+                decisions = next_decisions(plan, now.rollbacks[rollback.rollback_id])
+        # Compensations change the session in ways this service does not consume.
+        self._sessions.forget(tenant, session_id)
+
+    async def _at_checkpoint(self, now: SessionState, rollback: RollbackState) -> SessionState:
+        target = next(
+            (c for c in now.checkpoints if c.checkpoint_id == rollback.checkpoint_id), None
+        )
+        if target is None:
+            return now
+        return (await self._store.load(now.tenant, now.session_id, up_to_seq=target.at_seq)).state
+
+
+def _compensates(state: SessionState, call_id: str) -> bool:
+    return any(call_id in rollback.compensations for rollback in state.rollbacks.values())

@@ -1,0 +1,108 @@
+"""Restoring workspaces from snapshots: a rollback's `restore_workspace` compensation, and a
+fork's workspace made from its origin's checkpoint.
+
+A restore makes the workspace hold exactly what the snapshot held, so doing it again changes
+nothing; still, a redelivery first reads the log, and a restore recorded there is not done a
+second time.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from nats.errors import Error as NatsError
+from nats.js.errors import ObjectNotFoundError
+
+from helmline.contracts import (
+    CompensationCompleted,
+    CompensationFailed,
+    CompensationScheduled,
+    Event,
+    SessionStarted,
+    ToolError,
+    WorkspaceRestored,
+)
+from helmline.runtime import Delivery, EventStore, RetryableError
+from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._snapshots import WorkspaceSnapshots
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "helmline/sandbox"
+
+
+class WorkspaceRestorer:
+    """Restores session workspaces when a rollback or a fork asks for it."""
+
+    def __init__(
+        self, store: EventStore, workspaces_dir: Path, snapshots: WorkspaceSnapshots
+    ) -> None:
+        self._store = store
+        self._workspaces_dir = workspaces_dir
+        self._snapshots = snapshots
+
+    async def __call__(self, delivery: Delivery) -> None:
+        event = delivery.event
+        match event.data:
+            case CompensationScheduled(kind="restore_workspace") as compensation:
+                await self._compensate(event, compensation, delivery.deliveries)
+            case SessionStarted(fork_of=origin) if origin is not None and origin.snapshot_id:
+                if delivery.deliveries > 1 and await self._restored(event, None):
+                    return
+                await self._restore(event, origin.session_id, origin.snapshot_id)
+                restored = WorkspaceRestored(snapshot_id=origin.snapshot_id)
+                await self._store.append(event.derive(restored, source=SOURCE))
+            case _:
+                pass  # Inverse tools run through the tool gateway; ordinary sessions start empty.
+
+    async def _compensate(
+        self, cause: Event, compensation: CompensationScheduled, deliveries: int
+    ) -> None:
+        snapshot = compensation.snapshot_id
+        ids = {
+            "rollback_id": compensation.rollback_id,
+            "compensation_id": compensation.compensation_id,
+            "step_id": compensation.step_id,
+        }
+        if snapshot is None:
+            missing = ToolError(kind="validation", message="no snapshot to restore was named")
+            await self._store.append(
+                cause.derive(CompensationFailed(**ids, error=missing), source=SOURCE)
+            )
+            return
+        done = deliveries > 1 and await self._restored(cause, compensation.compensation_id)
+        if not done:
+            try:
+                await self._restore(cause, cause.session_id, snapshot)
+            except ObjectNotFoundError:
+                error = ToolError(kind="not_found", message=f"snapshot {snapshot} is not stored")
+                await self._store.append(
+                    cause.derive(CompensationFailed(**ids, error=error), source=SOURCE)
+                )
+                return
+        restored = WorkspaceRestored(
+            snapshot_id=snapshot, compensation_id=compensation.compensation_id
+        )
+        completed = CompensationCompleted(**ids, steps=compensation.steps)
+        await self._store.append_all(
+            [cause.derive(restored, source=SOURCE), cause.derive(completed, source=SOURCE)]
+        )
+
+    async def _restore(self, cause: Event, origin_session: str, snapshot: str) -> None:
+        workspace = workspace_of(self._workspaces_dir, cause.tenant, cause.session_id)
+        try:
+            await self._snapshots.restore(workspace, cause.tenant, origin_session, snapshot)
+        except ObjectNotFoundError:
+            raise  # Not there: waiting will not bring it.
+        except (TimeoutError, NatsError) as error:
+            raise RetryableError(f"could not read snapshot {snapshot}: {error}") from error
+        logger.info("restored %s/%s to %s", cause.tenant, cause.session_id, snapshot)
+
+    async def _restored(self, cause: Event, compensation_id: str | None) -> bool:
+        """Whether the log already records this restore (a redelivery after a crash)."""
+        return any(
+            isinstance(stored.event.data, WorkspaceRestored)
+            and stored.event.data.compensation_id == compensation_id
+            for stored in await self._store.read_all(cause.tenant, cause.session_id)
+        )
