@@ -86,9 +86,15 @@ class EmbeddedPostgres:
             timeout=30,
         )
 
-    def stop(self) -> None:
+    def stop(self, *, crash: bool = False) -> None:
+        """Shut down; with `crash`, as a crash would (no checkpoint, the next start recovers)."""
         if self._process is not None:
-            stop_postgres(pgdata=self.folder / "pgdata", process=self._process, grace=10)
+            stop_postgres(
+                pgdata=self.folder / "pgdata",
+                process=self._process,
+                grace=10,
+                mode="immediate" if crash else "fast",
+            )
             self._process = None
 
     def __enter__(self) -> EmbeddedPostgres:

@@ -39,7 +39,12 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore, ServiceHost
 from helmline.runtime.testing import eventually
-from helmline.state import RebuildError, read_model_differences, rebuild_read_model
+from helmline.state import (
+    RebuildError,
+    caught_up,
+    read_model_differences,
+    rebuild_read_model,
+)
 from helmline.state.__main__ import setup_state
 from helmline.state._settings import StateSettings
 
@@ -143,19 +148,6 @@ async def _rows(database_url: str, table: str, tenant: str) -> list[dict[str, An
     return [dict(record) for record in records]
 
 
-async def _caught_up(store: EventStore, database_url: str, tenant: str, count: int) -> bool:
-    try:
-        rows = await _rows(database_url, "sessions", tenant)
-    except (OSError, asyncpg.PostgresError):
-        return False
-    if len(rows) != count:
-        return False
-    for row in rows:
-        if row["last_seq"] != await store.last_seq(tenant, row["session_id"]):
-            return False
-    return True
-
-
 async def _append_and_project(
     store: EventStore, database_url: str, tenant: str, numbers: range
 ) -> None:
@@ -163,7 +155,7 @@ async def _append_and_project(
     for number in numbers:
         await store.append_all(_session(tenant, number))
     await eventually(
-        lambda: _caught_up(store, database_url, tenant, numbers.stop),
+        lambda: caught_up(store, database_url, tenant, numbers.stop),
         timeout_s=60,
         what=f"the read model to catch up with {numbers.stop} sessions",
     )
@@ -235,7 +227,7 @@ async def test_postgres_down_mid_run_loses_nothing(
         for number in range(5):
             await store.append_all(_session(tenant, number))
         await eventually(
-            lambda: _caught_up(store, postgres.url, tenant, 5),
+            lambda: caught_up(store, postgres.url, tenant, 5),
             timeout_s=60,
             what="the first sessions projected",
         )
@@ -244,7 +236,7 @@ async def test_postgres_down_mid_run_loses_nothing(
             await store.append_all(_session(tenant, number))
         postgres.start()
         await eventually(
-            lambda: _caught_up(store, postgres.url, tenant, 12),
+            lambda: caught_up(store, postgres.url, tenant, 12),
             timeout_s=90,
             what="the read model to catch up after the outage",
         )

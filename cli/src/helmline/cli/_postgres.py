@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import psutil
 
@@ -89,9 +90,16 @@ def start_postgres(
     return postmaster, postgres_url(port)
 
 
-def stop_postgres(*, pgdata: Path, process: ProcessRecord, grace: float) -> None:
+def stop_postgres(
+    *,
+    pgdata: Path,
+    process: ProcessRecord,
+    grace: float,
+    mode: Literal["fast", "immediate"] = "fast",
+) -> None:
     """A fast shutdown through pg_ctl (clients are disconnected, work is flushed); signals to
-    the postmaster if pg_ctl cannot do it."""
+    the postmaster if pg_ctl cannot do it. `immediate` stops as a crash would: no checkpoint,
+    and the next start recovers from the write-ahead log."""
     if find_process(process) is None:
         return
     account = _account(process.run_as) if process.run_as else None
@@ -100,7 +108,7 @@ def stop_postgres(*, pgdata: Path, process: ProcessRecord, grace: float) -> None
         "--pgdata",
         str(pgdata),
         "--mode",
-        "fast",
+        mode,
         "--wait",
         "--timeout",
         str(max(1, int(grace))),

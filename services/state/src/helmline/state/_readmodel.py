@@ -159,6 +159,9 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 """The projected tables (not `schema_migrations`) and their columns; each is keyed by
 tenant and session id first."""
 
+JSON_COLUMNS = frozenset({"output", "error", "decided_by"})
+"""Columns of type jsonb."""
+
 _json_value: TypeAdapter[Any] = TypeAdapter(Any)
 T = TypeVar("T")
 

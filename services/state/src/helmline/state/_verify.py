@@ -1,60 +1,86 @@
-"""Checking the read model against the log: what a row says that the fold does not."""
+"""Checking the read model against the log: every row and column the fold disagrees with."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import asyncpg
 
 from helmline.contracts import SessionState
-from helmline.state._readmodel import (
-    EVERY_ROW,
-    SESSION_COLUMNS,
-    STEP_COLUMNS,
-    session_row,
-    step_rows,
-)
+from helmline.runtime import EventStore
+from helmline.state._readmodel import JSON_COLUMNS, TABLE_COLUMNS, session_rows
 
-# `last_seq` is where the projection stands, not a fact of the session: not compared.
-_COMPARED_SESSION_COLUMNS = tuple(c for c in SESSION_COLUMNS if c != "last_seq")
+KEY_COLUMN = {
+    "sessions": "session_id",
+    "steps": "step_id",
+    "approvals": "request_id",
+    "checkpoints": "checkpoint_id",
+}
+"""The column naming a row within its session."""
+# Where the projection stands, not a fact of the session: not compared.
+NOT_COMPARED = frozenset({"last_seq"})
 
 
 async def read_model_differences(database_url: str, state: SessionState) -> list[str]:
     """Each way the session's rows differ from `state`; empty when they agree."""
     connection = await asyncpg.connect(database_url)
     try:
-        session = await connection.fetchrow(
-            "SELECT * FROM sessions WHERE tenant = $1 AND session_id = $2",
-            state.tenant,
-            state.session_id,
-        )
-        steps = await connection.fetch(
-            "SELECT * FROM steps WHERE tenant = $1 AND session_id = $2 ORDER BY position",
-            state.tenant,
-            state.session_id,
-        )
+        stored = {
+            table: await connection.fetch(
+                # Table names come from this package's constants, never from input.
+                f"SELECT * FROM {table} WHERE tenant = $1 AND session_id = $2",
+                state.tenant,
+                state.session_id,
+            )
+            for table in TABLE_COLUMNS
+        }
     finally:
         await connection.close()
-    if session is None:
+    if not stored["sessions"]:
         return ["the read model has no row for this session"]
-    expected = dict(zip(SESSION_COLUMNS, session_row(state, 0), strict=True))
-    differences = [
-        f"sessions.{column}: read model {session[column]!r}, log {expected[column]!r}"
-        for column in _COMPARED_SESSION_COLUMNS
-        if session[column] != expected[column]
-    ]
-    rows = {row["step_id"]: row for row in steps}
-    for values in step_rows(state, EVERY_ROW):
-        wanted: dict[str, Any] = dict(zip(STEP_COLUMNS, values, strict=True))
-        row = rows.pop(wanted["step_id"], None)
-        if row is None:
-            differences.append(f"steps.{wanted['step_id']}: missing from the read model")
-            continue
-        for column in ("status", "attempts", "call_id", "tool", "position"):
-            if row[column] != wanted[column]:
-                differences.append(
-                    f"steps.{wanted['step_id']}.{column}: read model "
-                    f"{row[column]!r}, log {wanted[column]!r}"
-                )
-    differences += [f"steps.{step_id}: not in the log" for step_id in rows]
+    differences: list[str] = []
+    for table, expected_rows in session_rows(state, 0).items():
+        key = KEY_COLUMN[table]
+        rows = {row[key]: dict(row) for row in stored[table]}
+        for values in expected_rows:
+            wanted = dict(zip(TABLE_COLUMNS[table], values, strict=True))
+            where = table if table == "sessions" else f"{table}.{wanted[key]}"
+            row = rows.pop(wanted[key], None)
+            if row is None:
+                differences.append(f"{where}: missing from the read model")
+                continue
+            differences += [
+                f"{where}.{column}: read model {row[column]!r}, log {wanted[column]!r}"
+                for column in TABLE_COLUMNS[table]
+                if column not in NOT_COMPARED
+                and _comparable(column, row[column]) != _comparable(column, wanted[column])
+            ]
+        differences += [f"{table}.{extra}: not in the log" for extra in rows]
     return differences
+
+
+async def caught_up(store: EventStore, database_url: str, tenant: str, sessions: int) -> bool:
+    """Whether the read model holds `sessions` sessions of the tenant, each up to its last
+    event in the log; False while PostgreSQL cannot be reached."""
+    try:
+        connection = await asyncpg.connect(database_url)
+        try:
+            rows = await connection.fetch(
+                "SELECT session_id, last_seq FROM sessions WHERE tenant = $1", tenant
+            )
+        finally:
+            await connection.close()
+    except (OSError, asyncpg.PostgresError):
+        return False
+    if len(rows) != sessions:
+        return False
+    for row in rows:
+        if row["last_seq"] != await store.last_seq(tenant, row["session_id"]):
+            return False
+    return True
+
+
+def _comparable(column: str, value: Any) -> Any:
+    # jsonb comes back re-serialised (its own spacing and key order): compare what it says.
+    return json.loads(value) if column in JSON_COLUMNS and value is not None else value
