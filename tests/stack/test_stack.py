@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -155,6 +156,7 @@ def test_lifecycle_of_one_stack(new_stack: Callable[[], Stack]) -> None:
     assert code == 0, status
     assert states(status) == dict.fromkeys(COMPONENTS, "healthy")
     first = stack.processes()
+    dev_key = check_api_keys(stack, started.stdout)
     assert all(p.alive() for p in first)
 
     again = stack.up()
@@ -169,6 +171,7 @@ def test_lifecycle_of_one_stack(new_stack: Callable[[], Stack]) -> None:
     assert code == 1
     assert states(status)["planner"] == "stopped"
     restarted = stack.up()  # `up` succeeds only once every component is ready.
+    assert dev_key in restarted.stdout  # The data folder's key is kept, and still valid.
     assert "Sample session" not in restarted.stdout  # The log has its sessions already.
     assert not any(p.alive() for p in first), [p for p in first if p.alive()]
     second = stack.processes()
@@ -182,6 +185,33 @@ def test_lifecycle_of_one_stack(new_stack: Callable[[], Stack]) -> None:
     repeated = stack.run("down")
     assert repeated.returncode == 0, repeated.stderr
     assert "Nothing is running" in repeated.stdout
+
+
+def check_api_keys(stack: Stack, printed: str) -> str:
+    """`up` printed an admin key, kept it readable by its owner only, and it works; the
+    console address carries it; `keys create` makes keys of other tenants and roles."""
+    key_file = stack.data_dir / "api-key"
+    dev_key = key_file.read_text().strip()
+    assert dev_key in printed
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    api_url = stack.record()["api_url"]
+    assert stack.run("console").stdout.strip() == f"{api_url}/#key={dev_key}"
+    admin = {"Authorization": f"Bearer {dev_key}"}
+
+    def sample_listed() -> bool:
+        sessions = httpx.get(f"{api_url}/sessions", headers=admin).json()
+        return [s["status"] for s in sessions] == ["waiting"]
+
+    eventually(sample_listed)
+    made = stack.run("keys", "create", "--tenant", "acme", "--role", "viewer", "--json")
+    assert made.returncode == 0, made.stderr
+    key = json.loads(made.stdout)["key"]
+    me = httpx.get(f"{api_url}/me", headers={"Authorization": f"Bearer {key}"}).json()
+    assert (me["tenant"], me["roles"]) == ("acme", ["viewer"])
+    refused = stack.run("keys", "create", "--tenant", "Bad Tenant", "--role", "viewer")
+    assert refused.returncode == 2
+    assert "tenant" in refused.stderr
+    return dev_key
 
 
 def test_two_stacks_side_by_side_and_racing_ups(new_stack: Callable[[], Stack]) -> None:

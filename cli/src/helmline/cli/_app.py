@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from helmline.cli import _archive_commands as archive_commands
 from helmline.cli import _dlq_commands as dlq_commands
 from helmline.cli import _events_commands as events_commands
+from helmline.cli import _key_commands as key_commands
 from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _projection_commands as projection_commands
 from helmline.cli import _replay_commands as replay_commands
@@ -27,6 +28,9 @@ from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir
 
+if TYPE_CHECKING:
+    from helmline.cli._settings import CliSettings
+
 app = typer.Typer(
     name="helmline",
     help="Helmline: an event-sourced control plane for tool-using AI agents.",
@@ -37,6 +41,7 @@ app = typer.Typer(
 schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_help=True)
 app.add_typer(schema_app, name="schema")
 app.add_typer(dlq_commands.app, name="dlq")
+app.add_typer(key_commands.app, name="keys")
 app.add_typer(projection_commands.app, name="projections")
 policy_app = typer.Typer(
     help="The approval policy: check a file, explain a decision.", no_args_is_help=True
@@ -102,8 +107,44 @@ def up(
         render_status(stdout(), result.status, title="helmline (already running)")
         return
     render_status(stdout(), result.status, title=f"helmline is up ({result.seconds:.1f} s)")
+    record = result.status.record
+    if record is not None and record.api_url is not None:
+        _show_console(record.nats_url, record.api_url, settings)
     if not no_sample and result.status.record is not None:
         _start_sample(result.status.record.nats_url, data_dir)
+
+
+def _show_console(nats_url: str, api_url: str, settings: CliSettings) -> None:
+    from helmline.cli._display import stdout
+    from helmline.cli._key_commands import DEV_KEY_FILE, DEV_TENANT, ensure_dev_key
+
+    data_dir = settings.resolved_data_dir()
+    key = ensure_dev_key(nats_url, data_dir)
+    stdout().print(
+        f"\nWeb console: {api_url}/#key={key}\n"
+        f"API key (admin of tenant {DEV_TENANT!r}, kept in {data_dir / DEV_KEY_FILE}):\n  {key}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def console(data_dir: DataDir = None) -> None:
+    """The web console's address, signed in with the data folder's development key."""
+    from helmline.cli._key_commands import dev_key
+    from helmline.cli._record import read_record
+    from helmline.cli._settings import load_settings
+
+    folder = load_settings(data_dir=data_dir).resolved_data_dir()
+    record = read_record(folder)
+    if record is None:
+        _fail(CliError(f"no stack is running from {folder}: start one with `helmline up`"))
+    if record.api_url is None:
+        _fail(CliError(f"the stack in {folder} serves no API"))
+    try:
+        typer.echo(f"{record.api_url}/#key={dev_key(folder)}")
+    except CliError as error:
+        _fail(error)
 
 
 def _start_sample(nats_url: str, data_dir: Path | None) -> None:

@@ -9,7 +9,16 @@ from helmline.api._keys import (
     Role,
     find_api_key,
     new_api_key,
+    split_api_key,
     store_api_key,
 )
 
-__all__ = ["ROLES", "ApiKeyRecord", "Role", "find_api_key", "new_api_key", "store_api_key"]
+__all__ = [
+    "ROLES",
+    "ApiKeyRecord",
+    "Role",
+    "find_api_key",
+    "new_api_key",
+    "split_api_key",
+    "store_api_key",
+]

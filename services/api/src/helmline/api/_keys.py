@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -45,19 +46,22 @@ class ApiKeyRecord(BaseModel):
     created_at: datetime
 
 
-def new_api_key(
-    tenant: str, roles: tuple[Role, ...], *, name: str = ""
-) -> tuple[str, ApiKeyRecord]:
-    """A fresh key (to hand to its holder once) and the record to store for it."""
+def new_api_key(tenant: str, roles: Iterable[str], *, name: str = "") -> tuple[str, ApiKeyRecord]:
+    """A fresh key (to hand to its holder once) and the record to store for it.
+
+    Raises pydantic's ValidationError, naming the field, for a bad tenant, role or name.
+    """
     key_id = secrets.token_hex(KEY_ID_BYTES)
     secret = secrets.token_urlsafe(SECRET_BYTES)
-    record = ApiKeyRecord(
-        key_id=key_id,
-        tenant=tenant,
-        roles=tuple(dict.fromkeys(roles)),
-        name=name,
-        secret_sha256=_digest(secret),
-        created_at=datetime.now(UTC),
+    record = ApiKeyRecord.model_validate(
+        {
+            "key_id": key_id,
+            "tenant": tenant,
+            "roles": tuple(dict.fromkeys(roles)),
+            "name": name,
+            "secret_sha256": _digest(secret),
+            "created_at": datetime.now(UTC),
+        }
     )
     return f"{KEY_PREFIX}_{key_id}_{secret}", record
 
