@@ -29,7 +29,14 @@ $(INSTALLED): $(BIN)/uv $(PROJECT_FILES)
 	$(UV) sync --all-packages --frozen --compile-bytecode --python $(BIN)/python
 	@touch $@
 
-install: $(INSTALLED) ## Create .venv and install every package of the workspace (incremental)
+# The web console (Vite + TypeScript), built into services/api/console/dist, which the API
+# serves; npm installs exactly what package-lock.json pins.
+CONSOLE := services/api/console
+CONSOLE_BUILD := $(CONSOLE)/dist/index.html
+$(CONSOLE_BUILD): $(CONSOLE)/package.json $(CONSOLE)/package-lock.json $(CONSOLE)/index.html $(CONSOLE)/vite.config.ts $(CONSOLE)/tsconfig.json $(wildcard $(CONSOLE)/src/*)
+	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error && npm run build
+
+install: $(INSTALLED) $(CONSOLE_BUILD) ## Create .venv, install every package of the workspace and build the console (incremental)
 
 # Real MCP servers from npm for the tests and benchmarks, pinned by the committed lock file.
 MCP_SERVERS := tests/mcp-servers

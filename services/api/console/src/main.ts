@@ -1,0 +1,406 @@
+// The Helmline console: the session list and one session's view, kept live by SSE.
+
+import { api, ApiError, type Connection, EventFeed, keepKey, storedKey, type StreamEvent, Unauthorized } from "./api";
+import type { Approval, Checkpoint, Me, SessionState, SessionSummary, Step } from "./types";
+import "./style.css";
+
+const main = document.getElementById("main") as HTMLElement;
+const connection = document.getElementById("connection") as HTMLElement;
+const who = document.getElementById("who") as HTMLElement;
+const confirmDialog = document.getElementById("confirm") as HTMLDialogElement;
+
+let feed: EventFeed | null = null;
+let teardown: (() => void) | null = null;
+
+const escapeMap: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+function esc(value: unknown): string {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => escapeMap[c]);
+}
+function json(value: unknown): string {
+  return esc(JSON.stringify(value, null, 2));
+}
+function badge(kind: string, text: string): string {
+  return `<span class="badge ${esc(kind)}">${esc(text)}</span>`;
+}
+function when(iso: string | null): string {
+  return iso ? new Date(iso).toLocaleString() : "";
+}
+
+function showConnection(state: Connection): void {
+  const labels: Record<Connection, string> = {
+    connecting: "connecting…",
+    live: "live",
+    reconnecting: "connection lost — reconnecting…",
+  };
+  connection.textContent = labels[state];
+  connection.dataset.state = state;
+}
+
+function debounce(work: () => void, ms = 120): () => void {
+  let timer: number | undefined;
+  return () => {
+    clearTimeout(timer);
+    timer = window.setTimeout(work, ms);
+  };
+}
+
+function follow(path: string, onEvent: (event: StreamEvent) => void): void {
+  feed?.stop();
+  feed = new EventFeed(path, onEvent, showConnection);
+}
+
+// ---- sign in ---------------------------------------------------------------------------
+
+function signIn(message = ""): void {
+  feed?.stop();
+  who.textContent = "";
+  main.innerHTML = `
+    <section class="signin">
+      <h1>Sign in</h1>
+      <p>Paste an API key (<code>helmline console</code> prints an address that signs in with the development key).</p>
+      ${message ? `<p class="error" role="alert">${esc(message)}</p>` : ""}
+      <form id="signin">
+        <label>API key <input name="key" type="password" autocomplete="off" required autofocus></label>
+        <button type="submit">Sign in</button>
+      </form>
+    </section>`;
+  main.querySelector("form")!.addEventListener("submit", (event) => {
+    event.preventDefault();
+    keepKey(new FormData(event.target as HTMLFormElement).get("key") as string);
+    void route();
+  });
+}
+
+// ---- session list ------------------------------------------------------------------------
+
+async function sessionList(): Promise<void> {
+  main.innerHTML = `
+    <section>
+      <h1>Sessions</h1>
+      <label class="filter">Status
+        <select id="status-filter">
+          <option value="">any</option>
+          ${["waiting", "executing", "planning", "paused", "completed", "failed", "cancelled"].map((s) => `<option>${s}</option>`).join("")}
+        </select>
+      </label>
+      <p class="hint">Keys: <kbd>j</kbd>/<kbd>k</kbd> move, <kbd>Enter</kbd> opens, <kbd>Esc</kbd> goes back.</p>
+      <table class="sessions" aria-label="Sessions">
+        <thead><tr><th>Status</th><th>Goal</th><th>Waiting for</th><th>Steps</th><th>Started</th></tr></thead>
+        <tbody id="session-rows"><tr><td colspan="5">loading…</td></tr></tbody>
+      </table>
+    </section>`;
+  const filter = document.getElementById("status-filter") as HTMLSelectElement;
+  const render = async (): Promise<void> => {
+    const query = filter.value ? `?status=${encodeURIComponent(filter.value)}` : "";
+    const sessions = await api<SessionSummary[]>(`/sessions${query}`);
+    const rows = document.getElementById("session-rows");
+    if (!rows) return;
+    rows.innerHTML = sessions.length
+      ? sessions
+          .map(
+            (s) => `
+        <tr data-session="${esc(s.session_id)}">
+          <td>${badge(s.status, s.status)}</td>
+          <td><a href="#/sessions/${esc(s.session_id)}" class="session-link">${esc(s.goal)}</a></td>
+          <td>${s.waiting_for.map((w) => `${badge(w.risk, w.risk)} ${esc(w.tool ?? "plan")} <small>(${esc(w.step_id ?? "")})</small>`).join("<br>")}</td>
+          <td>${s.steps_succeeded}/${s.steps_total}${s.steps_failed ? ` · ${s.steps_failed} failed` : ""}</td>
+          <td>${esc(when(s.started_at))}</td>
+        </tr>`,
+          )
+          .join("")
+      : `<tr><td colspan="5">No sessions yet.</td></tr>`;
+  };
+  filter.addEventListener("change", () => void render().catch(fail));
+  await render();
+  const refresh = debounce(() => void render().catch(fail), 200);
+  follow("/events", refresh);
+}
+
+// ---- one session ----------------------------------------------------------------------------
+
+interface ToolCall {
+  call_id: string;
+  step_id: string;
+  tool: string;
+  arguments?: unknown;
+  status: string;
+  output?: unknown;
+  error?: unknown;
+  duration_ms?: number;
+  truncated?: boolean;
+  redactions?: number;
+}
+
+async function sessionView(sessionId: string): Promise<void> {
+  main.innerHTML = `
+    <section class="session" aria-live="off">
+      <p><a href="#/">← Sessions</a></p>
+      <div id="summary"></div>
+      <div id="controls" class="controls" role="toolbar" aria-label="Session controls">
+        <button data-action="pause" accesskey="p">Pause</button>
+        <button data-action="resume" accesskey="r">Resume</button>
+        <button data-action="cancel" class="danger" accesskey="c">Cancel</button>
+      </div>
+      <p id="notice" role="status" aria-live="polite"></p>
+      <section id="approvals" aria-label="Approvals"></section>
+      <div class="columns">
+        <section><h2>Plan</h2><ol id="steps" class="timeline"></ol></section>
+        <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts"></ol></section>
+      </div>
+      <section><h2>Tool calls</h2><div id="calls"></div></section>
+      <section><h2>Checkpoints</h2><ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
+    </section>`;
+
+  let state: SessionState | null = null;
+  const openDetails = new Set<string>();
+  const calls = new Map<string, ToolCall>();
+  let approvalKey: string | null = null;
+
+  const notice = (text: string, error = false): void => {
+    const el = document.getElementById("notice");
+    if (el) {
+      el.textContent = text;
+      el.className = error ? "error" : "";
+    }
+  };
+  const act = async (path: string, body: unknown, done: string): Promise<void> => {
+    try {
+      await api(`/sessions/${sessionId}/${path}`, { method: "POST", body });
+      notice(done);
+    } catch (error) {
+      if (error instanceof ApiError) notice(error.detail, true);
+      else throw error;
+    }
+  };
+
+  const render = (): void => {
+    if (!state) return;
+    const s = state;
+    const steps = Object.values(s.steps);
+    document.getElementById("summary")!.innerHTML = `
+      <h1>${esc(s.goal)}</h1>
+      <p>${badge(s.status, s.status)} ${s.pause_requested && s.status !== "paused" ? badge("paused", "pause requested") : ""}
+        <small>${esc(s.mode)} · ${steps.filter((x) => x.status === "succeeded").length}/${steps.length} steps
+        ${s.plan_confidence !== null ? ` · plan confidence ${Math.round(s.plan_confidence * 100)} %` : ""}
+        · started ${esc(when(s.started_at))}</small></p>
+      ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`;
+    const ended = ["completed", "failed", "cancelled"].includes(s.status);
+    for (const button of document.querySelectorAll<HTMLButtonElement>("#controls button")) {
+      const action = button.dataset.action;
+      button.disabled = ended || (action === "pause" && s.pause_requested) || (action === "resume" && !s.pause_requested && s.status !== "paused");
+    }
+    renderApprovals(s);
+    document.getElementById("steps")!.innerHTML = steps.map((step) => stepItem(step, openDetails.has(step.id))).join("");
+    document.getElementById("thinking")!.textContent = s.status === "planning" ? "thinking…" : "";
+    const thoughts = document.getElementById("thoughts")!;
+    thoughts.innerHTML = s.thoughts
+      .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
+      .join("") || "<li><small>No thoughts recorded.</small></li>";
+    thoughts.scrollTop = thoughts.scrollHeight;
+    document.getElementById("calls")!.innerHTML = [...calls.values()].map(callItem).join("") || "<p><small>No tool calls yet.</small></p>";
+    renderCheckpoints(s);
+  };
+
+  const renderApprovals = (s: SessionState): void => {
+    const pending = Object.values(s.approvals).filter((a) => a.status === "pending");
+    const key = pending.map((a) => a.request_id).join(",");
+    if (key === approvalKey) return; // Never wipe what a person is typing.
+    approvalKey = key;
+    document.getElementById("approvals")!.innerHTML = pending.map(approvalForm).join("");
+  };
+
+  const renderCheckpoints = (s: SessionState): void => {
+    const list = s.checkpoints;
+    document.getElementById("checkpoints")!.innerHTML = list
+      .map((c, index) => {
+        const later = list.slice(index + 1);
+        const blocking = later.filter((x) => !x.reversible);
+        const locked = blocking.length > 0;
+        const undone = s.steps[c.step_id]?.status === "undone";
+        return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
+          <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
+            <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small></span>
+          ${undone ? badge("undone", "undone") : ""}
+          <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
+            title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
+            ${locked ? "Locked" : "Roll back to here"}</button>
+        </li>`;
+      })
+      .join("") || "<li><small>No checkpoints yet.</small></li>";
+    document.getElementById("rollbacks")!.innerHTML = Object.values(s.rollbacks)
+      .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id.slice(0, 8))}
+        ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
+        ${r.blocking_steps.length ? ` · blocked by: ${esc(r.blocking_steps.join(", "))}` : ""}
+        ${r.reason ? ` · ${esc(r.reason)}` : ""}</p>`)
+      .join("");
+  };
+
+  const refresh = async (): Promise<void> => {
+    state = await api<SessionState>(`/sessions/${sessionId}`);
+    render();
+  };
+  const refreshSoon = debounce(() => void refresh().catch(fail), 80);
+
+  const onEvent = (event: StreamEvent): void => {
+    const data = event.data.data as Record<string, unknown>;
+    const callId = data.call_id as string | undefined;
+    if (callId && event.type.startsWith("tool.call.")) {
+      const call: ToolCall = calls.get(callId) ?? { call_id: callId, step_id: String(data.step_id), tool: String(data.tool), status: "" };
+      call.status = event.type.slice("tool.call.".length);
+      if (event.type === "tool.call.authorized") call.arguments = data.arguments;
+      if (event.type === "tool.call.completed") Object.assign(call, { output: data.output, duration_ms: data.duration_ms, truncated: data.truncated, redactions: data.redactions });
+      if (event.type === "tool.call.failed") Object.assign(call, { error: data.error, duration_ms: data.duration_ms });
+      calls.set(callId, call);
+    }
+    refreshSoon();
+  };
+
+  main.addEventListener("toggle", (event) => {
+    const details = event.target as HTMLDetailsElement;
+    const id = details.dataset?.step;
+    if (id) (details.open ? openDetails.add(id) : openDetails.delete(id));
+  }, true);
+
+  main.onclick = (event) => {
+    const button = (event.target as HTMLElement).closest("button");
+    if (!button || !state) return;
+    const action = button.dataset.action;
+    if (action === "pause" || action === "resume") void act(action, {}, `${action} requested`);
+    if (action === "cancel" && window.confirm("Cancel this session for good?")) void act("cancel", {}, "cancel requested");
+    if (action === "grant" || action === "deny") void decide(button, action);
+    if (action === "rollback") void rollback(button.dataset.checkpoint!);
+  };
+
+  const decide = async (button: HTMLButtonElement, decision: "grant" | "deny"): Promise<void> => {
+    const form = button.closest("form")!;
+    const requestId = form.dataset.request!;
+    const comment = (form.elements.namedItem("comment") as HTMLInputElement).value;
+    const argumentsField = form.elements.namedItem("arguments") as HTMLTextAreaElement | null;
+    const body: Record<string, unknown> = { decision, comment };
+    if (decision === "grant" && argumentsField && argumentsField.value.trim() !== argumentsField.defaultValue.trim()) {
+      try {
+        body.modified_arguments = JSON.parse(argumentsField.value);
+      } catch {
+        notice("The modified arguments are not valid JSON.", true);
+        argumentsField.focus();
+        return;
+      }
+    }
+    approvalKey = null; // Redraw the panel once the decision is in.
+    await act(`approvals/${requestId}`, body, decision === "grant" ? "approved" : "denied");
+  };
+
+  const rollback = async (checkpointId: string): Promise<void> => {
+    const list = state!.checkpoints;
+    const index = list.findIndex((c) => c.checkpoint_id === checkpointId);
+    const undo: Checkpoint[] = list.slice(index + 1).reverse();
+    (document.getElementById("confirm-title") as HTMLElement).textContent = `Roll back to after “${list[index].step_id}”?`;
+    (document.getElementById("confirm-body") as HTMLElement).innerHTML = `
+      <p>These steps will be undone, newest first:</p>
+      <ol>${undo.map((c) => `<li>${esc(c.step_id)} <small>${esc(c.compensation ?? "")}</small></li>`).join("")}</ol>`;
+    confirmDialog.returnValue = "";
+    confirmDialog.showModal();
+    (document.getElementById("confirm-ok") as HTMLButtonElement).focus();
+    confirmDialog.addEventListener(
+      "close",
+      () => {
+        if (confirmDialog.returnValue === "ok") void act("rollback", { checkpoint_id: checkpointId }, "rollback requested");
+      },
+      { once: true },
+    );
+  };
+
+  await refresh();
+  follow(`/sessions/${sessionId}/events`, onEvent);
+  teardown = () => {
+    main.onclick = null;
+  };
+}
+
+function stepItem(step: Step, open: boolean): string {
+  return `<li class="step ${esc(step.status)}" data-step-id="${esc(step.id)}">
+    <details data-step="${esc(step.id)}" ${open ? "open" : ""}>
+      <summary>${badge(step.status, step.status)} <strong>${esc(step.id)}</strong> ${esc(step.tool)}
+        ${step.risk ? badge(step.risk, step.risk) : ""}${step.duration_ms !== null ? ` <small>${step.duration_ms.toFixed(0)} ms</small>` : ""}
+        ${step.attempts > 1 ? ` <small>attempt ${step.attempts}</small>` : ""}</summary>
+      ${step.description ? `<p>${esc(step.description)}</p>` : ""}
+      <h4>Arguments</h4><pre>${json(step.arguments)}</pre>
+      ${step.output !== null ? `<h4>Result</h4><pre>${json(step.output)}</pre>` : ""}
+      ${step.error ? `<h4>Error</h4><pre class="error">${esc(step.error.kind)}: ${esc(step.error.message)}</pre>` : ""}
+      ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
+    </details></li>`;
+}
+
+function callItem(call: ToolCall): string {
+  return `<details class="call"><summary>${badge(call.status, call.status)} ${esc(call.tool)} <small>step ${esc(call.step_id)}</small>
+      ${call.duration_ms !== undefined ? `<small>${Number(call.duration_ms).toFixed(0)} ms</small>` : ""}
+      ${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
+    ${call.arguments !== undefined ? `<h4>Input</h4><pre>${json(call.arguments)}</pre>` : ""}
+    ${call.output !== undefined ? `<h4>Output</h4><pre>${json(call.output)}</pre>` : ""}
+    ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${json(call.error)}</pre>` : ""}
+  </details>`;
+}
+
+function approvalForm(a: Approval): string {
+  const args = a.arguments ? JSON.stringify(a.arguments, null, 2) : "";
+  return `<form class="approval" data-request="${esc(a.request_id)}" aria-label="Approval ${esc(a.request_id)}">
+    <h2>Waiting for approval ${badge(a.risk, a.risk)}</h2>
+    <p>${esc(a.scope === "plan" ? "The plan" : `Step ${a.step_id}: ${a.tool}`)} — ${esc(a.reason)}</p>
+    <p><small>may decide: ${esc(a.approver_roles.join(", "))} · expires ${esc(when(a.expires_at))}</small></p>
+    ${a.arguments ? `<label>Arguments (edit to approve with changes)<textarea name="arguments" rows="${Math.min(12, args.split("\n").length + 1)}">${esc(args)}</textarea></label>` : ""}
+    <label>Comment <input name="comment" autocomplete="off"></label>
+    <button type="button" data-action="grant" class="primary">Approve</button>
+    <button type="button" data-action="deny" class="danger">Deny</button>
+  </form>`;
+}
+
+// ---- routing -----------------------------------------------------------------------------
+
+function fail(error: unknown): void {
+  if (error instanceof Unauthorized) {
+    keepKey(null);
+    signIn("That API key was refused; paste another.");
+    return;
+  }
+  main.insertAdjacentHTML("afterbegin", `<p class="error" role="alert">${esc(error instanceof Error ? error.message : error)}</p>`);
+}
+
+async function route(): Promise<void> {
+  const fragmentKey = /^#key=(.+)$/.exec(location.hash);
+  if (fragmentKey) {
+    keepKey(decodeURIComponent(fragmentKey[1]));
+    history.replaceState(null, "", `${location.pathname}#/`); // The key leaves the address bar.
+  }
+  teardown?.();
+  teardown = null;
+  if (!storedKey()) return signIn();
+  try {
+    const me = await api<Me>("/me");
+    who.textContent = `${me.id} · ${me.tenant} · ${me.roles.join(", ")}`;
+    const session = /^#\/sessions\/([\w-]+)$/.exec(location.hash);
+    if (session) await sessionView(session[1]);
+    else await sessionList();
+  } catch (error) {
+    fail(error);
+  }
+}
+
+document.addEventListener("keydown", (event) => {
+  const target = event.target as HTMLElement;
+  if (["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName) || event.ctrlKey || event.metaKey || event.altKey) return;
+  if (event.key === "Escape" && location.hash.startsWith("#/sessions/") && !confirmDialog.open) {
+    location.hash = "#/";
+    return;
+  }
+  if (event.key === "j" || event.key === "k") {
+    const links = [...document.querySelectorAll<HTMLAnchorElement>(".session-link")];
+    if (!links.length) return;
+    const at = links.indexOf(document.activeElement as HTMLAnchorElement);
+    const next = event.key === "j" ? Math.min(at + 1, links.length - 1) : Math.max(at - 1, 0);
+    links[next].focus();
+    event.preventDefault();
+  }
+});
+
+window.addEventListener("hashchange", () => void route());
+void route();

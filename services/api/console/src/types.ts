@@ -1,0 +1,99 @@
+// The shapes the API answers with (see /openapi.json); only the fields the console shows.
+
+export interface WaitingFor {
+  request_id: string;
+  step_id: string | null;
+  tool: string | null;
+  risk: string;
+}
+
+export interface SessionSummary {
+  session_id: string;
+  status: string;
+  goal: string;
+  started_at: string | null;
+  steps_total: number;
+  steps_succeeded: number;
+  steps_failed: number;
+  outcome: string;
+  waiting_for: WaitingFor[];
+}
+
+export interface Step {
+  id: string;
+  description: string;
+  tool: string;
+  arguments: Record<string, unknown>;
+  risk: string | null;
+  status: string;
+  attempts: number;
+  output: unknown;
+  error: { kind: string; message: string } | null;
+  reason: string | null;
+  duration_ms: number | null;
+}
+
+export interface Approval {
+  request_id: string;
+  scope: string;
+  risk: string;
+  reason: string;
+  step_id: string | null;
+  tool: string | null;
+  arguments: Record<string, unknown> | null;
+  status: string;
+  expires_at: string;
+  approver_roles: string[];
+  comment: string;
+  modified_arguments: Record<string, unknown> | null;
+}
+
+export interface Checkpoint {
+  checkpoint_id: string;
+  step_id: string;
+  at_seq: number;
+  created_at: string;
+  reversible: boolean;
+  compensation: string | null;
+}
+
+export interface Rollback {
+  rollback_id: string;
+  checkpoint_id: string;
+  status: string;
+  undone_steps: string[];
+  not_undone_steps: string[];
+  blocking_steps: string[];
+  reason: string;
+}
+
+export interface Thought {
+  kind: string;
+  text: string;
+  at: string;
+  confidence: number | null;
+  step_id: string | null;
+}
+
+export interface SessionState {
+  session_id: string;
+  status: string;
+  goal: string;
+  mode: string;
+  plan_confidence: number | null;
+  plan_reasoning: string;
+  steps: Record<string, Step>;
+  approvals: Record<string, Approval>;
+  checkpoints: Checkpoint[];
+  rollbacks: Record<string, Rollback>;
+  thoughts: Thought[];
+  pause_requested: boolean;
+  outcome: string;
+  started_at: string | null;
+}
+
+export interface Me {
+  id: string;
+  tenant: string;
+  roles: string[];
+}

@@ -1,0 +1,90 @@
+"""The web console in headless Chromium (Debian's, driven by Playwright): a person watches a
+session reach an approval, approves it in the page and sees it complete. Screenshots of the
+session view are kept in test-artifacts/console/."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from tests.api.conftest import KeyMaker
+from tests.api.test_api import start
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 1000})
+    opened = await context.new_page()
+    opened.set_default_timeout(TIMEOUT_MS)
+    yield opened
+    await context.close()
+
+
+async def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
+
+
+async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_complete(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    key = admin["Authorization"].removeprefix("Bearer ")
+    session_id = await start(client, admin)
+
+    await page.goto(f"{api_url}/#key={key}")
+    assert "key=" not in page.url  # The key leaves the address bar at once.
+    link = page.locator(f'tr[data-session="{session_id}"] a')
+    await link.focus()
+    await page.keyboard.press("Enter")  # Opened from the keyboard.
+    await expect(page.locator("#connection")).to_have_text("live")
+    approval = page.locator("form.approval")
+    await expect(approval).to_contain_text("run_command")
+    await expect(page.locator('li[data-step-id="write"] .badge').first).to_have_text("succeeded")
+    await screenshot(page, "waiting-for-approval")
+
+    await approval.locator("input[name=comment]").fill("looks fine")
+    await approval.get_by_role("button", name="Approve").click()
+    await expect(page.locator("#summary .badge").first).to_have_text("completed")
+    await expect(page.locator('li[data-step-id="count"] .badge').first).to_have_text("succeeded")
+    await expect(page.locator("form.approval")).to_have_count(0)
+    await page.locator('details[data-step="count"] summary').click()
+    await expect(page.locator('details[data-step="count"]')).to_contain_text("n.txt")
+    await screenshot(page, "completed")
+
+    state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
+    (decided,) = state["approvals"].values()
+    assert decided["comment"] == "looks fine"
+    assert decided["decided_by"][0]["id"].startswith("key:")
+
+
+async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:
+    await page.goto(f"{api_url}/#key=hlk_0123456789abcdef_wrong")
+    await expect(page.get_by_role("alert")).to_contain_text("refused")
+    await expect(page.get_by_label("API key")).to_be_visible()
