@@ -1,7 +1,7 @@
 """Context management: which tools a request offers, how big results may be, and compaction.
 
 Pure and deterministic (a shadow replay must build the very same request), so tokens are
-estimated from characters rather than counted by a provider's tokenizer: about four
+estimated from the request's JSON rather than counted by a provider's tokenizer: about four
 characters a token for English and JSON, which errs on the large side for most models.
 """
 
@@ -24,14 +24,11 @@ SUMMARY_HEADING = "Summary of earlier work (older turns were compacted):"
 def estimate_tokens(
     system: str, messages: Sequence[ModelMessage], tools: Sequence[ToolSpec]
 ) -> int:
-    """Estimated prompt size of a request."""
-    chars = len(system)
-    for message in messages:
-        chars += len(message.content) + sum(
-            len(c.name) + len(c.arguments) for c in message.tool_calls
-        )
+    """Estimated prompt size of a request, counted on its JSON form as the wire carries it."""
+    chars = len(json.dumps(system))
+    chars += sum(len(message.model_dump_json()) for message in messages)
     for tool in tools:
-        chars += len(tool.name) + len(tool.description) + len(json.dumps(tool.parameters))
+        chars += len(json.dumps([tool.name, tool.description, tool.parameters]))
     return chars // CHARS_PER_TOKEN + 1
 
 

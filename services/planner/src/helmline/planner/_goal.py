@@ -10,6 +10,7 @@ same requests and the same decisions.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +47,13 @@ from helmline.contracts import (
     ToolSpec,
     find_dependency_problem,
 )
-from helmline.planner._context import compact, estimate_tokens, select_tools, truncate
+from helmline.planner._context import (
+    CHARS_PER_TOKEN,
+    compact,
+    estimate_tokens,
+    select_tools,
+    truncate,
+)
 from helmline.planner._domain import Decision, decide
 from helmline.planner._prompts import (
     CONTROL_TOOLS,
@@ -63,6 +70,10 @@ Purpose = Literal["plan", "replan", "act", "verify", "repair"]
 IN_FLIGHT = frozenset({"scheduled", "authorized", "running"})
 PROBLEMS = frozenset({"failed", "denied"})
 THOUGHT_CHARS = 2000
+FACT_CHARS = 160
+"""Longest result a compaction summary keeps of one step."""
+SUMMARY_SHARE = 0.25
+"""Share of the context budget a compaction summary may take."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +121,13 @@ def _carry_on(
     )
     if busy or not current or state.pause_requested or state.plan_revision == 0:
         return Reaction(decisions)
+    problems = _new_problems(state, log)
+    if problems:
+        seen = "; ".join(_outcome(state, step.id, 300)[2:] for step in problems)
+        decisions.append(_thought("observation", seen))
     if state.mode == "act":
         return Reaction(decisions, "act")
-    return Reaction(decisions, "replan" if _new_problems(state, log) else "verify")
+    return Reaction(decisions, "replan" if problems else "verify")
 
 
 def _new_problems(state: SessionState, log: Sequence[Event]) -> list[StepState]:
@@ -198,7 +213,8 @@ def prepare(
     size = estimate_tokens(system, messages, tools)
     compaction = None
     if size > settings.planner_compact_at * budget:
-        compacted = compact(messages, _facts(state, log))
+        summary_chars = budget * SUMMARY_SHARE * CHARS_PER_TOKEN
+        compacted = compact(messages, _facts(state, int(summary_chars)))
         if compacted is not None:
             messages = list(compacted.messages)
             compaction = ContextCompacted(
@@ -295,17 +311,28 @@ def _outcome(state: SessionState, step_id: str, limit: int) -> str:
             return f"{head}: {step.status}"
 
 
-def _facts(state: SessionState, log: Sequence[Event]) -> list[str]:
-    """What a compaction keeps: each plan decided and each step's outcome, from the log."""
-    facts = [
-        f"plan revision {e.data.revision}: " + ", ".join(f"{s.id} ({s.tool})" for s in e.data.steps)
-        for e in log
-        if isinstance(e.data, PlanProposed)
-    ]
+def _facts(state: SessionState, budget_chars: int) -> list[str]:
+    """What a compaction keeps, from the log's facts rather than a paraphrase: the goal's
+    criteria, the plan in force and each step's outcome, newest kept when space runs out."""
+    facts = []
     if state.completion_criteria:
         facts.append("completion criteria: " + "; ".join(state.completion_criteria))
-    facts += [_outcome(state, step_id, 200)[2:] for step_id in state.steps]
-    return facts
+    # In the order steps were first scheduled (a replan lays its new steps out first).
+    ordered = dict.fromkeys([*state.calls.values(), *state.steps])
+    steps = [_outcome(state, step_id, FACT_CHARS)[2:] for step_id in ordered]
+    kept: list[str] = []
+    room = budget_chars - sum(len(fact) for fact in facts)
+    for fact in reversed(steps):
+        room -= len(fact) + 3
+        if room < 0:
+            break
+        kept.append(fact)
+    dropped = steps[: len(steps) - len(kept)]
+    if dropped:
+        outcomes = Counter(fact.split(": ")[1] for fact in dropped)
+        tally = ", ".join(f"{count} {status}" for status, count in sorted(outcomes.items()))
+        facts.append(f"{len(dropped)} earlier steps: {tally}")
+    return [*facts, *reversed(kept)]
 
 
 # --- the answer ---------------------------------------------------------------------------

@@ -1,0 +1,262 @@
+"""The goal engine over an in-memory log, with a real provider client asking the scripted
+model over HTTP: context budget and compaction, tool selection from a large registry,
+limits, and reuse of a recorded answer after a crash."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+import pytest
+from pydantic import JsonValue
+
+from helmline.contracts import (
+    BUILTIN_TOOLS,
+    Actor,
+    ContextCompacted,
+    Event,
+    ModelExchangeRecorded,
+    PlanApproved,
+    PlanProposed,
+    SessionStarted,
+    StepScheduled,
+    ToolCallCompleted,
+    ToolRegistryPublished,
+    ToolSpec,
+    fold,
+    new_event,
+)
+from helmline.planner._context import estimate_tokens
+from helmline.planner._engine import GoalEngine
+from helmline.planner._providers import model_client
+from helmline.planner._settings import PlannerSettings
+from helmline.planner.testing import Received, Reply, Responder, ScriptedModel
+from helmline.runtime import ToolCatalogue
+
+POLICY = Actor(id="policy", kind="policy")
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as server:
+        yield server
+
+
+def _settings(model: ScriptedModel, **changes: object) -> PlannerSettings:
+    values: dict[str, object] = {
+        "llm_base_url": model.openai_url,
+        "llm_api_key": "sk-test",
+        "llm_model": "scripted-1",
+        **changes,
+    }
+    return PlannerSettings.model_validate(values)
+
+
+class World:
+    """Policy that approves every plan and tools that answer at once, over an in-memory log."""
+
+    def __init__(self, engine: GoalEngine, output: JsonValue = None) -> None:
+        self.engine = engine
+        self.output = output
+        self.log: list[Event] = []
+
+    async def run(self, goal: str, mode: str = "act") -> list[Event]:
+        started = new_event(
+            SessionStarted(goal=goal, mode=mode, requested_by=Actor(id="ana")),
+            tenant="t",
+            session_id="s1",
+            source="test",
+        )
+        self.log.append(started)
+        queue: deque[Event] = deque([started])
+
+        async def append(event: Event) -> None:
+            queue.append(event)
+
+        while queue:
+            event = queue.popleft()
+            if isinstance(event.data, SessionStarted | PlanApproved | ToolCallCompleted):
+                await self.engine.handle(event, self.log, append)
+            for answer in self._answer(event):
+                self.log.append(answer)
+                queue.append(answer)
+        return self.log
+
+    def _answer(self, event: Event) -> list[Event]:
+        data = event.data
+        if isinstance(data, PlanProposed):
+            return [
+                event.derive(
+                    PlanApproved(revision=data.revision, approved_by=POLICY), source="policy"
+                )
+            ]
+        if isinstance(data, StepScheduled):
+            output = self.output if self.output is not None else data.arguments
+            completed = ToolCallCompleted(
+                call_id=data.call_id, step_id=data.step_id, tool=data.tool, output=output
+            )
+            return [event.derive(completed, source="tools")]
+        return []
+
+
+def _numbered(count: int) -> Responder:
+    """A model that says `count` parts, one call each, then finishes."""
+    asked = itertools.count(1)
+
+    def respond(_: Received) -> Reply:
+        turn = next(asked)
+        if turn <= count:
+            return Reply.call("echo", message=f"part {turn}")
+        return Reply.call(
+            "finish", summary="all said", criteria=[{"criterion": "said", "met": True}]
+        )
+
+    return respond
+
+
+async def test_with_200_federated_tools_the_model_is_offered_a_bounded_relevant_subset(
+    model: ScriptedModel,
+) -> None:
+    federated = tuple(
+        ToolSpec(
+            name=f"server{n % 10}__tool_{n}",
+            description=f"Does thing number {n} on server {n % 10}.",
+            parameters={"type": "object", "properties": {}},
+            risk="low",
+            executor="gateway",
+        )
+        for n in range(198)
+    ) + tuple(
+        ToolSpec(
+            name=f"jira__{verb}_ticket",
+            description=f"{verb.title()} a Jira ticket.",
+            parameters={"type": "object", "properties": {"key": {"type": "string"}}},
+            risk="low",
+            executor="gateway",
+        )
+        for verb in ("create", "close")
+    )
+    catalogue = ToolCatalogue()
+    catalogue.apply(ToolRegistryPublished(tools=(*BUILTIN_TOOLS, *federated)))
+    assert len(catalogue) == 206
+    model.script(
+        "jira",
+        [
+            Reply.call("jira__close_ticket", key="OPS-1"),
+            Reply.call("finish", summary="closed", criteria=[{"criterion": "closed", "met": True}]),
+        ],
+    )
+    settings = _settings(model, planner_max_tools=8)
+    client = model_client(settings)
+    try:
+        engine = GoalEngine(settings, client, lambda: tuple(catalogue.values()))
+        log = await World(engine).run("jira: close the ticket OPS-1")
+    finally:
+        await client.aclose()
+
+    assert fold(log).status == "completed"
+    for received in model.received("jira"):
+        offered = received.tool_names
+        assert len(offered) == 8 + 2  # the subset, plus finish and give_up
+        assert {"jira__close_ticket", "jira__create_ticket"} <= set(offered)
+    # The tool used stays offered on the next turn.
+    assert "jira__close_ticket" in model.received("jira")[1].tool_names
+
+
+async def test_a_long_session_stays_in_budget_and_compaction_lists_what_it_kept(
+    model: ScriptedModel,
+) -> None:
+    model.script("long", _numbered(30))
+    budget = 3000
+    settings = _settings(model, planner_context_tokens=budget, planner_max_result_chars=300)
+    client = model_client(settings)
+    try:
+        engine = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)
+        log = await World(engine, output={"text": "x" * 2000}).run("long: say 30 parts")
+    finally:
+        await client.aclose()
+
+    state = fold(log)
+    assert state.status == "completed", state.outcome
+    assert len(state.steps) == 30
+    requests = [e.data.request for e in log if isinstance(e.data, ModelExchangeRecorded)]
+    compactions = [e.data for e in log if isinstance(e.data, ContextCompacted)]
+    assert compactions, "a 30-step session with a 3000-token budget must compact"
+    for request in requests:
+        tools = [t for t in (*BUILTIN_TOOLS, *_control()) if t.name in request.tools]
+        assert estimate_tokens(request.system, request.messages, tools) <= budget
+    # Every request the model received stayed under the budget on the wire too.
+    for received in model.received("long"):
+        assert len(json.dumps(received.body)) // 4 <= budget
+    last = compactions[-1]
+    assert last.tokens_after < last.tokens_before
+    # Every step before the compaction is in what it kept: listed, newest last, or counted.
+    listed = [fact for fact in last.kept if fact.startswith("t")]
+    counted = [int(fact.split()[0]) for fact in last.kept if "earlier steps:" in fact]
+    assert sum(counted) + len(listed) == last.turn - 1
+    assert listed[-1].startswith(f"t{last.turn - 1} (echo): succeeded")
+    # Large results are cut with a marker before the model sees them.
+    assert "[truncated: 300 of" in model.received("long")[1].last_result()
+
+
+def _control() -> Sequence[ToolSpec]:
+    from helmline.planner._prompts import CONTROL_TOOLS
+
+    return tuple(CONTROL_TOOLS.values())
+
+
+async def test_the_session_stops_at_its_limit_of_model_calls(model: ScriptedModel) -> None:
+    model.script("endless", _numbered(100))
+    settings = _settings(model, planner_max_iterations=5)
+    client = model_client(settings)
+    try:
+        log = await World(GoalEngine(settings, client, lambda: BUILTIN_TOOLS)).run("endless: go")
+    finally:
+        await client.aclose()
+    state = fold(log)
+    assert state.status == "failed"
+    assert state.outcome == "stopped: 5 model calls, the limit; 5 of 5 steps had succeeded"
+    assert len(model.received("endless")) == 5
+
+
+async def test_a_recorded_answer_is_acted_on_after_a_restart_without_asking_again(
+    model: ScriptedModel,
+) -> None:
+    model.script("restart", [Reply.call("echo", message="once")])
+    settings = _settings(model)
+    client = model_client(settings)
+    try:
+        first = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)
+        started = new_event(
+            SessionStarted(goal="restart: say once", mode="act", requested_by=Actor(id="ana")),
+            tenant="t",
+            session_id="s2",
+            source="test",
+        )
+        log = [started]
+        crashed: list[Event] = []
+
+        async def crash_after_the_answer(event: Event) -> None:
+            crashed.append(event)
+            if isinstance(event.data, ModelExchangeRecorded):
+                raise KeyboardInterrupt  # killed right after the answer was stored
+
+        with pytest.raises(KeyboardInterrupt):
+            await first.handle(started, log, crash_after_the_answer)
+        stored = [started, *crashed]  # what the log holds after the crash
+
+        appended: list[Event] = []
+
+        async def append(event: Event) -> None:
+            appended.append(event)
+
+        again = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)
+        await again.handle(started, list(stored), append)
+    finally:
+        await client.aclose()
+
+    assert len(model.received("restart")) == 1
+    (proposed,) = [e.data for e in appended if isinstance(e.data, PlanProposed)]
+    assert proposed.steps[0].arguments == {"message": "once"}
