@@ -5,8 +5,10 @@ service in its own process."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from helmline.contracts import (
     SessionStarted,
     SessionState,
     ToolCallAuthorized,
+    ToolCallCompleted,
     new_event,
     tenant_filter,
 )
@@ -398,3 +401,33 @@ async def test_a_shadow_replay_reproduces_a_20_step_session_and_names_a_divergen
     assert json.loads(out)["divergences"] == []
     assert len(model.received("twenty")) == calls_before
     assert len(await store.read_matching(tenant_filter(tenant))) == tenant_events
+
+
+async def test_a_planner_killed_while_the_model_thinks_asks_again_and_runs_each_step_once(
+    stack: ServiceProcesses, model: ScriptedModel, store: EventStore, tenant: str
+) -> None:
+    thinking = threading.Event()
+    asked = itertools.count(1)
+
+    def respond(_: Received) -> Reply:
+        turn = next(asked)
+        if turn == 2:
+            thinking.wait(timeout=60)  # the planner is killed while this answer is pending
+        if turn <= 3:
+            return Reply.call("echo", message=f"part {min(turn, 2)}")
+        return Reply.call("finish", summary="said", criteria=[{"criterion": "said", "met": True}])
+
+    model.script("killed", respond)
+    session_id = await start(store, tenant, "killed: say two parts", mode="act")
+    await eventually(lambda: len(model.received("killed")) == 2, what="the second model call")
+    stack.kill("planner")
+    thinking.set()
+    await asyncio.to_thread(stack.start, "planner")
+    state = await ended(store, tenant, session_id)
+
+    assert state.status == "completed", state.outcome
+    log = await log_of(store, tenant, session_id)
+    ran = [e.data.step_id for e in log if isinstance(e.data, ToolCallCompleted)]
+    assert ran == ["t1", "t2"]
+    turns = [e.data.turn for e in log if isinstance(e.data, ModelExchangeRecorded)]
+    assert turns == [1, 2, 3]  # the lost answer was asked again, and recorded once

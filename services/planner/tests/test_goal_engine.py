@@ -260,3 +260,33 @@ async def test_a_recorded_answer_is_acted_on_after_a_restart_without_asking_agai
     assert len(model.received("restart")) == 1
     (proposed,) = [e.data for e in appended if isinstance(e.data, PlanProposed)]
     assert proposed.steps[0].arguments == {"message": "once"}
+
+
+async def test_parallel_tool_calls_become_steps_and_each_call_gets_its_result(
+    model: ScriptedModel,
+) -> None:
+    model.script(
+        "both",
+        [
+            Reply.several(("echo", {"message": "left"}), ("echo", {"message": "right"})),
+            Reply.call("finish", summary="both", criteria=[{"criterion": "both", "met": True}]),
+        ],
+    )
+    settings = _settings(model)
+    client = model_client(settings)
+    try:
+        log = await World(GoalEngine(settings, client, lambda: BUILTIN_TOOLS)).run("both: say")
+    finally:
+        await client.aclose()
+
+    state = fold(log)
+    assert state.status == "completed"
+    assert {s.id: s.output for s in state.steps.values()} == {
+        "t1.1": {"message": "left"},
+        "t1.2": {"message": "right"},
+    }
+    answers = [m for m in model.received("both")[1].body["messages"] if m["role"] == "tool"]
+    assert [json.loads(a["content"].split(": ", 2)[2]) for a in answers] == [
+        {"message": "left"},
+        {"message": "right"},
+    ]

@@ -55,9 +55,6 @@ class PlannerSettings(RuntimeSettings):
     llm_prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
     """USD per million input and output tokens, by model (JSON); cost is unknown without."""
 
-    planner_mode: Literal["plan", "act"] = "plan"
-    """How goal sessions work unless the session says: plan then execute, or one call at a
-    time."""
     planner_system_prompt: str | None = None
     """Replaces the built-in system prompt (to try a new prompt, then shadow-replay)."""
     planner_max_iterations: int = Field(default=40, ge=1)
