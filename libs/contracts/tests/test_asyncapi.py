@@ -10,10 +10,23 @@ from referencing import Registry, Resource
 from helmline.contracts import (
     EXAMPLE_PAYLOADS,
     PAYLOAD_CLASSES,
+    RETENTION_SUBJECT,
+    TOOL_REGISTRY_SUBJECT,
+    Payload,
+    StreamLimitApproaching,
+    ToolCircuitChanged,
+    ToolRegistryPublished,
+    circuit_subject,
     decode_event,
     event_subject,
     export_schemas,
 )
+
+OFF_THE_LOG: dict[type[Payload], str] = {
+    ToolRegistryPublished: TOOL_REGISTRY_SUBJECT,
+    ToolCircuitChanged: circuit_subject("{server}"),
+    StreamLimitApproaching: RETENTION_SUBJECT,
+}
 
 
 def test_every_event_type_has_an_example() -> None:
@@ -26,7 +39,11 @@ def test_asyncapi_describes_every_event_with_an_example_valid_against_its_schema
     assert document["asyncapi"] == "3.0.0"
     for payload_class in PAYLOAD_CLASSES:
         channel = document["channels"][payload_class.TYPE]
-        assert channel["address"] == event_subject("{tenant}", "{sessionId}", payload_class.TYPE)
+        # Notices that belong to no session have subjects of their own; the rest are events
+        # of a session.
+        assert channel["address"] == OFF_THE_LOG.get(
+            payload_class, event_subject("{tenant}", "{sessionId}", payload_class.TYPE)
+        )
         message = document["components"]["messages"][payload_class.TYPE]
         schema_file = message["payload"]["$ref"]
         schema = files[schema_file]

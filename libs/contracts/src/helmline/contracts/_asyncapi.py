@@ -6,10 +6,22 @@ import inspect
 import json
 from typing import Any
 
-from helmline.contracts._catalogue import Payload
+from helmline.contracts._catalogue import (
+    Payload,
+    StreamLimitApproaching,
+    ToolCircuitChanged,
+    ToolRegistryPublished,
+)
 from helmline.contracts._envelope import encode_event
 from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
-from helmline.contracts._topology import Headers, dead_letter_subject, event_subject
+from helmline.contracts._topology import (
+    RETENTION_SUBJECT,
+    TOOL_REGISTRY_SUBJECT,
+    Headers,
+    circuit_subject,
+    dead_letter_subject,
+    event_subject,
+)
 
 CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 
@@ -17,6 +29,27 @@ CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 def _name(payload_class: type[Payload]) -> str:
     # AsyncAPI component keys must match ^[a-zA-Z0-9.\-_]+$; the type string does.
     return payload_class.TYPE
+
+
+def _where(payload_class: type[Payload]) -> dict[str, Any]:
+    """The channel's address and parameters: a session's subject, or for the few notices
+    that belong to no session, the subject of their own stream."""
+    if payload_class is ToolRegistryPublished:
+        return {"address": TOOL_REGISTRY_SUBJECT}
+    if payload_class is ToolCircuitChanged:
+        return {
+            "address": circuit_subject("{server}"),
+            "parameters": {"server": {"description": "The MCP server."}},
+        }
+    if payload_class is StreamLimitApproaching:
+        return {"address": RETENTION_SUBJECT}
+    return {
+        "address": event_subject("{tenant}", "{sessionId}", payload_class.TYPE),
+        "parameters": {
+            "tenant": {"$ref": "#/components/parameters/tenant"},
+            "sessionId": {"$ref": "#/components/parameters/sessionId"},
+        },
+    }
 
 
 def asyncapi_document(version: str) -> dict[str, Any]:
@@ -28,12 +61,8 @@ def asyncapi_document(version: str) -> dict[str, Any]:
         payload_class = type(example)
         name = _name(payload_class)
         channels[name] = {
-            "address": event_subject("{tenant}", "{sessionId}", payload_class.TYPE),
+            **_where(payload_class),
             "title": payload_class.TYPE,
-            "parameters": {
-                "tenant": {"$ref": "#/components/parameters/tenant"},
-                "sessionId": {"$ref": "#/components/parameters/sessionId"},
-            },
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
         }
         operations[f"receive.{name}"] = {

@@ -862,6 +862,28 @@ class RollbackFailed(Payload):
     """Steps that were not."""
 
 
+# --- operations (stream-wide, on the ops stream, not in a session's log) --------------------
+
+
+class StreamLimitApproaching(Payload):
+    """A stream holds at least the warning share of one of its limits (age or bytes): its
+    oldest events will soon be removed. Export what must be kept first (`helmline export`)."""
+
+    TYPE = "stream.limit_approaching"
+    stream: str = Field(min_length=1, max_length=64)
+    """The JetStream stream, e.g. HELMLINE_EVENTS."""
+    limit: Literal["age", "bytes"]
+    """Which limit: how long events are kept, or how many bytes the stream may hold."""
+    used: float = Field(ge=0)
+    """The share of the limit in use: 0.8 is 80 %."""
+    limit_value: float = Field(gt=0)
+    """The limit: seconds for age, bytes for bytes."""
+    current_value: float = Field(ge=0)
+    """Where the stream stands: the age of its oldest event in seconds, or its bytes."""
+    oldest_at: datetime | None = None
+    """When the oldest event still in the stream was stored."""
+
+
 PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     SessionStarted,
     SessionPauseRequested,
@@ -909,5 +931,6 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     CompensationFailed,
     RollbackCompleted,
     RollbackFailed,
+    StreamLimitApproaching,
 )
 """Every payload of the catalogue, in declaration order."""

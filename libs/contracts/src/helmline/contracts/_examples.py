@@ -43,6 +43,7 @@ from helmline.contracts._catalogue import (
     SessionStarted,
     StepScheduled,
     StepSkipped,
+    StreamLimitApproaching,
     ThoughtRecorded,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
@@ -282,6 +283,14 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         reason="an undo failed",
         undone_steps=("count",),
         not_undone_steps=("write",),
+    ),
+    StreamLimitApproaching(
+        stream="HELMLINE_EVENTS",
+        limit="bytes",
+        used=0.83,
+        limit_value=10 * 1024**3,
+        current_value=0.83 * 10 * 1024**3,
+        oldest_at=_AT,
     ),
 )
 """An example payload of every event type, in catalogue order."""

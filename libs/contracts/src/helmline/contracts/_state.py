@@ -58,6 +58,7 @@ from helmline.contracts._catalogue import (
     SessionStarted,
     StepScheduled,
     StepSkipped,
+    StreamLimitApproaching,
     ThoughtRecorded,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
@@ -562,6 +563,8 @@ class SessionFold:
                 pass  # The call goes on; its final outcome is what the state records.
             case ToolRegistryPublished() | ToolCircuitChanged():
                 pass  # Gateway-wide facts on the tools stream, never in a session's log.
+            case StreamLimitApproaching():
+                pass  # A stream-wide notice on the ops stream, never in a session's log.
             case SandboxExecutionRequested():
                 pass  # The call is already recorded as authorised; the sandbox takes it from here.
             case SandboxLimitExceeded():

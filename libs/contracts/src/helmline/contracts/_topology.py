@@ -45,6 +45,7 @@ DEAD_LETTER_SUBJECT_PREFIX = "helmline.deadletter"
 DELIVER_SUBJECT_PREFIX = "helmline.deliver"
 RETRY_SUBJECT_PREFIX = "helmline.retry"
 TOOLS_SUBJECT_PREFIX = "helmline.tools"
+OPS_SUBJECT_PREFIX = "helmline.ops"
 
 TOOL_REGISTRY_SUBJECT = f"{TOOLS_SUBJECT_PREFIX}.registry"
 """Where gateways publish `tool.registry.published`; the newest message is the registry."""
@@ -53,6 +54,15 @@ TOOLS_TENANT = "system"
 TOOLS_SESSION = "tool-gateway"
 """Tenant and session named in the envelopes of gateway-wide events (registry, circuits),
 which belong to no session and live on the tools stream, not in the events stream."""
+
+
+RETENTION_SUBJECT = f"{OPS_SUBJECT_PREFIX}.retention"
+"""Where the state service publishes `stream.limit_approaching`."""
+
+OPS_TENANT = "system"
+OPS_SESSION = "retention"
+"""Tenant and session named in the envelopes of stream-wide notices, which belong to no
+session and live on the ops stream, not in the events stream."""
 
 
 def circuit_subject(server: str) -> str:
@@ -146,6 +156,8 @@ class StreamSpec(Contract):
     """How long JetStream remembers message ids to drop re-published duplicates."""
     max_age_s: float | None = None
     """How long messages are kept; None keeps them for ever."""
+    max_bytes: int | None = None
+    """How many bytes the stream may hold (the oldest messages go first); None: no limit."""
     max_msg_size: int = 1024 * 1024
     """Largest message accepted, in bytes."""
     append_only: bool = True
@@ -221,7 +233,15 @@ TOOLS_STREAM = StreamSpec(
     append_only=False,
 )
 
-STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM, TOOLS_STREAM)
+OPS_STREAM = StreamSpec(
+    name="HELMLINE_OPS",
+    subjects=(f"{OPS_SUBJECT_PREFIX}.>",),
+    description="Operational notices, such as a stream nearing its limits; kept for 30 days.",
+    max_age_s=30 * 24 * 3600.0,
+    append_only=False,
+)
+
+STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM, TOOLS_STREAM, OPS_STREAM)
 
 RATE_LIMITS_BUCKET = KeyValueSpec(
     bucket="helmline_rate_limits",

@@ -14,7 +14,13 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from helmline.contracts import KEY_VALUE_BUCKETS, OBJECT_STORES, STREAMS, StreamSpec
+from helmline.contracts import (
+    EVENTS_STREAM,
+    KEY_VALUE_BUCKETS,
+    OBJECT_STORES,
+    STREAMS,
+    StreamSpec,
+)
 
 STREAM_NAME_IN_USE = 10058
 
@@ -29,6 +35,7 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         storage=StorageType.FILE,
         discard=DiscardPolicy.OLD,
         max_age=spec.max_age_s or 0,
+        max_bytes=spec.max_bytes,
         max_msg_size=spec.max_msg_size,
         duplicate_window=spec.duplicate_window_s,
         deny_delete=spec.append_only,
@@ -37,9 +44,20 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
     )
 
 
-async def ensure_topology(js: JetStreamContext) -> None:
-    """Make every stream, key-value bucket and object store exist as the contracts define."""
+async def ensure_topology(
+    js: JetStreamContext,
+    *,
+    events_max_age_s: float | None = None,
+    events_max_bytes: int | None = None,
+) -> None:
+    """Make every stream, key-value bucket and object store exist as the contracts define,
+    the events stream with the retention limits given (none: it keeps everything).
+
+    Lowering a limit removes at once the events beyond it: export them first."""
+    limits = {"max_age_s": events_max_age_s, "max_bytes": events_max_bytes}
     for spec in STREAMS:
+        if spec.name == EVENTS_STREAM.name:
+            spec = spec.model_copy(update=limits)
         config = stream_config(spec)
         try:
             await js.add_stream(config)

@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
+from typing import Any
 
 import nats
 import uvicorn
@@ -85,7 +86,11 @@ class ServiceHost:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
         )
-        await ensure_topology(self.js)
+        await ensure_topology(
+            self.js,
+            events_max_age_s=self.settings.events_max_age_s,
+            events_max_bytes=self.settings.events_max_bytes,
+        )
         self._health = HttpServer(
             _health_app(self), self.settings.health_host, self.settings.health_port
         )
@@ -113,6 +118,18 @@ class ServiceHost:
         await server.start()
         self.on_shutdown(server.stop)
         return server
+
+    def run_in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` (a watcher, a periodic check) while the service runs; it is cancelled
+        when the service stops."""
+        task = asyncio.create_task(work)
+
+        async def cancel() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        self.on_shutdown(cancel)
 
     def on_shutdown(self, cleanup: Callable[[], Awaitable[None]]) -> None:
         """Run `cleanup` when the service stops, once its consumers have finished their

@@ -21,3 +21,8 @@ class RuntimeSettings(BaseSettings):
     """How long in-flight work may take to finish after SIGTERM."""
     log_level: str = "INFO"
     """Python logging level."""
+    events_max_age_s: float | None = Field(default=None, gt=0)
+    """How long the events stream keeps events, in seconds; unset keeps them for ever. Set
+    the same on every process: each applies it to the stream when it starts."""
+    events_max_bytes: int | None = Field(default=None, gt=0)
+    """How many bytes the events stream may hold (the oldest go first); unset: no limit."""

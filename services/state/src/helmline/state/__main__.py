@@ -4,6 +4,7 @@ from helmline.contracts import READ_MODEL_CONSUMER, STATE_CONSUMER, ConsumerSpec
 from helmline.runtime import ServiceHost, SessionCache, Setup, run_service
 from helmline.state._handlers import StateHandler
 from helmline.state._projection import ProjectionHandler, ReadModel
+from helmline.state._retention import RetentionWatch
 from helmline.state._settings import StateSettings
 
 
@@ -16,6 +17,10 @@ def setup_state(
 
     async def setup(host: ServiceHost) -> None:
         await host.consume(checkpoints, StateHandler(host.store))
+        watch = RetentionWatch(
+            host.js, warn_at=settings.retention_warn_at, interval_s=settings.retention_check_s
+        )
+        host.run_in_background(watch.run())
         if settings.database_url:
             model = ReadModel(settings.database_url)
             host.on_shutdown(model.close)
