@@ -14,6 +14,7 @@ from typing import Any
 
 import approval
 import idle_memory
+import planner
 import read_model
 import replay
 import ring
@@ -30,6 +31,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "approval": approval.run,
     "sandbox": sandbox.run,
     "read_model": read_model.rebuild,
+    "planner": planner.run,
 }
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import deque
 from collections.abc import Iterator, Sequence
 
 import pytest
-from pydantic import JsonValue
 
 from helmline.contracts import (
     BUILTIN_TOOLS,
@@ -18,11 +16,8 @@ from helmline.contracts import (
     ContextCompacted,
     Event,
     ModelExchangeRecorded,
-    PlanApproved,
     PlanProposed,
     SessionStarted,
-    StepScheduled,
-    ToolCallCompleted,
     ToolRegistryPublished,
     ToolSpec,
     fold,
@@ -32,7 +27,7 @@ from helmline.planner._context import estimate_tokens
 from helmline.planner._engine import GoalEngine
 from helmline.planner._providers import model_client
 from helmline.planner._settings import PlannerSettings
-from helmline.planner.testing import Received, Reply, Responder, ScriptedModel
+from helmline.planner.testing import InMemoryWorld, Received, Reply, Responder, ScriptedModel
 from helmline.runtime import ToolCatalogue
 
 POLICY = Actor(id="policy", kind="policy")
@@ -52,53 +47,6 @@ def _settings(model: ScriptedModel, **changes: object) -> PlannerSettings:
         **changes,
     }
     return PlannerSettings.model_validate(values)
-
-
-class World:
-    """Policy that approves every plan and tools that answer at once, over an in-memory log."""
-
-    def __init__(self, engine: GoalEngine, output: JsonValue = None) -> None:
-        self.engine = engine
-        self.output = output
-        self.log: list[Event] = []
-
-    async def run(self, goal: str, mode: str = "act") -> list[Event]:
-        started = new_event(
-            SessionStarted(goal=goal, mode=mode, requested_by=Actor(id="ana")),
-            tenant="t",
-            session_id="s1",
-            source="test",
-        )
-        self.log.append(started)
-        queue: deque[Event] = deque([started])
-
-        async def append(event: Event) -> None:
-            queue.append(event)
-
-        while queue:
-            event = queue.popleft()
-            if isinstance(event.data, SessionStarted | PlanApproved | ToolCallCompleted):
-                await self.engine.handle(event, self.log, append)
-            for answer in self._answer(event):
-                self.log.append(answer)
-                queue.append(answer)
-        return self.log
-
-    def _answer(self, event: Event) -> list[Event]:
-        data = event.data
-        if isinstance(data, PlanProposed):
-            return [
-                event.derive(
-                    PlanApproved(revision=data.revision, approved_by=POLICY), source="policy"
-                )
-            ]
-        if isinstance(data, StepScheduled):
-            output = self.output if self.output is not None else data.arguments
-            completed = ToolCallCompleted(
-                call_id=data.call_id, step_id=data.step_id, tool=data.tool, output=output
-            )
-            return [event.derive(completed, source="tools")]
-        return []
 
 
 def _numbered(count: int) -> Responder:
@@ -152,7 +100,7 @@ async def test_with_200_federated_tools_the_model_is_offered_a_bounded_relevant_
     client = model_client(settings)
     try:
         engine = GoalEngine(settings, client, lambda: tuple(catalogue.values()))
-        log = await World(engine).run("jira: close the ticket OPS-1")
+        log = await InMemoryWorld(engine).run("jira: close the ticket OPS-1")
     finally:
         await client.aclose()
 
@@ -174,7 +122,7 @@ async def test_a_long_session_stays_in_budget_and_compaction_lists_what_it_kept(
     client = model_client(settings)
     try:
         engine = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)
-        log = await World(engine, output={"text": "x" * 2000}).run("long: say 30 parts")
+        log = await InMemoryWorld(engine, output={"text": "x" * 2000}).run("long: say 30 parts")
     finally:
         await client.aclose()
 
@@ -212,7 +160,9 @@ async def test_the_session_stops_at_its_limit_of_model_calls(model: ScriptedMode
     settings = _settings(model, planner_max_iterations=5)
     client = model_client(settings)
     try:
-        log = await World(GoalEngine(settings, client, lambda: BUILTIN_TOOLS)).run("endless: go")
+        log = await InMemoryWorld(GoalEngine(settings, client, lambda: BUILTIN_TOOLS)).run(
+            "endless: go"
+        )
     finally:
         await client.aclose()
     state = fold(log)
@@ -275,7 +225,9 @@ async def test_parallel_tool_calls_become_steps_and_each_call_gets_its_result(
     settings = _settings(model)
     client = model_client(settings)
     try:
-        log = await World(GoalEngine(settings, client, lambda: BUILTIN_TOOLS)).run("both: say")
+        log = await InMemoryWorld(GoalEngine(settings, client, lambda: BUILTIN_TOOLS)).run(
+            "both: say"
+        )
     finally:
         await client.aclose()
 

@@ -252,7 +252,7 @@ def _conversation(
         return [*messages, ModelMessage(role="user", content=note)]
     caused = [e for e in log if e.causation_id == last.id]
     for call in reply.tool_calls:
-        answer = _answer(call, last.data, caused, state, settings.planner_max_result_chars)
+        answer = _answer(call, last.data, log, caused, state, settings.planner_max_result_chars)
         messages.append(ModelMessage(role="tool", tool_call_id=call.id, content=answer))
     return messages
 
@@ -260,6 +260,7 @@ def _conversation(
 def _answer(
     call: ModelToolCall,
     exchange: ModelExchangeRecorded,
+    log: Sequence[Event],
     caused: list[Event],
     state: SessionState,
     limit: int,
@@ -272,6 +273,13 @@ def _answer(
     if not plans:
         return "Not run: another call of the same answer was taken instead."
     plan = plans[0]
+    rejection = [
+        e.data.reason
+        for e in log
+        if isinstance(e.data, PlanRejected) and e.data.revision == plan.revision
+    ]
+    if rejection:
+        return f"Plan revision {plan.revision} was rejected by policy: {rejection[0]}"
     if parsed.name == CREATE_PLAN:
         lines = [f"Plan revision {plan.revision}:"]
         lines += [_outcome(state, step.id, limit) for step in plan.steps]

@@ -1,6 +1,6 @@
 """A scripted model: a real HTTP server speaking the OpenAI Chat Completions and Anthropic
-Messages protocols, answering from scripts. For tests and benchmarks; the service never
-imports it.
+Messages protocols, answering from scripts; and an in-memory world for the goal engine.
+For tests and benchmarks; the service never imports this module.
 
 Each conversation finds its script by a key that its first user message contains (say, a
 word of the goal), so one server can answer many sessions at once. A script is a list of
@@ -25,6 +25,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from pydantic import JsonValue
+
+from helmline.contracts import (
+    Actor,
+    Event,
+    PlanApproved,
+    PlanProposed,
+    SessionStarted,
+    StepScheduled,
+    ToolCallCompleted,
+    new_event,
+)
+from helmline.planner._engine import GoalEngine
 
 Protocol = Literal["openai", "anthropic"]
 
@@ -365,3 +377,50 @@ def _halves(text: str) -> list[str]:
     """A text in two pieces, so that clients must join the deltas of a stream."""
     middle = len(text) // 2
     return [piece for piece in (text[:middle], text[middle:]) if piece]
+
+
+class InMemoryWorld:
+    """Policy that approves every plan and tools that answer at once, around a goal engine,
+    over a log kept in memory: the planner's loop without NATS or other services."""
+
+    def __init__(self, engine: GoalEngine, output: JsonValue = None) -> None:
+        self.engine = engine
+        self.output = output
+        """What every tool call returns; None returns the call's arguments."""
+        self.log: list[Event] = []
+
+    async def run(self, goal: str, mode: Literal["plan", "act"] = "act") -> list[Event]:
+        """Run a session for `goal` to its end; its log."""
+        started = new_event(
+            SessionStarted(goal=goal, mode=mode, requested_by=Actor(id="test")),
+            tenant="t",
+            session_id=f"s{len(self.log)}",
+            source="test",
+        )
+        self.log.append(started)
+        queue = [started]
+
+        async def append(event: Event) -> None:
+            queue.append(event)
+
+        while queue:
+            event = queue.pop(0)
+            if isinstance(event.data, SessionStarted | PlanApproved | ToolCallCompleted):
+                await self.engine.handle(event, self.log, append)
+            for answer in self._answer(event):
+                self.log.append(answer)
+                queue.append(answer)
+        return self.log
+
+    def _answer(self, event: Event) -> list[Event]:
+        data = event.data
+        if isinstance(data, PlanProposed):
+            approved = PlanApproved(revision=data.revision, approved_by=Actor(id="policy"))
+            return [event.derive(approved, source="policy")]
+        if isinstance(data, StepScheduled):
+            output = self.output if self.output is not None else data.arguments
+            completed = ToolCallCompleted(
+                call_id=data.call_id, step_id=data.step_id, tool=data.tool, output=output
+            )
+            return [event.derive(completed, source="tools")]
+        return []
