@@ -341,6 +341,18 @@ async def test_helmline_run_starts_a_goal_session(
     state = (await store.load(tenant, answer["session_id"])).state
     assert state.mode == "act"
     assert state.steps["t1"].output == {"message": "hello from the cli"}
+    shown = await asyncio.create_subprocess_exec(
+        HELMLINE,
+        "show",
+        answer["session_id"],
+        "--tenant",
+        tenant,
+        env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(shown.communicate(), timeout=60)
+    assert "model (act mode): 2 calls, 300 tokens" in out.decode()
+    assert "criterion met: greeted" in out.decode()
 
 
 async def test_a_shadow_replay_reproduces_a_20_step_session_and_names_a_divergence(

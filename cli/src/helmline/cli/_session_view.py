@@ -152,6 +152,17 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
         )
     if state.outcome:
         lines.append(Text(f"outcome: {state.outcome}"))
+    if full and state.model_calls:
+        cost = f", ${state.cost_usd:.4f}" if state.cost_usd else ""
+        lines.append(
+            Text(
+                f"model ({state.mode} mode): {state.model_calls} calls, "
+                f"{state.tokens_used} tokens{cost}"
+            )
+        )
+    for result in state.criteria if full else ():
+        mark = "met" if result.met else "NOT met"
+        lines.append(Text(f"criterion {mark}: {result.criterion}  ({result.evidence or '-'})"))
     if state.pause_requested and state.status != "paused":
         lines.append(Text("pause requested", style="yellow"))
     if state.cancel_requested and not state.is_terminal:
