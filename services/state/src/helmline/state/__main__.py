@@ -1,7 +1,7 @@
 """`helmline serve state`: run the state service until SIGTERM."""
 
 from helmline.contracts import READ_MODEL_CONSUMER, STATE_CONSUMER, ConsumerSpec
-from helmline.runtime import ServiceHost, SessionCache, Setup, run_service
+from helmline.runtime import ServiceHost, SessionCache, Setup, ToolCatalogue, run_service
 from helmline.state._handlers import StateHandler
 from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._retention import RetentionWatch
@@ -16,7 +16,11 @@ def setup_state(
     """Wire the state service onto a started host (tests pass their own consumers)."""
 
     async def setup(host: ServiceHost) -> None:
-        await host.consume(checkpoints, StateHandler(host.store))
+        # What each tool changes, as the tool gateway's newest registry describes it.
+        tools = ToolCatalogue()
+        await tools.follow(host.nc, host.js)
+        host.on_shutdown(tools.close)
+        await host.consume(checkpoints, StateHandler(host.store, tools))
         watch = RetentionWatch(
             host.js, warn_at=settings.retention_warn_at, interval_s=settings.retention_check_s
         )

@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
     CheckpointCreated,
     SessionState,
     ToolCallCompleted,
     ToolEffect,
+    ToolSpec,
 )
 
 
-def effect_of(tool: str) -> ToolEffect:
-    """What a call of `tool` changes; a tool Helmline does not run itself reaches outside."""
-    spec = BUILTIN_TOOLS_BY_NAME.get(tool)
+def effect_of(tool: str, tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME) -> ToolEffect:
+    """What a call of `tool` changes; a tool nobody describes is taken to reach outside."""
+    spec = tools.get(tool)
     return spec.effect if spec is not None else "external"
 
 
 def checkpoint_after(
-    state: SessionState, completed: ToolCallCompleted, seq: int
+    state: SessionState, completed: ToolCallCompleted, seq: int, tools: Mapping[str, ToolSpec]
 ) -> CheckpointCreated:
     """The checkpoint after a completed step, at the sequence of its completion.
 
     `state` is the session with the completion applied: the sandbox records the snapshot
     taken after a call before the call's result, so its latest snapshot is this call's.
+    `tools` describes the tools (the tool gateway's registry); the checkpoint records what
+    it said, so that a rollback later reads the log alone.
     """
-    effect = effect_of(completed.tool)
+    effect = effect_of(completed.tool, tools)
     snapshot = state.latest_snapshot_id
     reversible, how = _how_to_undo(state, completed, effect, snapshot)
     return CheckpointCreated(

@@ -3,6 +3,8 @@ one compensation at a time, both off the critical path."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from helmline.contracts import (
     CompensationCompleted,
     CompensationFailed,
@@ -13,6 +15,7 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    ToolSpec,
     fold,
 )
 from helmline.runtime import Delivery, EventStore, SessionCache
@@ -25,8 +28,9 @@ SOURCE = "helmline/state"
 class StateHandler:
     """Records checkpoints and drives rollbacks."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore, tools: Mapping[str, ToolSpec]) -> None:
         self._store = store
+        self._tools = tools
         self._sessions = SessionCache(store)
 
     async def __call__(self, delivery: Delivery) -> None:
@@ -35,7 +39,7 @@ class StateHandler:
         match event.data:
             case ToolCallCompleted() as completed if not _compensates(state, completed.call_id):
                 checkpoint = event.derive(
-                    checkpoint_after(state, completed, delivery.seq),
+                    checkpoint_after(state, completed, delivery.seq, self._tools),
                     source=SOURCE,
                     identity=f"checkpoint/{completed.call_id}",
                 )
