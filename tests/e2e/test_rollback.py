@@ -8,9 +8,14 @@ import json
 import os
 import stat
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import yaml
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 
 from helmline.contracts import (
     Actor,
@@ -19,18 +24,75 @@ from helmline.contracts import (
     PlanStep,
     Playbook,
     RollbackCompleted,
+    RollbackRequested,
+    RollbackState,
     SessionStarted,
     SessionState,
+    ToolCallCompleted,
     WorkspaceRestored,
     new_event,
 )
-from helmline.runtime import EventStore
+from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, auto_approver, eventually
 
 APPROVER = Actor(id="robot", roles=("operator", "approver"))
 HELMLINE = str(Path(sys.executable).with_name("helmline"))
+SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
+TICKETS_SERVER = Path(__file__).with_name("tickets_mcp_server.py")
 
 Tree = dict[str, tuple[str, int, bytes]]
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every call the tickets MCP server served, one JSON line each."""
+    return tmp_path_factory.mktemp("tickets") / "ledger.jsonl"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory, ledger: Path
+) -> Iterator[ServiceProcesses]:
+    """Every service as a process; the gateway federates the tickets server, whose
+    `open_ticket` declares `close_ticket` (by the id it returned) as its inverse."""
+    inverse = {"tool": "tickets__close_ticket", "arguments": {"id": "/result/id"}}
+    servers = {
+        "servers": [
+            {
+                "id": "tickets",
+                "stdio": {"command": sys.executable, "args": [str(TICKETS_SERVER), str(ledger)]},
+                "risk": "low",
+                "tools": {
+                    "open_ticket": {"inverse": inverse},
+                    # Closing needs a person: a rollback then waits, and can be cut there.
+                    "close_ticket": {"risk": "high"},
+                },
+            }
+        ]
+    }
+    config = tmp_path_factory.mktemp("config") / "mcp-servers.yaml"
+    config.write_text(yaml.safe_dump(servers))
+    running = ServiceProcesses(nats_url, tmp_path_factory.mktemp("stack"))
+    try:
+        for name in SERVICES:
+            env = {"HELMLINE_MCP_SERVERS": str(config)} if name == "tool_gateway" else None
+            running.start(name, env)
+        yield running
+    finally:
+        running.stop_all()
+
+
+@pytest.fixture
+async def tickets(stack: ServiceProcesses, js: JetStreamContext) -> None:
+    """Wait until the gateway federates the tickets server."""
+
+    async def federated() -> bool:
+        registry = await latest_tool_registry(js)
+        return registry is not None and any(
+            server.server == "tickets" and server.available for server in registry.servers
+        )
+
+    await eventually(federated, timeout_s=60, what="the tickets server federated")
 
 
 async def helmline(nats_url: str, *args: str) -> tuple[int, str, str]:
@@ -77,36 +139,65 @@ async def until(store: EventStore, tenant: str, session_id: str, *statuses: str)
     return state
 
 
-def five_steps() -> Playbook:
-    """Writes, a command (which needs an approval), a modification and a deletion."""
-
-    def step(step_id: str, tool: str, after: str | None, **arguments: str) -> PlanStep:
-        return PlanStep(
-            id=step_id, tool=tool, arguments=arguments, depends_on=(after,) if after else ()
-        )
-
+def chain(goal: str, *steps: tuple[str, str, dict[str, str]]) -> Playbook:
+    """A playbook whose steps run one after the other."""
     return Playbook(
-        goal="change a workspace five ways",
-        steps=(
-            step("one", "write_file", None, path="a.txt", content="one\n"),
-            step("two", "write_file", "one", path="docs/b.txt", content="two\n"),
-            step(
-                "three",
-                "run_command",
-                "two",
-                command="echo made > c.txt && mkdir -p out && chmod 600 a.txt",
-            ),
-            step("four", "write_file", "three", path="a.txt", content="changed\n"),
-            step("five", "delete_file", "four", path="docs/b.txt"),
+        goal=goal,
+        steps=tuple(
+            PlanStep(
+                id=step_id,
+                tool=tool,
+                arguments=arguments,
+                depends_on=(steps[index - 1][0],) if index else (),
+            )
+            for index, (step_id, tool, arguments) in enumerate(steps)
         ),
     )
 
 
+def five_steps() -> Playbook:
+    """Writes, a command (which needs an approval), a modification and a deletion."""
+    command = "echo made > c.txt && mkdir -p out && chmod 600 a.txt"
+    return chain(
+        "change a workspace five ways",
+        ("one", "write_file", {"path": "a.txt", "content": "one\n"}),
+        ("two", "write_file", {"path": "docs/b.txt", "content": "two\n"}),
+        ("three", "run_command", {"command": command}),
+        ("four", "write_file", {"path": "a.txt", "content": "changed\n"}),
+        ("five", "delete_file", {"path": "docs/b.txt"}),
+    )
+
+
+def write(step_id: str, path: str) -> tuple[str, str, dict[str, str]]:
+    return (step_id, "write_file", {"path": path, "content": f"{step_id}\n"})
+
+
+def open_ticket(step_id: str) -> tuple[str, str, dict[str, str]]:
+    return (step_id, "tickets__open_ticket", {"title": step_id})
+
+
+def ledger_calls(ledger: Path) -> list[dict[str, object]]:
+    if not ledger.exists():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines()]
+
+
+async def ticket_ids(store: EventStore, tenant: str, session_id: str) -> list[int]:
+    """The ids of the tickets the session opened, as the tool returned them."""
+    ids = []
+    for stored in await store.read_all(tenant, session_id):
+        data = stored.event.data
+        if isinstance(data, ToolCallCompleted) and data.tool == "tickets__open_ticket":
+            assert isinstance(data.output, dict)
+            ids.append(int(str(data.output["id"])))
+    return ids
+
+
 async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_completes_again(
-    services: ServiceProcesses, nc: NATS, store: EventStore, tenant: str
+    stack: ServiceProcesses, nc: NATS, store: EventStore, tenant: str
 ) -> None:
     session_id = "five-steps"
-    workspace = services.data_dir / "workspaces" / tenant / session_id
+    workspace = stack.data_dir / "workspaces" / tenant / session_id
     t = ("--tenant", tenant)
     async with auto_approver(nc, store, tenant, APPROVER) as approver:
         # The command waits for its approval after checkpoint 2: the workspace is then
@@ -126,14 +217,14 @@ async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_complet
         assert completed != at_checkpoint_2
         before = [stored.event for stored in await store.read_all(tenant, session_id)]
 
-        code, out, err = await helmline(services.nats_url, "checkpoints", session_id, *t, "--json")
+        code, out, err = await helmline(stack.nats_url, "checkpoints", session_id, *t, "--json")
         assert code == 0, err
         listed = json.loads(out)
         assert [c["step_id"] for c in listed] == ["one", "two", "three", "four", "five"]
         assert all(c["reversible"] for c in listed), listed
 
         code, out, err = await helmline(
-            services.nats_url, "rollback", session_id, "--to", "2", *t, "--json"
+            stack.nats_url, "rollback", session_id, "--to", "2", *t, "--json"
         )
         assert code == 0, (out, err)
         report = json.loads(out)
@@ -158,7 +249,7 @@ async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_complet
             "five": "undone",
         }
 
-        code, _, err = await helmline(services.nats_url, "resume", session_id, *t)
+        code, _, err = await helmline(stack.nats_url, "resume", session_id, *t)
         assert code == 0, err
         again = await until(store, tenant, session_id, "completed", "failed")
     assert again.status == "completed", again.outcome
@@ -166,5 +257,211 @@ async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_complet
     assert again.steps["three"].attempts == 2
 
 
-async def _checkpoints(store: EventStore, tenant: str, session_id: str, count: int) -> bool:
-    return len((await store.load(tenant, session_id)).state.checkpoints) == count
+async def _checkpoints(
+    store: EventStore, tenant: str, session_id: str, count: int
+) -> SessionState | None:
+    state = (await store.load(tenant, session_id)).state
+    return state if len(state.checkpoints) == count else None
+
+
+async def test_rolling_back_past_an_external_call_calls_its_inverse_exactly_once(
+    stack: ServiceProcesses, tickets: None, nc: NATS, store: EventStore, tenant: str, ledger: Path
+) -> None:
+    session_id = "inverse"
+    playbook = chain(
+        "open a ticket between two writes",
+        write("first", "a.txt"),
+        ("say", "echo", {"message": "hello"}),
+        open_ticket("ticket"),
+        write("last", "b.txt"),
+    )
+    await start(store, tenant, session_id, playbook)
+    done = await until(store, tenant, session_id, "completed", "failed")
+    assert done.status == "completed", done.outcome
+    await eventually(
+        lambda: _checkpoints(store, tenant, session_id, 4), timeout_s=30, what="4 checkpoints"
+    )
+    (ticket,) = await ticket_ids(store, tenant, session_id)
+
+    async with auto_approver(nc, store, tenant, APPROVER):
+        code, out, err = await helmline(
+            stack.nats_url, "rollback", session_id, "--to", "1", "--tenant", tenant, "--json"
+        )
+        # The undo call needs a person: the command says so (exit 3) and the rollback goes on.
+        assert code == 3, (out, err)
+        rollback = await ended(store, tenant, session_id, json.loads(out)["rollback_id"])
+
+    assert rollback.status == "completed", rollback
+    assert rollback.undone_steps == ("last", "ticket", "say")
+    closes = [c for c in ledger_calls(ledger) if c["call"] == "close" and c["id"] == ticket]
+    assert len(closes) == 1
+    workspace = stack.data_dir / "workspaces" / tenant / session_id
+    assert set(await asyncio.to_thread(tree, workspace)) == {"a.txt"}
+
+
+async def test_an_irreversible_step_refuses_the_rollback_unless_partial_is_accepted(
+    stack: ServiceProcesses, tickets: None, nc: NATS, store: EventStore, tenant: str, ledger: Path
+) -> None:
+    session_id = "irreversible"
+    playbook = chain(
+        "send a notice between writes",
+        write("first", "a.txt"),
+        ("notice", "tickets__notify", {"message": f"hello from {tenant}"}),
+        open_ticket("ticket"),
+        write("last", "b.txt"),
+    )
+    await start(store, tenant, session_id, playbook)
+    done = await until(store, tenant, session_id, "completed", "failed")
+    assert done.status == "completed", done.outcome
+    await eventually(
+        lambda: _checkpoints(store, tenant, session_id, 4), timeout_s=30, what="4 checkpoints"
+    )
+    t = ("--tenant", tenant)
+    code, out, err = await helmline(stack.nats_url, "checkpoints", session_id, *t, "--json")
+    assert code == 0, err
+    assert [c["reversible"] for c in json.loads(out)] == [True, False, True, True]
+
+    code, out, err = await helmline(stack.nats_url, "rollback", session_id, "--to", "1", *t)
+    assert code == 1
+    assert "steps notice cannot be undone" in err
+    assert (stack.data_dir / "workspaces" / tenant / session_id / "b.txt").exists()
+    (ticket,) = await ticket_ids(store, tenant, session_id)
+    assert not [c for c in ledger_calls(ledger) if c["call"] == "close" and c["id"] == ticket]
+
+    async with auto_approver(nc, store, tenant, APPROVER):
+        code, out, err = await helmline(
+            stack.nats_url, "rollback", session_id, "--to-step", "first", "--accept-partial", *t
+        )
+        assert code == 3, (out, err)
+        assert "an undo call waits for approval" in err
+        rollback_id = list((await store.load(tenant, session_id)).state.rollbacks)[-1]
+        rollback = await ended(store, tenant, session_id, rollback_id)
+    assert rollback.status == "completed", rollback
+    assert rollback.undone_steps == ("last", "ticket")
+    assert rollback.not_undone_steps == ("notice",)
+    assert [c for c in ledger_calls(ledger) if c["call"] == "close" and c["id"] == ticket]
+    workspace = stack.data_dir / "workspaces" / tenant / session_id
+    assert set(await asyncio.to_thread(tree, workspace)) == {"a.txt"}
+
+
+async def test_a_rollback_survives_killing_the_state_and_sandbox_services_undoing_each_once(
+    stack: ServiceProcesses, tickets: None, nc: NATS, store: EventStore, tenant: str, ledger: Path
+) -> None:
+    session_id = "killed"
+    playbook = chain(
+        "interleave writes and tickets",
+        write("w1", "one.txt"),
+        open_ticket("t1"),
+        write("w2", "two.txt"),
+        open_ticket("t2"),
+        write("w3", "docs/three.txt"),
+    )
+    await start(store, tenant, session_id, playbook)
+    done = await until(store, tenant, session_id, "completed", "failed")
+    assert done.status == "completed", done.outcome
+    state = await eventually(
+        lambda: _checkpoints(store, tenant, session_id, 5), timeout_s=30, what="5 checkpoints"
+    )
+    workspace = stack.data_dir / "workspaces" / tenant / session_id
+    opened = await ticket_ids(store, tenant, session_id)
+    first = (await store.read_all(tenant, session_id))[0].event
+    checkpoint = state.checkpoints[0].checkpoint_id
+    requested = RollbackRequested(
+        rollback_id="rb-killed", checkpoint_id=checkpoint, requested_by=APPROVER
+    )
+    async with auto_approver(nc, store, tenant, APPROVER) as approver:
+        approver.holding = True
+        await store.append(first.derive(requested, source="test"))
+        # Cut once as the workspace restore is scheduled, once while an undo call waits.
+        await eventually(
+            lambda: _logged(store, tenant, session_id, CompensationScheduled),
+            timeout_s=30,
+            what="a compensation scheduled",
+        )
+        for victim in ("state", "sandbox"):
+            stack.kill(victim)
+            await asyncio.to_thread(stack.start, victim)
+        waiting: SessionState = await eventually(
+            lambda: _undo_waiting(store, tenant, session_id),
+            timeout_s=60,
+            what="an undo call waiting for its approval",
+        )
+        assert waiting.rollbacks["rb-killed"].active
+        stack.kill("state")
+        await asyncio.to_thread(stack.start, "state")
+        await approver.release()
+
+        async def rolled_back() -> SessionState | None:
+            now = (await store.load(tenant, session_id)).state
+            return now if not now.rollbacks["rb-killed"].active else None
+
+        after: SessionState = await eventually(
+            rolled_back, timeout_s=60, what="the rollback to end"
+        )
+    assert after.rollbacks["rb-killed"].status == "completed", after.rollbacks["rb-killed"]
+    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+    scheduled = Counter(e.compensation_id for e in events if isinstance(e, CompensationScheduled))
+    completed = Counter(e.compensation_id for e in events if isinstance(e, CompensationCompleted))
+    restored = Counter(e.compensation_id for e in events if isinstance(e, WorkspaceRestored))
+    assert len(scheduled) == 3, scheduled
+    assert set(scheduled.values()) == set(completed.values()) == {1}
+    assert list(restored.values()) == [1]
+    closes = Counter(c["id"] for c in ledger_calls(ledger) if c["call"] == "close")
+    assert [closes[ticket] for ticket in opened] == [1, 1]
+    assert set(await asyncio.to_thread(tree, workspace)) == {"one.txt"}
+
+
+async def test_a_fork_at_checkpoint_10_completes_on_its_own_and_leaves_its_origin_alone(
+    stack: ServiceProcesses, store: EventStore, tenant: str
+) -> None:
+    session_id = "origin"
+    playbook = chain("twelve files", *(write(f"s{i}", f"f{i}.txt") for i in range(1, 13)))
+    await start(store, tenant, session_id, playbook)
+    done = await until(store, tenant, session_id, "completed", "failed")
+    assert done.status == "completed", done.outcome
+    await eventually(
+        lambda: _checkpoints(store, tenant, session_id, 12), timeout_s=30, what="12 checkpoints"
+    )
+    origin_log = await store.read_all(tenant, session_id)
+
+    code, out, err = await helmline(
+        stack.nats_url, "fork", session_id, "--at", "10", "--tenant", tenant, "--json"
+    )
+
+    assert code == 0, err
+    fork_id = json.loads(out)["session_id"]
+    forked = await until(store, tenant, fork_id, "completed", "failed")
+    assert forked.status == "completed", forked.outcome
+    assert forked.fork_of is not None
+    assert (forked.fork_of.session_id, forked.fork_of.checkpoint_id) == (
+        session_id,
+        done.checkpoints[9].checkpoint_id,
+    )
+    fork_log = [stored.event.data for stored in await store.read_all(tenant, fork_id)]
+    ran = [e.step_id for e in fork_log if isinstance(e, ToolCallCompleted)]
+    assert ran == ["s11", "s12"]
+    assert all(step.status == "succeeded" for step in forked.steps.values())
+    origin_workspace = stack.data_dir / "workspaces" / tenant / session_id
+    fork_workspace = stack.data_dir / "workspaces" / tenant / fork_id
+    assert await asyncio.to_thread(tree, fork_workspace) == await asyncio.to_thread(
+        tree, origin_workspace
+    )
+    assert await store.read_all(tenant, session_id) == origin_log
+
+
+async def _logged(store: EventStore, tenant: str, session_id: str, kind: type) -> bool:
+    return any(isinstance(s.event.data, kind) for s in await store.read_all(tenant, session_id))
+
+
+async def _undo_waiting(store: EventStore, tenant: str, session_id: str) -> SessionState | None:
+    state = (await store.load(tenant, session_id)).state
+    return state if state.pending_approvals else None
+
+
+async def ended(store: EventStore, tenant: str, session_id: str, rollback_id: str) -> RollbackState:
+    async def over() -> RollbackState | None:
+        rollback = (await store.load(tenant, session_id)).state.rollbacks[rollback_id]
+        return rollback if not rollback.active else None
+
+    rollback: RollbackState = await eventually(over, timeout_s=60, what="the rollback to end")
+    return rollback

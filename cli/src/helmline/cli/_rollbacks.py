@@ -9,7 +9,7 @@ from helmline.cli._connection import EventLog
 from helmline.cli._errors import CliError
 from helmline.cli._follow import following
 from helmline.cli._intents import SOURCE, current_actor, new_session_id
-from helmline.cli._sessions import load_session, needs_a_person
+from helmline.cli._sessions import load_session
 from helmline.contracts import (
     CheckpointState,
     ForkOrigin,
@@ -96,7 +96,9 @@ async def follow_rollback(
 
 def _settled(state: SessionState, rollback_id: str) -> bool:
     rollback = state.rollbacks.get(rollback_id)
-    return rollback is not None and (not rollback.active or needs_a_person(state))
+    # A completed session stays completed while it is rolled back: its pending approvals,
+    # not its status, tell that an undo call waits for a person.
+    return rollback is not None and (not rollback.active or bool(state.pending_approvals))
 
 
 async def start_fork(

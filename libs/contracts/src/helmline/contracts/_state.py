@@ -666,7 +666,7 @@ class SessionFold:
                     approver_roles=data.approver_roles,
                     quorum=data.quorum,
                 )
-                if data.step_id is not None:
+                if data.step_id is not None and not self._compensates(data.call_id or ""):
                     self.update_step(data.step_id, approval_request_id=data.request_id)
                 self.set_status("waiting")
             case ApprovalDecisionSubmitted():
