@@ -112,9 +112,12 @@ class ServiceProcesses:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
 
-    def start(self, name: str, env: Mapping[str, str] | None = None) -> None:
+    def start(
+        self, name: str, env: Mapping[str, str] | None = None, script: Path | None = None
+    ) -> None:
         """Start one service (again, on the same health port) and wait until it is ready;
-        `env` adds to its environment (its own settings, say)."""
+        `env` adds to its environment (its own settings, say); `script` runs a test's own
+        wiring of a service instead of `python -m helmline.<name>`."""
         port = self.ports.setdefault(name, free_port())
         env = {
             **os.environ,
@@ -125,7 +128,9 @@ class ServiceProcesses:
         }
         with (self.data_dir / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", f"helmline.{name}"],
+                [sys.executable, str(script)]
+                if script
+                else [sys.executable, "-m", f"helmline.{name}"],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

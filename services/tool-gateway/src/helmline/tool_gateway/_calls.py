@@ -20,7 +20,7 @@ from helmline.contracts import (
 )
 
 MAX_ARGUMENTS_BYTES = 1024 * 1024
-"""Largest arguments document accepted, whatever the tool's schema says."""
+"""Largest arguments document accepted (as JSON), whatever the tool's schema says."""
 
 
 @dataclass(frozen=True, slots=True)

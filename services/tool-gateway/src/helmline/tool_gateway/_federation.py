@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
+    MCP_NAME_SEPARATOR,
     TOOL_REGISTRY_SUBJECT,
     TOOLS_SESSION,
     TOOLS_TENANT,
@@ -37,7 +38,6 @@ from helmline.tool_gateway._resilience import CircuitChange
 logger = logging.getLogger(__name__)
 
 SOURCE = "helmline/tool-gateway"
-_REGISTRY_IDS = uuid.UUID("0b6f3c8e-2d1a-4f7e-9c5b-7a1e4d2f8c60")
 
 
 class Federation:
@@ -68,6 +68,11 @@ class Federation:
             self._publisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._publisher
+
+    def server_of(self, tool: str) -> McpServer | None:
+        """The configured server a federated tool's name points at (`<server>__<tool>`)."""
+        server, separator, _ = tool.partition(MCP_NAME_SEPARATOR)
+        return self.servers.get(server) if separator else None
 
     async def circuit_changed(self, server: McpServer, change: CircuitChange) -> None:
         """Record a breaker's move on the tools stream and in the registry."""
@@ -114,9 +119,9 @@ class Federation:
 
     async def _publish(self) -> None:
         registry = registry_event(server.view for server in self.servers.values())
-        # The same registry published twice (by replicas, or after a restart) is stored once.
-        identity = uuid.uuid5(_REGISTRY_IDS, registry.model_dump_json())
-        await self._send(TOOL_REGISTRY_SUBJECT, registry, identity)
+        # A fresh id each time: a registry equal to an earlier one (a breaker closed again)
+        # must still become the newest.
+        await self._send(TOOL_REGISTRY_SUBJECT, registry, uuid.uuid4())
 
     async def _send(self, subject: str, data: Payload, event_id: uuid.UUID) -> None:
         event = new_event(

@@ -21,6 +21,7 @@ from mcp.types import CallToolResult
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from nats.js.object_store import ObjectStore
 from pydantic import JsonValue
+from pydantic_core import to_json
 
 from helmline.contracts import (
     Event,
@@ -79,7 +80,25 @@ class GatewayHandler:
         call = delivery.event.data
         if not isinstance(call, ToolCallAuthorized):
             return
-        next_step = route(call, self._federation.tools, self._validators)
+        if call.tool not in self._federation.tools:
+            # A federated tool whose server is not connected (yet: the gateway may have just
+            # started) is unavailable for now, not unknown.
+            server = self._federation.server_of(call.tool)
+            if server is not None and not await server.wait_connected(server.config.timeout_s):
+                error = ToolError(
+                    kind="unavailable",
+                    message=f"MCP server {server.config.id} is not connected: {server.view.error}",
+                    retryable=True,
+                    suggestion="try again later; the gateway reconnects in the background",
+                )
+                await self._record(delivery.event, failed(call, error))
+                return
+        next_step = route(
+            call,
+            self._federation.tools,
+            self._validators,
+            arguments_bytes=len(to_json(call.arguments)),
+        )
         if not isinstance(next_step, RunOnServer):
             # Same cause, same derived id: a redelivered call is stored once, never run twice
             # by the gateway; the sandbox checks the log before running anything again.
@@ -103,6 +122,7 @@ class GatewayHandler:
         if limit is not None and self._limiter is not None:
             wait_s = await self._limiter.admit(cause.tenant, tool.name, limit)
             if wait_s is not None:
+                logger.info("rate limit: call %s of %s refused", call.call_id, tool.name)
                 await self._record(
                     cause,
                     failed(

@@ -65,6 +65,14 @@ class McpServer:
                 await self._task
             self._task = None
 
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Whether the server is connected, waiting up to `timeout_s` for it."""
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
     def set_circuit(self, state: CircuitState) -> None:
         """Show the breaker's state in the registry."""
         self.view = replace(self.view, circuit=state)
@@ -124,14 +132,7 @@ class McpServer:
                 self.connected.set()
                 logger.info("MCP server %s: %d tools", self.config.id, len(listed))
                 self._on_change()
-                relist = asyncio.create_task(self._relist.wait())
-                reconnect = asyncio.create_task(self._reconnect.wait())
-                done, pending = await asyncio.wait(
-                    {relist, reconnect}, return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in pending:
-                    task.cancel()
-                if reconnect in done:
+                if await _first_of(self._relist, self._reconnect) is self._reconnect:
                     raise ServerUnavailable("connection lost")
 
     async def _transport(self, stack: contextlib.AsyncExitStack) -> StdioServerParameters | Any:
@@ -156,6 +157,17 @@ class McpServer:
             self._relist.set()
         elif isinstance(message, Exception):
             logger.debug("MCP server %s: %s", self.config.id, message)
+
+
+async def _first_of(*events: asyncio.Event) -> asyncio.Event:
+    """Wait until one of the events is set; that one."""
+    waits = {asyncio.create_task(event.wait()): event for event in events}
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+    return waits[next(iter(done))]
 
 
 async def _list_tools(client: Client) -> list[ListedTool]:

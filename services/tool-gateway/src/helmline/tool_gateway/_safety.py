@@ -40,9 +40,10 @@ _SECRETS: tuple[re.Pattern[str], ...] = tuple(
         r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
         r"\bAIza[0-9A-Za-z_-]{35}\b",
         r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
-        r"(?i)\bbearer\s+(?P<secret>[A-Za-z0-9._~+/-]{12,}=*)",
+        r"(?i)\bbearer\s+(?P<secret>(?!\[REDACTED\])[A-Za-z0-9._~+/-]{12,}=*)",
         r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|auth[_-]?token|"
-        r"access[_-]?token|client[_-]?secret)[\"']?\s*[:=]\s*[\"']?(?P<secret>[^\s\"',;&]{4,})",
+        r"access[_-]?token|client[_-]?secret)[\"']?\s*[:=]\s*[\"']?"
+        r"(?P<secret>(?!\[REDACTED\])[^\s\"',;&]{4,})",
         r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<secret>[^/\s@]+)@",
     )
 )

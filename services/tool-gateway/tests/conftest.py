@@ -1,0 +1,194 @@
+"""The tool gateway under test: in this process or as replica processes, federating the
+test MCP server (mcp_test_server.py) and the real ones; calls are authorised directly."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from nats.js import JetStreamContext
+
+from helmline.contracts import (
+    EVENTS_STREAM,
+    TOOL_GATEWAY_CONSUMER,
+    ConsumerSpec,
+    Payload,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolRegistryPublished,
+    event_type_filter,
+    new_event,
+)
+from helmline.runtime import EventStore, ServiceHost, latest_tool_registry
+from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.tool_gateway import load_servers
+from helmline.tool_gateway.__main__ import setup_gateway
+from helmline.tool_gateway._settings import GatewaySettings
+
+HERE = Path(__file__).parent
+TEST_SERVER = HERE / "mcp_test_server.py"
+REPLICA = HERE / "gateway_replica.py"
+
+
+@pytest.fixture
+def server_id() -> str:
+    """An MCP server id of this test's own, so registries of tests never get mixed up."""
+    return f"s{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    """Where the test MCP server counts the calls it receives."""
+    path = tmp_path / "server-state"
+    path.mkdir()
+    return path
+
+
+def write_servers_file(path: Path, server_id: str, state_dir: Path, **settings: Any) -> Path:
+    """An MCP servers file federating the test server as `server_id`, with `settings`."""
+    server = {
+        "id": server_id,
+        "stdio": {"command": sys.executable, "args": [str(TEST_SERVER), str(state_dir)]},
+        "risk": "low",
+        **settings,
+    }
+    path.write_text(yaml.safe_dump({"servers": [server]}))
+    return path
+
+
+def gateway_consumer(tenant: str, ack_wait_s: float = 30.0) -> ConsumerSpec:
+    """The gateway's consumer, for one tenant's calls only."""
+    return TOOL_GATEWAY_CONSUMER.model_copy(
+        update={
+            "durable": f"gateway-{tenant}",
+            "filter_subjects": (event_type_filter(ToolCallAuthorized.TYPE, tenant),),
+            "ack_wait_s": ack_wait_s,
+        }
+    )
+
+
+async def federated(js: JetStreamContext, server_id: str) -> ToolRegistryPublished:
+    """The registry, once it lists `server_id` as available."""
+
+    async def available() -> ToolRegistryPublished | None:
+        registry = await latest_tool_registry(js)
+        if registry is not None and any(
+            s.server == server_id and s.available for s in registry.servers
+        ):
+            return registry
+        return None
+
+    registry: ToolRegistryPublished = await eventually(
+        available, timeout_s=60, what=f"MCP server {server_id} federated"
+    )
+    return registry
+
+
+@asynccontextmanager
+async def gateway_in_process(
+    nats_url: str, servers_file: Path, tenant: str, **settings: Any
+) -> AsyncIterator[ServiceHost]:
+    """The gateway in this process, consuming `tenant`'s calls."""
+    gateway_settings = GatewaySettings(
+        nats_url=nats_url, mcp_servers=servers_file, shutdown_grace_s=0, **settings
+    )
+    async with ServiceHost("tool-gateway", gateway_settings) as host:
+        await setup_gateway(gateway_settings, load_servers(servers_file), gateway_consumer(tenant))(
+            host
+        )
+        yield host
+
+
+@pytest.fixture
+def replicas(nats_url: str, tmp_path: Path) -> Iterator[ServiceProcesses]:
+    """Gateway replicas as their own processes (started by the test)."""
+    running = ServiceProcesses(nats_url, tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop_all()
+
+
+def start_replica(
+    replicas: ServiceProcesses, name: str, servers_file: Path, tenant: str, ack_wait_s: float
+) -> None:
+    """Start (or restart) one gateway replica process."""
+    replicas.start(
+        name,
+        {
+            "HELMLINE_MCP_SERVERS": str(servers_file),
+            "TEST_TENANT": tenant,
+            "TEST_ACK_WAIT_S": str(ack_wait_s),
+        },
+        script=REPLICA,
+    )
+
+
+class Calls:
+    """Authorises calls in a session of its own, as the approval service would, and reads
+    what the gateway recorded for them."""
+
+    def __init__(self, store: EventStore, tenant: str) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.session_id = uuid.uuid4().hex
+
+    async def authorise(self, tool: str, **arguments: Any) -> str:
+        call_id = f"c{uuid.uuid4().hex[:12]}"
+        await self.store.append(
+            new_event(
+                ToolCallAuthorized(
+                    call_id=call_id, step_id="s1", tool=tool, arguments=arguments, risk="low"
+                ),
+                tenant=self.tenant,
+                session_id=self.session_id,
+                source="test/approval",
+            )
+        )
+        return call_id
+
+    async def events(self, call_id: str) -> list[Payload]:
+        return [
+            stored.event.data
+            for stored in await self.store.read_all(self.tenant, self.session_id)
+            if getattr(stored.event.data, "call_id", None) == call_id
+        ]
+
+    async def outcome(
+        self, call_id: str, timeout_s: float = 60
+    ) -> ToolCallCompleted | ToolCallFailed:
+        async def ended() -> ToolCallCompleted | ToolCallFailed | None:
+            for data in await self.events(call_id):
+                if isinstance(data, ToolCallCompleted | ToolCallFailed):
+                    return data
+            return None
+
+        result: ToolCallCompleted | ToolCallFailed = await eventually(
+            ended, timeout_s=timeout_s, what=f"the outcome of {call_id}"
+        )
+        return result
+
+
+@pytest.fixture
+def calls(store: EventStore, tenant: str) -> Calls:
+    return Calls(store, tenant)
+
+
+@pytest.fixture
+async def drop_consumer(js: JetStreamContext, tenant: str) -> AsyncIterator[None]:
+    """Removes the tenant's gateway consumer after the test."""
+    yield
+    await js.delete_consumer(EVENTS_STREAM.name, gateway_consumer(tenant).durable)
+
+
+def calls_received(state_dir: Path, tool: str) -> int:
+    """How many calls of `tool` the test MCP server received."""
+    log = state_dir / f"calls-{tool}.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0

@@ -1,0 +1,144 @@
+"""The MCP servers file, the registry built from listings, and the breaker's states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helmline.tool_gateway import ServersFile, load_servers
+from helmline.tool_gateway._config import ServerConfig
+from helmline.tool_gateway._registry import ListedTool, ServerView, registry_event, tool_specs
+from helmline.tool_gateway._resilience import CircuitBreaker, backoff_s
+from helmline.yamlfile import YamlFileError
+
+SERVERS = """\
+servers:
+  - id: git
+    stdio: {command: python, args: [-m, mcp_server_git]}
+    risk: medium
+    tools:
+      git_create_branch:
+        risk: high
+        required_permission: repo.write
+        timeout_s: 5
+        inverse: {tool: git__git_delete_branch, arguments: {name: /arguments/branch_name}}
+  - id: tickets
+    http: {url: "http://127.0.0.1:9/mcp", headers: {Authorization: Bearer x}}
+"""
+
+
+def _load(tmp_path: Path, text: str) -> ServersFile:
+    path = tmp_path / "servers.yaml"
+    path.write_text(text)
+    return load_servers(path)
+
+
+def test_a_valid_file_loads_with_transports_and_overrides(tmp_path: Path) -> None:
+    servers = _load(tmp_path, SERVERS)
+    git, tickets = servers.servers
+    assert (git.transport, tickets.transport) == ("stdio", "http")
+    assert git.tools["git_create_branch"].risk == "high"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("servers:\n  - id: Bad_Id\n    stdio: {command: x}\n", ":2: servers[0].id: String"),
+        ("servers:\n  - id: a\n", ":2: servers[0]: give exactly one of `stdio` or `http`"),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n    risk: extreme\n",
+            ":4: servers[0].risk: Input should be",
+        ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n    colour: red\n",
+            ":4: servers[0].colour: unknown field",
+        ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n  - id: a\n    stdio: {command: y}\n",
+            "server id 'a' is used twice",
+        ),
+        ("servers: [\n", ":2: invalid YAML"),
+    ],
+)
+def test_every_problem_of_a_file_names_its_line_and_field(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    with pytest.raises(YamlFileError) as raised:
+        _load(tmp_path, text)
+    assert expected in str(raised.value)
+
+
+def test_the_same_tool_on_two_servers_keeps_both_under_their_prefix(tmp_path: Path) -> None:
+    listed = [ListedTool("get_time", "What time it is.", {"type": "object"})]
+    one = ServerConfig.model_validate({"id": "one", "stdio": {"command": "x"}, "risk": "low"})
+    two = ServerConfig.model_validate({"id": "two", "stdio": {"command": "x"}})
+    registry = registry_event(
+        [
+            ServerView(one, tool_specs(one, listed), available=True, error=None),
+            ServerView(two, tool_specs(two, listed), available=True, error=None),
+        ]
+    )
+    tools = {tool.name: tool for tool in registry.tools}
+    assert {"one__get_time", "two__get_time", "echo"} <= set(tools)
+    assert (tools["one__get_time"].risk, tools["two__get_time"].risk) == ("low", "medium")
+    assert tools["two__get_time"].remote_name == "get_time"
+
+
+def test_overrides_fill_the_tool_spec(tmp_path: Path) -> None:
+    git = _load(tmp_path, SERVERS).servers[0]
+    [spec] = tool_specs(
+        git, [ListedTool("git_create_branch", "Create a branch.", {"type": "object"})]
+    )
+    assert spec.name == "git__git_create_branch"
+    assert (spec.risk, spec.required_permission, spec.timeout_s) == ("high", "repo.write", 5)
+    assert spec.inverse is not None
+    assert spec.inverse.resolve({"branch_name": "b1"}, None) == {"name": "b1"}
+    assert (spec.executor, spec.server, spec.idempotent, spec.effect) == (
+        "mcp",
+        "git",
+        False,
+        "external",
+    )
+
+
+def test_an_unavailable_server_is_listed_with_its_error() -> None:
+    down = ServerConfig.model_validate({"id": "down", "http": {"url": "http://127.0.0.1:9/"}})
+    registry = registry_event([ServerView(down, error="connection refused")])
+    [status] = registry.servers
+    assert (status.available, status.error, status.tools) == (False, "connection refused", 0)
+
+
+def test_the_breaker_opens_after_n_failures_probes_after_the_window_and_closes() -> None:
+    breaker = CircuitBreaker(threshold=3, reset_s=10)
+    assert breaker.failed(0, "t") is None
+    assert breaker.failed(1, "t") is None
+    opened = breaker.failed(2, "t")
+    assert opened is not None
+    assert (opened.previous, opened.state, opened.retry_at) == ("closed", "open", 12)
+    assert breaker.admit(5) == (False, None)
+    admitted, probing = breaker.admit(12)
+    assert admitted
+    assert probing is not None
+    assert probing.state == "half_open"
+    assert breaker.admit(12.5) == (False, None)  # one probe at a time
+    closed = breaker.succeeded()
+    assert closed is not None
+    assert closed.state == "closed"
+    assert breaker.admit(13) == (True, None)
+
+
+def test_a_failed_probe_opens_the_breaker_again() -> None:
+    breaker = CircuitBreaker(threshold=1, reset_s=1)
+    breaker.failed(0, "t")
+    breaker.admit(1)
+    reopened = breaker.failed(1, "t again")
+    assert reopened is not None
+    assert (reopened.previous, reopened.state) == ("half_open", "open")
+
+
+def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
+    pauses = [backoff_s(3, base_s=0.1, cap_s=5) for _ in range(200)]
+    assert all(0 <= pause <= 0.4 for pause in pauses)
+    assert max(pauses) > 0.2
+    assert all(backoff_s(20, base_s=0.1, cap_s=5) <= 5 for _ in range(50))

@@ -1,0 +1,198 @@
+"""Retries, the circuit breaker, shared rate limits and unknown outcomes, against a real
+MCP server that misbehaves on purpose (mcp_test_server.py) behind a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+
+from helmline.contracts import (
+    ToolCallAttemptFailed,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolCircuitChanged,
+    circuit_subject,
+    decode_event,
+    fold,
+)
+from helmline.runtime import EventStore, latest_tool_registry
+from helmline.runtime.testing import ServiceProcesses, eventually
+
+# Not a package, so mypy cannot follow; pytest imports it all the same.
+from .conftest import (  # type: ignore[import-not-found]
+    Calls,
+    calls_received,
+    federated,
+    gateway_in_process,
+    start_replica,
+    write_servers_file,
+)
+
+pytestmark = pytest.mark.usefixtures("drop_consumer")
+
+
+async def test_a_call_that_fails_twice_then_succeeds_completes_with_two_recorded_retries(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir, retries=3)
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        call_id = await calls.authorise(f"{server_id}__flaky", key="k1")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        assert outcome.output == {"result": "done k1"}
+        assert outcome.attempts == 3
+        retries = [e for e in await calls.events(call_id) if isinstance(e, ToolCallAttemptFailed)]
+        assert [r.attempt for r in retries] == [1, 2]
+        assert all(r.error.retryable and r.error.kind == "unavailable" for r in retries)
+        assert calls_received(state_dir, "flaky") == 3
+
+
+async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_probe_closes(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    (state_dir / "hang").touch()
+    servers = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        retries=0,
+        timeout_s=0.3,
+        circuit={"failures": 3, "reset_s": 2.0},
+    )
+    changes: list[ToolCircuitChanged] = []
+
+    async def circuit(message: object) -> None:
+        event = decode_event(message.data)  # type: ignore[attr-defined]
+        assert isinstance(event.data, ToolCircuitChanged)
+        changes.append(event.data)
+
+    subscription = await js._nc.subscribe(circuit_subject(server_id), cb=circuit)
+    try:
+        async with gateway_in_process(nats_url, servers, tenant):
+            await federated(js, server_id)
+            tool = f"{server_id}__hang"
+            for _ in range(3):
+                outcome = await calls.outcome(await calls.authorise(tool))
+                assert isinstance(outcome, ToolCallFailed)
+                assert outcome.error.kind == "timeout"
+                assert outcome.error.retryable
+            await eventually(lambda: [c.state for c in changes] == ["open"], what="breaker open")
+            reached = calls_received(state_dir, "hang")
+            assert reached == 3
+            # Open: later calls fail at once without reaching the server.
+            fast = await calls.outcome(await calls.authorise(tool))
+            assert isinstance(fast, ToolCallFailed)
+            assert fast.error.kind == "unavailable"
+            assert "circuit is open" in fast.error.message
+            assert fast.error.suggestion
+            assert fast.error.retryable
+            assert calls_received(state_dir, "hang") == reached
+            # After the reset window, one probe goes through; the server answers again.
+            (state_dir / "hang").unlink()
+
+            async def probe_answered() -> bool:
+                outcome = await calls.outcome(await calls.authorise(tool))
+                return isinstance(outcome, ToolCallCompleted)
+
+            await eventually(probe_answered, timeout_s=30, what="a probe after the reset window")
+            assert calls_received(state_dir, "hang") == reached + 1
+            await eventually(
+                lambda: [c.state for c in changes] == ["open", "half_open", "closed"],
+                what="breaker closed",
+            )
+
+            async def closed_in_the_registry() -> bool:
+                registry = await latest_tool_registry(js)
+                assert registry is not None
+                return any(
+                    s.server == server_id and s.circuit == "closed" for s in registry.servers
+                )
+
+            await eventually(closed_in_the_registry, what="the registry showing it closed")
+    finally:
+        await subscription.unsubscribe()
+
+
+async def test_two_gateway_replicas_share_one_rate_limit(
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    replicas: ServiceProcesses,
+) -> None:
+    servers = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        rate_limit={"calls": 5, "per_s": 60},
+    )
+    for name in ("gateway-a", "gateway-b"):
+        start_replica(replicas, name, servers, tenant, ack_wait_s=30)
+    await federated(js, server_id)
+    call_ids = await asyncio.gather(
+        *(calls.authorise(f"{server_id}__note", message=f"m{i}") for i in range(20))
+    )
+    outcomes = await asyncio.gather(*(calls.outcome(call_id) for call_id in call_ids))
+    through = [o for o in outcomes if isinstance(o, ToolCallCompleted)]
+    limited = [o for o in outcomes if isinstance(o, ToolCallFailed)]
+    assert len(through) == 5
+    assert len(limited) == 15
+    assert all(o.error.kind == "rate_limited" and o.error.retryable for o in limited)
+    assert calls_received(state_dir, "note") == 5
+    # Both replicas refused calls: the limit held across processes, not within one.
+    for name in ("gateway-a", "gateway-b"):
+        log = (replicas.data_dir / f"{name}.log").read_text()
+        assert "rate limit: call" in log, name
+
+
+async def test_a_call_in_flight_when_the_gateway_is_killed_is_not_sent_again_and_reported(
+    js: JetStreamContext,
+    store: EventStore,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    replicas: ServiceProcesses,
+) -> None:
+    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir)
+    start_replica(replicas, "gateway", servers, tenant, ack_wait_s=3)
+    await federated(js, server_id)
+    call_id = await calls.authorise(f"{server_id}__slow", seconds=20)
+
+    async def in_flight() -> bool:
+        sent = calls_received(state_dir, "slow") == 1
+        return sent and any(isinstance(e, ToolCallStarted) for e in await calls.events(call_id))
+
+    await eventually(in_flight, timeout_s=30, what="the slow call in flight")
+    replicas.kill("gateway")
+    await asyncio.to_thread(start_replica, replicas, "gateway", servers, tenant, 3)
+    outcome = await calls.outcome(call_id, timeout_s=60)
+    assert isinstance(outcome, ToolCallFailed), outcome
+    assert outcome.error.kind == "unknown_outcome"
+    assert not outcome.error.retryable
+    assert outcome.error.suggestion
+    assert calls_received(state_dir, "slow") == 1
+    state = fold(stored.event for stored in await store.read_all(tenant, calls.session_id))
+    step = state.steps[state.calls[call_id]]
+    assert step.status == "failed"
+    assert step.error == outcome.error
