@@ -66,8 +66,8 @@ class CircuitSettings(_Strict):
 class RateLimit(_Strict):
     """At most `calls` calls per `per_s` seconds, per tool and tenant."""
 
-    calls: int = Field(ge=1)
-    per_s: float = Field(default=60.0, gt=0)
+    calls: int = Field(ge=1, le=10_000)
+    per_s: float = Field(default=60.0, gt=0, le=3600)
 
 
 class ToolOverride(_Strict):

@@ -3,6 +3,7 @@ gateway replica counts against the same budget."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -18,7 +19,9 @@ _CONTENDED_TRIES = 100
 
 
 class RateLimiter:
-    """Fixed windows: a counter per tenant, tool and window, raised by compare-and-set."""
+    """A sliding window per tenant and tool: the times of the calls let through in the last
+    `per_s` seconds, kept in one key and changed by compare-and-set, so that replicas racing
+    for the last slot cannot both take it, and no burst slips through at a window's edge."""
 
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
@@ -29,25 +32,26 @@ class RateLimiter:
         return cls(await js.key_value(RATE_LIMITS_BUCKET.bucket))
 
     async def admit(self, tenant: str, tool: str, limit: RateLimit) -> float | None:
-        """Count one call; None if it is within the limit, else seconds until the window ends
+        """Count one call; None if it is within the limit, else seconds until a slot frees
         (the call is not counted)."""
-        now = time.time()
-        window = int(now // limit.per_s)
-        key = f"{tenant}.{_KEY_UNSAFE.sub('_', tool)}.{int(limit.per_s)}.{window}"
+        key = f"{tenant}.{_KEY_UNSAFE.sub('_', tool)}"
         for _ in range(_CONTENDED_TRIES):
+            now = time.time()
             try:
                 entry = await self._kv.get(key)
             except KeyNotFoundError:
                 try:
-                    await self._kv.create(key, b"1")
+                    await self._kv.create(key, json.dumps([now]).encode())
                     return None
                 except KeyWrongLastSequenceError:
                     continue  # Another replica counted first: read its value.
-            count = int(entry.value or b"0")
-            if count >= limit.calls:
-                return (window + 1) * limit.per_s - now
+            recent: list[float] = [
+                t for t in json.loads(entry.value or b"[]") if t > now - limit.per_s
+            ]
+            if len(recent) >= limit.calls:
+                return min(recent) + limit.per_s - now
             try:
-                await self._kv.update(key, str(count + 1).encode(), last=entry.revision)
+                await self._kv.update(key, json.dumps([*recent, now]).encode(), last=entry.revision)
                 return None
             except KeyWrongLastSequenceError:
                 continue
