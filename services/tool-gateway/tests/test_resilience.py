@@ -154,14 +154,14 @@ async def test_two_gateway_replicas_share_one_rate_limit(
     outcomes = await asyncio.gather(*(calls.outcome(call_id) for call_id in call_ids))
     through = [o for o in outcomes if isinstance(o, ToolCallCompleted)]
     limited = [o for o in outcomes if isinstance(o, ToolCallFailed)]
-    assert len(through) == 5
-    assert len(limited) == 15
+    assert len(through) == 5, [o.error for o in limited]
+    assert len(limited) == 15, [o.error for o in limited]
     assert all(o.error.kind == "rate_limited" and o.error.retryable for o in limited)
     assert calls_received(state_dir, "note") == 5
     # Both replicas refused calls: the limit held across processes, not within one.
     for name in ("gateway-a", "gateway-b"):
         log = (replicas.data_dir / f"{name}.log").read_text()
-        assert "rate limit: call" in log, name
+        assert "rate limit: call" in log, (name, log[-3000:])
 
 
 async def test_a_call_in_flight_when_the_gateway_is_killed_is_not_sent_again_and_reported(
