@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import approval
+import gateway
 import idle_memory
 import planner
 import read_model
@@ -30,6 +31,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "idle_memory": idle_memory.run,
     "approval": approval.run,
     "sandbox": sandbox.run,
+    "gateway": gateway.run,
     "read_model": read_model.rebuild,
     "planner": planner.run,
 }

@@ -26,7 +26,7 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually
 
-from .mcp_servers import git_repository, server_everything
+from .mcp_servers import everything, git_repository
 
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 PERSON = Actor(id="ana")
@@ -40,7 +40,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def everything_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with server_everything(tmp_path_factory.mktemp("everything")) as url:
+    with everything(tmp_path_factory.mktemp("everything")) as url:
         yield url
 
 

@@ -1,0 +1,141 @@
+"""The tool gateway's own overhead per MCP call: an `echo` of server-everything over stdio
+and over Streamable HTTP, called directly with the MCP client and through the gateway's
+handler (validation, rate limit, breaker, the started and completed events appended to
+JetStream, output safety). The overhead is each call's time in the handler less the time
+of its MCP call inside it."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from helmline.contracts import TOOL_OUTPUTS_BUCKET, ToolCallAuthorized, new_event
+from helmline.runtime import Delivery, EventStore, ensure_topology
+from helmline.runtime.testing import NatsServer
+from helmline.tool_gateway._config import ServerConfig
+from helmline.tool_gateway._federation import Federation
+from helmline.tool_gateway._handlers import GatewayHandler
+from helmline.tool_gateway._mcp import McpServer
+from helmline.tool_gateway._ratelimit import RateLimiter
+from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, server_everything
+
+CALLS = 300
+WARM_UP = 20
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _figure(name: str, samples: list[float], target: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "figure": name,
+        "calls": len(samples),
+        "value": round(statistics.median(samples), 3),
+        "p99": round(_percentile(samples, 0.99), 3),
+        "target": target,
+        **extra,
+    }
+
+
+class _TimedServer:
+    """Measures the MCP call inside the gateway's handling of each call."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.last_ms = 0.0
+        call = server.call
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                self.last_ms = (time.perf_counter() - began) * 1000
+
+        server.call = timed  # type: ignore[method-assign]
+
+
+async def _measure(
+    federation: Federation, handler: GatewayHandler, server_id: str
+) -> tuple[list[float], list[float], list[float]]:
+    server = federation.servers[server_id]
+    assert await server.wait_connected(30), server.view.error
+    timed = _TimedServer(server)
+    client = server._client  # the gateway's own connection, for the direct figure
+    assert client is not None
+    direct, through, overhead = [], [], []
+    session = uuid.uuid4().hex
+    for i in range(CALLS + WARM_UP):
+        began = time.perf_counter()
+        await client.call_tool("echo", {"message": f"m{i}"})
+        direct.append((time.perf_counter() - began) * 1000)
+        event = new_event(
+            ToolCallAuthorized(
+                call_id=f"c{i}",
+                step_id="s",
+                tool=f"{server_id}__echo",
+                arguments={"message": f"m{i}"},
+                risk="low",
+            ),
+            tenant="bench",
+            session_id=session,
+            source="bench",
+        )
+        began = time.perf_counter()
+        await handler(Delivery(event, 0, 1))
+        total = (time.perf_counter() - began) * 1000
+        through.append(total)
+        overhead.append(total - timed.last_ms)
+    return direct[WARM_UP:], through[WARM_UP:], overhead[WARM_UP:]
+
+
+async def run() -> list[dict[str, Any]]:
+    script = ROOT / EVERYTHING_SCRIPT
+    figures = []
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        NatsServer(Path(folder)) as nats_server,
+        server_everything(script, Path(folder)) as url,
+    ):
+        connection = await nats.connect(nats_server.url)
+        js = connection.jetstream()
+        await ensure_topology(js)
+        configs = [
+            ServerConfig.model_validate(
+                {"id": "stdio", "stdio": {"command": "node", "args": [str(script), "stdio"]}}
+            ),
+            ServerConfig.model_validate({"id": "http", "http": {"url": url}}),
+        ]
+        federation = Federation(js, configs)
+        await federation.start()
+        handler = GatewayHandler(
+            EventStore(js),
+            federation,
+            limiter=await RateLimiter.open(js),
+            raw_outputs=await js.object_store(TOOL_OUTPUTS_BUCKET.bucket),
+        )
+        try:
+            for transport in ("stdio", "http"):
+                direct, through, overhead = await _measure(federation, handler, transport)
+                figures += [
+                    _figure(f"mcp_echo_{transport}_direct_ms", direct, "for comparison"),
+                    _figure(f"mcp_echo_{transport}_through_gateway_ms", through, "for comparison"),
+                    _figure(
+                        f"gateway_overhead_{transport}_ms",
+                        overhead,
+                        "p50 <= 1 ms",
+                        includes="validation, breaker, two JetStream appends, output safety",
+                    ),
+                ]
+        finally:
+            await federation.stop()
+            await connection.close()
+    return figures
