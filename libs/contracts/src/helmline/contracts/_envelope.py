@@ -8,6 +8,7 @@ version take the slower path through the upcasters.
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Union
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AwareDatetime, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import from_json
 
-from helmline.contracts._catalogue import PAYLOAD_CLASSES, Payload
+from helmline.contracts._catalogue import PAYLOAD_CLASSES, Payload, SessionStarted
 from helmline.contracts._errors import UndecodableEvent
 from helmline.contracts._values import Contract, SessionId, TenantId, Traceparent
 from helmline.contracts._versions import UPCASTERS, UpcasterRegistry
@@ -143,8 +144,14 @@ def new_event(
     event_id: uuid.UUID | None = None,
     at: datetime | None = None,
 ) -> Event:
-    """An event that starts a new chain: an intent from a person or another system."""
+    """An event that starts a new chain: an intent from a person or another system.
+
+    A session begins a trace of its own: a `session.started` given no `traceparent` gets a
+    new W3C trace context, which every event of the session then continues.
+    """
     event_id = event_id or uuid.uuid4()
+    if traceparent is None and isinstance(data, SessionStarted):
+        traceparent = new_trace()
     return _envelope(
         data,
         id=event_id,
@@ -157,6 +164,11 @@ def new_event(
         correlation_id=event_id,
         traceparent=traceparent,
     )
+
+
+def new_trace() -> str:
+    """A W3C traceparent that begins a new, sampled trace."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
 def encode_event(event: Event) -> bytes:

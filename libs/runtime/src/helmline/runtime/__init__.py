@@ -13,6 +13,8 @@ from helmline.runtime._errors import (
     PermanentError,
     RetryableError,
 )
+from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
+from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._provision import ensure_topology, provision, stream_config
 from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_service
 from helmline.runtime._settings import RuntimeSettings
@@ -24,6 +26,7 @@ from helmline.runtime._store import (
     bulk_allocation,
 )
 from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry
+from helmline.runtime._tracing import TracingSettings, traceparent_for
 
 __all__ = [
     "Appended",
@@ -35,23 +38,29 @@ __all__ = [
     "Handler",
     "HelmlineRuntimeError",
     "HttpServer",
+    "JsonFormatter",
     "ParkedLetter",
     "PermanentError",
     "RetryOutcome",
     "RetryableError",
     "RuntimeSettings",
     "ServiceHost",
+    "ServiceMetrics",
     "SessionCache",
     "SessionSnapshot",
     "Setup",
     "StoredEvent",
     "ToolCatalogue",
+    "TracingSettings",
     "bulk_allocation",
+    "configure_logging",
     "consumer_config",
     "ensure_topology",
     "latest_tool_registry",
+    "log_context",
     "nats_server_binary",
     "provision",
     "run_service",
     "stream_config",
+    "traceparent_for",
 ]

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry.trace import NoOpTracer, Status, StatusCode, Tracer
 
 from helmline.contracts import (
     UPCASTERS,
@@ -41,6 +43,9 @@ from helmline.contracts import (
     retry_subject,
 )
 from helmline.runtime._errors import PermanentError, RetryableError
+from helmline.runtime._logging import log_context
+from helmline.runtime._metrics import ServiceMetrics
+from helmline.runtime._tracing import handling_span
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +93,17 @@ class EventConsumer:
         spec: ConsumerSpec,
         handler: Handler,
         upcasters: UpcasterRegistry = UPCASTERS,
+        *,
+        metrics: ServiceMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._nc = nc
         self._js = js
         self._spec = spec
         self._handler = handler
         self._upcasters = upcasters
+        self._metrics = metrics
+        self._tracer = tracer or NoOpTracer()
         self._subscription: Subscription | None = None
         self._retries: Subscription | None = None
         self._tails: dict[str, asyncio.Task[None]] = {}
@@ -119,6 +129,14 @@ class EventConsumer:
             retry_subject(self._spec.durable), queue=self._spec.durable, cb=self._retry
         )
         self._keepalive = asyncio.create_task(self._keep_in_flight_alive())
+
+    async def refresh_lag(self) -> None:
+        """Read the consumer's lag from JetStream into the metrics."""
+        if self._metrics is None:
+            return
+        info = await self._js.consumer_info(self._spec.stream, self._spec.durable)
+        self._metrics.consumer_pending.labels(self._spec.durable).set(info.num_pending or 0)
+        self._metrics.consumer_ack_pending.labels(self._spec.durable).set(info.num_ack_pending or 0)
 
     async def stop(self, grace_s: float) -> None:
         """Stop receiving, then give in-flight messages `grace_s` seconds to finish.
@@ -171,20 +189,39 @@ class EventConsumer:
         try:
             event = decode_event(message.data, self._upcasters)
         except UndecodableEvent as error:
-            await self._dead_letter(message, f"undecodable: {error}", deliveries)
+            await self._dead_letter(message, "undecodable", f"undecodable: {error}", deliveries)
             return
+        began = time.perf_counter()
+        with (
+            log_context(tenant=event.tenant, session_id=event.session_id, event_type=event.type),
+            handling_span(self._tracer, self._spec.durable, event) as span,
+        ):
+            outcome = await self._settle(message, event, deliveries)
+            seconds = time.perf_counter() - began
+            if outcome != "ok":
+                span.set_status(Status(StatusCode.ERROR, outcome))
+            logger.debug("handled %s: %s in %.1f ms", event.type, outcome, seconds * 1000)
+        if self._metrics is not None:
+            self._metrics.handled(self._spec, event, outcome, seconds)
+
+    async def _settle(self, message: Msg, event: Event, deliveries: int) -> str:
+        """Run the handler and ack, nak or dead-letter the message; say which."""
         try:
-            await self._handler(Delivery(event, metadata.sequence.stream, deliveries))
+            await self._handler(Delivery(event, message.metadata.sequence.stream, deliveries))
         except PermanentError as error:
-            await self._dead_letter(message, f"permanent error: {error}", deliveries)
+            await self._dead_letter(message, "permanent", f"permanent error: {error}", deliveries)
+            return "dead_letter"
         except asyncio.CancelledError:
             raise
         except Exception as error:  # Any failure decides redelivery; none is skipped.
             if deliveries >= self._spec.max_deliver:
                 await self._dead_letter(
-                    message, f"gave up after {deliveries} deliveries: {error!r}", deliveries
+                    message,
+                    "exhausted",
+                    f"gave up after {deliveries} deliveries: {error!r}",
+                    deliveries,
                 )
-                return
+                return "dead_letter"
             logger.warning(
                 "retrying %s (delivery %d): %r",
                 message.subject,
@@ -194,10 +231,11 @@ class EventConsumer:
             )
             delay = REDELIVERY_DELAYS_S[min(deliveries, len(REDELIVERY_DELAYS_S)) - 1]
             await message.nak(delay=delay)
-        else:
-            await message.ack()
+            return "retry"
+        await message.ack()
+        return "ok"
 
-    async def _dead_letter(self, message: Msg, reason: str, deliveries: int) -> None:
+    async def _dead_letter(self, message: Msg, kind: str, reason: str, deliveries: int) -> None:
         metadata = message.metadata
         letter = DeadLetter(
             consumer=self._spec.durable,
@@ -222,6 +260,8 @@ class EventConsumer:
             },
         )
         await message.term()
+        if self._metrics is not None:
+            self._metrics.dead_letters.labels(self._spec.durable, kind).inc()
 
     async def _retry(self, request: Msg) -> None:
         """Handle a dead-lettered message again, on an operator's request; reply how it went.

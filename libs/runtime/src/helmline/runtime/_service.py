@@ -14,17 +14,21 @@ import nats
 import uvicorn
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from helmline.contracts import ConsumerSpec
 from helmline.runtime._consumer import EventConsumer, Handler
+from helmline.runtime._logging import configure_logging
+from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._provision import ensure_topology
 from helmline.runtime._settings import RuntimeSettings
 from helmline.runtime._store import EventStore
+from helmline.runtime._tracing import TracingSettings, service_tracer
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,9 @@ class ServiceHost:
         self._cleanups: list[Callable[[], Awaitable[None]]] = []
         self._closed = False
         self._serving = False
+        self.metrics = ServiceMetrics(name)
+        """This service's Prometheus metrics, served on `/metrics`."""
+        self._tracer, self._tracer_provider = service_tracer(name, TracingSettings())
 
     @property
     def nc(self) -> NATS:
@@ -65,8 +72,8 @@ class ServiceHost:
 
     @property
     def store(self) -> EventStore:
-        """The event store."""
-        return EventStore(self.js)
+        """The event store; what it appends shows in this service's metrics."""
+        return EventStore(self.js, on_append=self.metrics.appended)
 
     @property
     def ready(self) -> bool:
@@ -78,6 +85,11 @@ class ServiceHost:
             and all(consumer.running for consumer in self._consumers)
             and not self._stop.is_set()
         )
+
+    async def refresh_lag(self) -> None:
+        """Read every consumer's lag from JetStream into the metrics (before a scrape)."""
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await asyncio.gather(*(consumer.refresh_lag() for consumer in self._consumers))
 
     async def __aenter__(self) -> ServiceHost:
         self._nc = await nats.connect(
@@ -108,7 +120,9 @@ class ServiceHost:
 
     async def consume(self, spec: ConsumerSpec, handler: Handler) -> None:
         """Start feeding a durable consumer's events to `handler`."""
-        consumer = EventConsumer(self.nc, self.js, spec, handler)
+        consumer = EventConsumer(
+            self.nc, self.js, spec, handler, metrics=self.metrics, tracer=self._tracer
+        )
         await consumer.start()
         self._consumers.append(consumer)
 
@@ -163,6 +177,9 @@ class ServiceHost:
                 await self._nc.drain()
         if self._health is not None:
             await self._health.stop()
+        if self._tracer_provider is not None:
+            # Spans still batched are sent now; the exporter gives up after its timeout.
+            await asyncio.to_thread(self._tracer_provider.shutdown)
         logger.info("%s stopped", self.name)
 
 
@@ -222,7 +239,7 @@ class HttpServer:
 
 
 def _health_app(host: ServiceHost) -> Starlette:
-    """`/healthz`: the process is alive; `/readyz`: it can do its work."""
+    """`/healthz`: the process is alive; `/readyz`: it can do its work; `/metrics`: Prometheus."""
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"service": host.name, "status": "alive"})
@@ -234,7 +251,13 @@ def _health_app(host: ServiceHost) -> Starlette:
             status_code=200 if ready else 503,
         )
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz)])
+    async def metrics(request: Request) -> Response:
+        await host.refresh_lag()
+        return Response(generate_latest(host.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
+    )
 
 
 Setup = Callable[[ServiceHost], Awaitable[None]]
@@ -243,10 +266,7 @@ Setup = Callable[[ServiceHost], Awaitable[None]]
 
 def run_service(name: str, settings: RuntimeSettings, setup: Setup | None = None) -> None:
     """The body of a service's `main()`: run it until SIGTERM, then shut down gracefully."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s {name} %(name)s: %(message)s",
-    )
+    configure_logging(name, settings.log_level, settings.log_format)
 
     async def serve() -> None:
         async with ServiceHost(name, settings) as host:

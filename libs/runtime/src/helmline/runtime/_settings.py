@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from helmline.runtime._logging import LogFormat
+
 
 class RuntimeSettings(BaseSettings):
     """What every Helmline process needs to know, from `HELMLINE_*` environment variables."""
@@ -26,3 +28,5 @@ class RuntimeSettings(BaseSettings):
     the same on every process: each applies it to the stream when it starts."""
     events_max_bytes: int | None = Field(default=None, gt=0)
     """How many bytes the events stream may hold (the oldest go first); unset: no limit."""
+    log_format: LogFormat = "json"
+    """`json`: one object per line with session, tenant and trace ids; `text`: for people."""

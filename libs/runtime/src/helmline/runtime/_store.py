@@ -29,6 +29,7 @@ from helmline.contracts import (
     session_filter,
 )
 from helmline.runtime._errors import ConcurrencyConflict
+from helmline.runtime._tracing import record_appended, traceparent_for
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +70,18 @@ class SessionSnapshot:
 class EventStore:
     """Appends events with de-duplication and optimistic concurrency, and replays sessions."""
 
-    def __init__(self, js: JetStreamContext, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        timeout_s: float = 5.0,
+        on_append: Callable[[Event, bool], None] | None = None,
+    ) -> None:
+        """`on_append` is told of each event appended and whether it was a duplicate."""
         self._js = js
         self._stream = EVENTS_STREAM.name
         self._timeout_s = timeout_s
+        self._on_append = on_append
 
     async def append(self, event: Event, *, expected_last_seq: int | None = None) -> Appended:
         """Append one event.
@@ -81,7 +90,11 @@ class EventStore:
         still at that sequence (0: the session has no events); otherwise `ConcurrencyConflict`
         is raised and nothing is written. The event id is the JetStream message id, so
         appending the same event twice within the duplicate window stores it once.
+        The event carries the current trace context (see `traceparent_for`).
         """
+        traceparent = traceparent_for(event)
+        if traceparent != event.traceparent:
+            event = event.model_copy(update={"traceparent": traceparent})
         headers = {Headers.MSG_ID: str(event.id), Headers.EVENT_TYPE: event.type}
         if event.traceparent is not None:
             headers[Headers.TRACEPARENT] = event.traceparent
@@ -91,17 +104,20 @@ class EventStore:
                 event.tenant, event.session_id
             )
         subject = event_subject(event.tenant, event.session_id, event.type)
+        body = encode_event(event)
         try:
-            ack = await self._js.publish(
-                subject, encode_event(event), timeout=self._timeout_s, headers=headers
-            )
+            ack = await self._js.publish(subject, body, timeout=self._timeout_s, headers=headers)
         except APIError as error:
             if error.err_code == WRONG_LAST_SEQUENCE and expected_last_seq is not None:
                 raise ConcurrencyConflict(
                     event.tenant, event.session_id, expected_last_seq
                 ) from error
             raise
-        return Appended(seq=ack.seq, duplicate=bool(ack.duplicate))
+        duplicate = bool(ack.duplicate)
+        record_appended(event, len(body), duplicate)
+        if self._on_append is not None:
+            self._on_append(event, duplicate)
+        return Appended(seq=ack.seq, duplicate=duplicate)
 
     async def append_all(
         self, events: Sequence[Event], *, expected_last_seq: int | None = None

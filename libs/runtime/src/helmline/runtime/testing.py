@@ -44,9 +44,14 @@ def free_port() -> int:
 class NatsServer:
     """A nats-server with JetStream on a free port, storing under `store_dir`, for tests."""
 
-    def __init__(self, store_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, store_dir: Path, port: int | None = None, config: Path | None = None
+    ) -> None:
+        """With `config`, the server runs from that configuration file (which must listen on
+        127.0.0.1 at `port` and store under `store_dir`)."""
         self.store_dir = store_dir
         self.port = port or free_port()
+        self.config = config
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,17 +62,13 @@ class NatsServer:
     def start(self, timeout_s: float = 10.0) -> None:
         """Start the server and wait until it accepts connections."""
         with (self.store_dir / "nats-server.log").open("ab") as log:
+            options = (
+                ["-c", str(self.config)]
+                if self.config is not None
+                else ["-js", "-sd", str(self.store_dir), "-a", "127.0.0.1", "-p", str(self.port)]
+            )
             self._process = subprocess.Popen(
-                [
-                    str(nats_server_binary()),
-                    "-js",
-                    "-sd",
-                    str(self.store_dir),
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                ],
+                [str(nats_server_binary()), *options],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -106,9 +107,11 @@ class ServiceProcesses:
     """Helmline services, each a real process (`python -m helmline.<name>`), that tests and
     benchmarks can start, kill with SIGKILL and start again; logs go to `data_dir`."""
 
-    def __init__(self, nats_url: str, data_dir: Path) -> None:
+    def __init__(self, nats_url: str, data_dir: Path, env: Mapping[str, str] | None = None) -> None:
         self.nats_url = nats_url
         self.data_dir = data_dir
+        self.env = dict(env or {})
+        """More environment for every service (OTEL_* settings, credentials...)."""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
 
@@ -125,6 +128,7 @@ class ServiceProcesses:
             "HELMLINE_NATS_URL": self.nats_url,
             "HELMLINE_DATA_DIR": str(self.data_dir),
             "HELMLINE_HEALTH_PORT": str(port),
+            **self.env,
         }
         with (self.data_dir / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(

@@ -1,0 +1,72 @@
+"""Structured JSON logs: one object per line, with session, tenant and trace ids on each.
+
+The standard library's logging is kept, with a JSON formatter, rather than structlog: the
+lines that matter most come from libraries (nats-py reconnecting, uvicorn, asyncpg) that log
+through the standard library, and a formatter shapes theirs and ours alike with no wrapper
+and no second logging API for services to learn. Which session a line belongs to is set
+once per handled event (`log_context`) and read when the line is formatted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Literal
+
+from opentelemetry import trace
+
+LogFormat = Literal["json", "text"]
+
+_context: ContextVar[dict[str, str] | None] = ContextVar("helmline_log_context", default=None)
+
+
+@contextmanager
+def log_context(**fields: str) -> Iterator[None]:
+    """Add `fields` (tenant, session_id, ...) to every line logged inside the block."""
+    token = _context.set({**(_context.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class JsonFormatter(logging.Formatter):
+    """A log record as one JSON object; session, tenant and trace ids are always present."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        span = trace.get_current_span().get_span_context()
+        line: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "service": self._service,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "tenant": None,
+            "session_id": None,
+            "trace_id": format(span.trace_id, "032x") if span.is_valid else None,
+            "span_id": format(span.span_id, "016x") if span.is_valid else None,
+            **(_context.get() or {}),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure_logging(service: str, level: str, log_format: LogFormat) -> None:
+    """Send the process's log records to stderr as JSON lines (or text, for people)."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(service))
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
+        )
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

@@ -1,0 +1,387 @@
+"""Prometheus metrics of a service, derived from the events it records and handles.
+
+Every service gets the same figures without code of its own: how its consumers fare (events
+handled, handler time, lag, dead letters) and the figures operators ask for (sessions, steps,
+tool calls, approvals, denials, sandbox use, checkpoints, rollbacks). The latter come from two
+tables from event type to metric below:
+
+- `_ON_APPEND`: a fact is counted once, by the process that records it (an append that
+  JetStream drops as a duplicate is not counted again).
+- `_ON_HANDLE`: an intent from outside (a session started by the CLI or the API) is counted by
+  the consumer that subscribes to its type by name, since its appender may have no `/metrics`.
+
+A new event type that should show on a dashboard needs one line in a table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from helmline.contracts import (
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalGranted,
+    ApprovalRequested,
+    CheckpointCreated,
+    ConsumerSpec,
+    Event,
+    Payload,
+    PlanProposed,
+    RollbackCompleted,
+    RollbackFailed,
+    RollbackRefused,
+    SandboxLimitExceeded,
+    SessionCancelled,
+    SessionCompleted,
+    SessionFailed,
+    SessionStarted,
+    StepScheduled,
+    StepSkipped,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+    ToolCallStarted,
+    WorkspaceSnapshotted,
+    event_type_filter,
+)
+
+NAMESPACE = "helmline"
+DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+BYTES_BUCKETS = tuple(float(4**power) * 1024 for power in range(1, 12))
+REMEMBERED = 10_000
+"""Start times kept per kind (sessions, steps, approvals) to measure durations; oldest dropped."""
+
+_T = TypeVar("_T")
+
+
+class ServiceMetrics:
+    """The Prometheus registry of one service and the observations that feed it."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.registry = CollectorRegistry()
+        registry = self.registry
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels, namespace=NAMESPACE, registry=registry)
+
+        def histogram(
+            name: str,
+            doc: str,
+            labels: tuple[str, ...] = (),
+            buckets: tuple[float, ...] = DURATION_BUCKETS_S,
+        ) -> Histogram:
+            return Histogram(
+                name, doc, labels, namespace=NAMESPACE, registry=registry, buckets=buckets
+            )
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, labels, namespace=NAMESPACE, registry=registry)
+
+        # The bus
+        self.events_appended = counter(
+            "events_appended", "Events this service appended.", ("type",)
+        )
+        self.events_handled = counter(
+            "events_handled",
+            "Events handled, by how handling ended.",
+            ("consumer", "type", "outcome"),
+        )
+        self.handler_seconds = histogram(
+            "handler_duration_seconds", "Time a handler took per event.", ("consumer",)
+        )
+        self.consumer_pending = gauge(
+            "consumer_pending_messages",
+            "Messages not yet delivered to a consumer (its lag).",
+            ("consumer",),
+        )
+        self.consumer_ack_pending = gauge(
+            "consumer_ack_pending_messages",
+            "Messages delivered and not yet acknowledged.",
+            ("consumer",),
+        )
+        self.dead_letters = counter(
+            "dead_letters", "Messages parked in the dead-letter stream.", ("consumer", "reason")
+        )
+        # Sessions
+        self.sessions_started = counter("sessions_started", "Sessions started.", ("mode",))
+        self.sessions_ended = counter("sessions_ended", "Sessions ended, by outcome.", ("outcome",))
+        self.sessions_active = gauge(
+            "sessions_active", "Sessions this replica saw start and not yet end."
+        )
+        self.session_seconds = histogram(
+            "session_duration_seconds", "Time from a session's start to its end.", ("outcome",)
+        )
+        # Plans and steps
+        self.plans_proposed = counter("plans_proposed", "Plans proposed (first and revised).")
+        self.replans = counter("replans", "Revised plans (revision 2 and later).")
+        self.plan_seconds = histogram(
+            "plan_generation_seconds", "Time from a session's start to its first plan."
+        )
+        self.steps_scheduled = counter("steps_scheduled", "Steps scheduled.", ("tool",))
+        self.steps_skipped = counter("steps_skipped", "Steps skipped.")
+        self.step_seconds = histogram(
+            "step_duration_seconds",
+            "Time from scheduling a step to its tool call's end.",
+            ("tool",),
+        )
+        # Tool calls
+        self.tool_calls = counter(
+            "tool_calls", "Tool calls ended, by status.", ("tool", "server", "status")
+        )
+        self.tool_call_seconds = histogram(
+            "tool_call_duration_seconds", "Time a tool call ran.", ("tool", "server")
+        )
+        self.denials = counter(
+            "permission_denials", "Tool calls denied by policy or people.", ("tool",)
+        )
+        self.rate_limited = counter(
+            "rate_limit_rejections", "Tool calls refused by a rate limit.", ("tool",)
+        )
+        # Approvals
+        self.approval_requests = counter(
+            "approval_requests", "Approvals asked of people.", ("scope", "risk")
+        )
+        self.approval_decisions = counter(
+            "approval_decisions", "Approval requests decided or expired.", ("decision",)
+        )
+        self.approval_wait = histogram(
+            "approval_wait_seconds", "Time an approval request waited for its decision."
+        )
+        self.approvals_waiting = gauge(
+            "approvals_waiting", "Approval requests this replica asked and that await a decision."
+        )
+        self.oldest_approval = gauge(
+            "approval_oldest_waiting_seconds", "Age of the oldest approval request still waiting."
+        )
+        # Sandbox, checkpoints, rollbacks
+        self.sandbox_cpu = histogram(
+            "sandbox_cpu_seconds", "CPU time of a sandboxed command.", buckets=DURATION_BUCKETS_S
+        )
+        self.sandbox_memory = histogram(
+            "sandbox_peak_memory_bytes",
+            "Peak memory of a sandboxed command.",
+            buckets=BYTES_BUCKETS,
+        )
+        self.sandbox_limits = counter(
+            "sandbox_limit_hits", "Sandboxed commands stopped by a limit.", ("limit",)
+        )
+        self.checkpoints = counter("checkpoints", "Checkpoints recorded.", ("reversible",))
+        self.snapshot_bytes = histogram(
+            "workspace_snapshot_bytes",
+            "Size of a checkpoint's workspace snapshot.",
+            buckets=BYTES_BUCKETS,
+        )
+        self.rollbacks = counter("rollbacks", "Rollbacks ended, by outcome.", ("outcome",))
+
+        self._session_starts = _Clock()
+        self._step_starts = _Clock()
+        self._approval_asks = _Clock()
+        self._call_servers: OrderedDict[str, str] = OrderedDict()
+        self.approvals_waiting.set_function(lambda: len(self._approval_asks))
+        self.oldest_approval.set_function(self._approval_asks.oldest_age_s)
+
+    def appended(self, event: Event, duplicate: bool) -> None:
+        """An event this service appended (`duplicate`: JetStream had it already)."""
+        if duplicate:
+            return
+        self.events_appended.labels(event.type).inc()
+        observe = _ON_APPEND.get(type(event.data))
+        if observe is not None:
+            observe(self, event)
+
+    def handled(self, consumer: ConsumerSpec, event: Event, outcome: str, seconds: float) -> None:
+        """A consumer's handler ended (`ok`, `retry` or `dead_letter`) after `seconds`."""
+        self.events_handled.labels(consumer.durable, event.type, outcome).inc()
+        self.handler_seconds.labels(consumer.durable).observe(seconds)
+        observe = _ON_HANDLE.get(type(event.data))
+        if (
+            outcome == "ok"
+            and observe is not None
+            and event_type_filter(event.type) in consumer.filter_subjects
+        ):
+            observe(self, event)
+
+    # Observers: each takes the event whose type the tables map to it.
+
+    def _session_started(self, event: Event) -> None:
+        assert isinstance(event.data, SessionStarted)
+        self.sessions_started.labels(event.data.mode).inc()
+        self.sessions_active.inc()
+        self._session_starts.start(_session_key(event), event.time)
+
+    def _session_ended(self, event: Event) -> None:
+        outcome = event.type.removeprefix("session.")
+        self.sessions_ended.labels(outcome).inc()
+        began = self._session_starts.stop(_session_key(event))
+        if began is not None:
+            self.sessions_active.dec()
+            self.session_seconds.labels(outcome).observe(_seconds(began, event.time))
+
+    def _plan_proposed(self, event: Event) -> None:
+        assert isinstance(event.data, PlanProposed)
+        self.plans_proposed.inc()
+        if event.data.revision > 1:
+            self.replans.inc()
+            return
+        began = self._session_starts.peek(_session_key(event))
+        if began is not None:
+            self.plan_seconds.observe(_seconds(began, event.time))
+
+    def _step_scheduled(self, event: Event) -> None:
+        assert isinstance(event.data, StepScheduled)
+        self.steps_scheduled.labels(event.data.tool).inc()
+        self._step_starts.start(_call_key(event, event.data.call_id), event.time)
+
+    def _step_skipped(self, event: Event) -> None:
+        self.steps_skipped.inc()
+
+    def _step_ended(self, event: Event) -> None:
+        assert isinstance(event.data, ToolCallCompleted | ToolCallFailed | ToolCallDenied)
+        began = self._step_starts.stop(_call_key(event, event.data.call_id))
+        if began is not None:
+            self.step_seconds.labels(event.data.tool).observe(_seconds(began, event.time))
+
+    def _tool_call_started(self, event: Event) -> None:
+        assert isinstance(event.data, ToolCallStarted)
+        _remember(self._call_servers, _call_key(event, event.data.call_id), event.data.server)
+
+    def _tool_call_ended(self, event: Event) -> None:
+        assert isinstance(event.data, ToolCallCompleted | ToolCallFailed)
+        call = event.data
+        server = getattr(call, "server", None) or self._call_servers.pop(
+            _call_key(event, call.call_id), "builtin"
+        )
+        status = "completed" if isinstance(call, ToolCallCompleted) else call.error.kind
+        self.tool_calls.labels(call.tool, server, status).inc()
+        self.tool_call_seconds.labels(call.tool, server).observe(call.duration_ms / 1000)
+        if isinstance(call, ToolCallFailed) and call.error.kind == "rate_limited":
+            self.rate_limited.labels(call.tool).inc()
+        if isinstance(call, ToolCallCompleted) and isinstance(call.output, dict):
+            usage = call.output.get("usage")
+            if isinstance(usage, dict):
+                self._sandbox_usage(usage.get("cpu_ms"), usage.get("peak_memory_mb"))
+
+    def _tool_call_denied(self, event: Event) -> None:
+        assert isinstance(event.data, ToolCallDenied)
+        self.denials.labels(event.data.tool).inc()
+
+    def _approval_requested(self, event: Event) -> None:
+        assert isinstance(event.data, ApprovalRequested)
+        self.approval_requests.labels(event.data.scope, event.data.risk).inc()
+        self._approval_asks.start(_call_key(event, event.data.request_id), event.time)
+
+    def _approval_decided(self, event: Event) -> None:
+        assert isinstance(event.data, ApprovalGranted | ApprovalDenied | ApprovalExpired)
+        self.approval_decisions.labels(event.type.removeprefix("approval.")).inc()
+        asked = self._approval_asks.stop(_call_key(event, event.data.request_id))
+        if asked is not None:
+            self.approval_wait.observe(_seconds(asked, event.time))
+
+    def _sandbox_limit(self, event: Event) -> None:
+        assert isinstance(event.data, SandboxLimitExceeded)
+        self.sandbox_limits.labels(event.data.hit.limit).inc()
+        self._sandbox_usage(event.data.usage.cpu_ms, event.data.usage.peak_memory_mb)
+
+    def _sandbox_usage(self, cpu_ms: object, peak_memory_mb: object) -> None:
+        if isinstance(cpu_ms, int | float):
+            self.sandbox_cpu.observe(cpu_ms / 1000)
+        if isinstance(peak_memory_mb, int | float):
+            self.sandbox_memory.observe(peak_memory_mb * 1024 * 1024)
+
+    def _checkpoint(self, event: Event) -> None:
+        assert isinstance(event.data, CheckpointCreated)
+        self.checkpoints.labels(str(event.data.reversible).lower()).inc()
+
+    def _snapshot(self, event: Event) -> None:
+        assert isinstance(event.data, WorkspaceSnapshotted)
+        self.snapshot_bytes.observe(event.data.bytes)
+
+    def _rollback_ended(self, event: Event) -> None:
+        self.rollbacks.labels(event.type.removeprefix("rollback.")).inc()
+
+
+Observer = Callable[[ServiceMetrics, Event], None]
+
+_ON_APPEND: dict[type[Payload], Observer] = {
+    SessionCompleted: ServiceMetrics._session_ended,
+    SessionFailed: ServiceMetrics._session_ended,
+    SessionCancelled: ServiceMetrics._session_ended,
+    PlanProposed: ServiceMetrics._plan_proposed,
+    StepScheduled: ServiceMetrics._step_scheduled,
+    StepSkipped: ServiceMetrics._step_skipped,
+    ToolCallStarted: ServiceMetrics._tool_call_started,
+    ToolCallCompleted: ServiceMetrics._tool_call_ended,
+    ToolCallFailed: ServiceMetrics._tool_call_ended,
+    ToolCallDenied: ServiceMetrics._tool_call_denied,
+    ApprovalRequested: ServiceMetrics._approval_requested,
+    ApprovalGranted: ServiceMetrics._approval_decided,
+    ApprovalDenied: ServiceMetrics._approval_decided,
+    ApprovalExpired: ServiceMetrics._approval_decided,
+    SandboxLimitExceeded: ServiceMetrics._sandbox_limit,
+    CheckpointCreated: ServiceMetrics._checkpoint,
+    WorkspaceSnapshotted: ServiceMetrics._snapshot,
+    RollbackCompleted: ServiceMetrics._rollback_ended,
+    RollbackFailed: ServiceMetrics._rollback_ended,
+    RollbackRefused: ServiceMetrics._rollback_ended,
+}
+"""Facts, observed by the process that appends them."""
+
+_ON_HANDLE: dict[type[Payload], Observer] = {
+    SessionStarted: ServiceMetrics._session_started,
+    # A step ends where it was scheduled from: the planner hears how its tool call ended.
+    ToolCallCompleted: ServiceMetrics._step_ended,
+    ToolCallFailed: ServiceMetrics._step_ended,
+    ToolCallDenied: ServiceMetrics._step_ended,
+}
+"""Observed by a consumer that subscribes to the type by name, once handled."""
+
+
+class _Clock:
+    """When things started, by key, bounded: the oldest are forgotten first."""
+
+    def __init__(self) -> None:
+        self._starts: OrderedDict[str, datetime] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def start(self, key: str, at: datetime) -> None:
+        _remember(self._starts, key, at)
+
+    def peek(self, key: str) -> datetime | None:
+        return self._starts.get(key)
+
+    def stop(self, key: str) -> datetime | None:
+        return self._starts.pop(key, None)
+
+    def oldest_age_s(self) -> float:
+        if not self._starts:
+            return 0.0
+        oldest = min(self._starts.values())
+        return max(0.0, time.time() - oldest.timestamp())
+
+
+def _remember(table: OrderedDict[str, _T], key: str, value: _T) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > REMEMBERED:
+        table.popitem(last=False)
+
+
+def _session_key(event: Event) -> str:
+    return f"{event.tenant}/{event.session_id}"
+
+
+def _call_key(event: Event, call_id: str) -> str:
+    return f"{event.tenant}/{event.session_id}/{call_id}"
+
+
+def _seconds(began: datetime, ended: datetime) -> float:
+    return max(0.0, (ended - began).total_seconds())

@@ -1,0 +1,140 @@
+"""One trace per session, across services, carried in the events themselves.
+
+A session's trace begins with its `session.started` event: the appender's current span, or
+else the new trace `new_event` gives it. Every handler runs in a span continuing the context of the
+event it handles (the envelope's W3C `traceparent`), and every event appended from inside a
+handler carries the handler's span context, so a planner decision, its approval, the tool
+call and the sandbox run are spans of the session's one trace.
+
+Spans are exported over OTLP/gRPC when the standard `OTEL_*` variables configure an
+endpoint; otherwise tracing is off: no spans are recorded, but trace context still travels
+from event to event, so log lines of one session share a trace id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from helmline.contracts import Event, Headers
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+TRACER_NAME = "helmline.runtime"
+
+
+class TracingSettings(BaseSettings):
+    """The standard OpenTelemetry variables that decide whether spans are exported.
+
+    The exporter reads the rest itself (`OTEL_EXPORTER_OTLP_HEADERS`, `..._INSECURE`,
+    `..._TIMEOUT`, `OTEL_TRACES_SAMPLER`, `OTEL_RESOURCE_ATTRIBUTES`, ...).
+    """
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    endpoint: str | None = Field(default=None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    traces_endpoint: str | None = Field(
+        default=None, validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    traces_exporter: str = Field(default="otlp", validation_alias="OTEL_TRACES_EXPORTER")
+    sdk_disabled: bool = Field(default=False, validation_alias="OTEL_SDK_DISABLED")
+
+    @property
+    def exporting(self) -> bool:
+        """An OTLP endpoint is configured and tracing is not switched off."""
+        return (
+            not self.sdk_disabled
+            and self.traces_exporter != "none"
+            and bool(self.endpoint or self.traces_endpoint)
+        )
+
+
+def service_tracer(
+    service: str, settings: TracingSettings
+) -> tuple[trace.Tracer, TracerProvider | None]:
+    """The tracer a service's handlers use, and the provider to shut down (None when off).
+
+    Each service host has its own provider, so services run in one process (tests) still
+    report under their own `service.name`.
+    """
+    if not settings.exporting:
+        return trace.NoOpTracer(), None
+    # Imported here: gRPC loads only in processes that export.
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: f"helmline-{service}"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider.get_tracer(TRACER_NAME), provider
+
+
+def event_context(event: Event) -> Context:
+    """The trace context an event carries (empty when it carries none)."""
+    if event.traceparent is None:
+        return Context()
+    return _PROPAGATOR.extract({Headers.TRACEPARENT: event.traceparent})
+
+
+@contextmanager
+def handling_span(tracer: trace.Tracer, consumer: str, event: Event) -> Iterator[trace.Span]:
+    """A span for handling `event`, continuing its trace, current while the handler runs."""
+    with tracer.start_as_current_span(
+        f"{event.type} handle",
+        context=event_context(event),
+        kind=SpanKind.CONSUMER,
+        attributes={"helmline.consumer": consumer, **span_attributes(event)},
+        record_exception=True,
+        set_status_on_exception=True,
+    ) as span:
+        yield span
+
+
+def span_attributes(event: Event) -> dict[str, str | int | float | bool]:
+    """What an operator looks for on a span: whose session, which step, tool and server."""
+    attributes: dict[str, str | int | float | bool] = {
+        "helmline.tenant": event.tenant,
+        "helmline.session_id": event.session_id,
+        "helmline.event_type": event.type,
+        "helmline.event_id": str(event.id),
+    }
+    for field in ("step_id", "call_id", "tool", "server", "request_id", "model"):
+        value = getattr(event.data, field, None)
+        if isinstance(value, str | int | float | bool):
+            attributes[f"helmline.{field}"] = value
+    return attributes
+
+
+def traceparent_for(event: Event) -> str | None:
+    """The trace context to store with an event about to be appended: inside a span (a
+    handler), that span's context; otherwise the one the event carries."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return event.traceparent
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get(Headers.TRACEPARENT, event.traceparent)
+
+
+def record_appended(event: Event, size_bytes: int, duplicate: bool) -> None:
+    """Note on the current span (if any) that it appended `event`."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    attributes: dict[str, str | int | float | bool] = {
+        "helmline.event_id": str(event.id),
+        "helmline.size_bytes": size_bytes,
+        "helmline.duplicate": duplicate,
+    }
+    error = getattr(event.data, "error", None)
+    kind = getattr(error, "kind", None)
+    if isinstance(kind, str):
+        attributes["helmline.error_kind"] = kind
+        span.set_status(Status(StatusCode.ERROR, f"{event.type}: {kind}"))
+    span.add_event(event.type, attributes)

@@ -1,0 +1,103 @@
+"""Metrics derived from events, JSON log lines, and trace context carried by appended events."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from helmline.contracts import (
+    EXAMPLE_PAYLOADS,
+    PLANNER_CONSUMER,
+    Actor,
+    SessionCompleted,
+    SessionStarted,
+    example_event,
+    new_event,
+)
+from helmline.runtime import EventStore, JsonFormatter, ServiceMetrics, log_context
+
+
+def _samples(metrics: ServiceMetrics) -> dict[str, float]:
+    text = generate_latest(metrics.registry).decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def test_every_event_type_can_be_observed_appended_and_handled() -> None:
+    metrics = ServiceMetrics("test")
+    for payload in EXAMPLE_PAYLOADS:
+        event = example_event(payload)
+        metrics.appended(event, duplicate=False)
+        metrics.handled(PLANNER_CONSUMER, event, "ok", 0.001)
+    samples = _samples(metrics)
+    assert samples["helmline_tool_calls_total{server=builtin,status=completed,tool=run_command}"]
+    assert samples["helmline_sessions_started_total{mode=playbook}"] == 1
+    appended = [k for k in samples if k.startswith("helmline_events_appended_total{")]
+    assert len(appended) == len(EXAMPLE_PAYLOADS)
+
+
+def test_a_session_is_counted_once_with_its_duration_and_duplicates_are_not() -> None:
+    metrics = ServiceMetrics("planner")
+    started = new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana")),
+        tenant="t",
+        session_id="s",
+        source="test",
+    )
+    completed = started.derive(SessionCompleted(), source="test")
+    metrics.handled(PLANNER_CONSUMER, started, "ok", 0.001)
+    assert _samples(metrics)["helmline_sessions_active{}"] == 1
+    metrics.appended(completed, duplicate=False)
+    metrics.appended(completed, duplicate=True)
+    samples = _samples(metrics)
+    assert samples["helmline_sessions_ended_total{outcome=completed}"] == 1
+    assert samples["helmline_session_duration_seconds_count{outcome=completed}"] == 1
+    assert samples["helmline_sessions_active{}"] == 0
+
+
+def test_a_log_line_is_json_with_the_session_and_trace_it_was_written_in() -> None:
+    provider = TracerProvider()
+    record = logging.LogRecord("helmline.test", logging.INFO, __file__, 1, "hello %s", ("x",), None)
+    formatter = JsonFormatter("planner")
+    outside = json.loads(formatter.format(record))
+    assert outside["session_id"] is None
+    assert outside["trace_id"] is None
+    with (
+        provider.get_tracer("test").start_as_current_span("handle") as span,
+        log_context(tenant="t", session_id="s"),
+    ):
+        inside = json.loads(formatter.format(record))
+    assert inside["message"] == "hello x"
+    assert (inside["tenant"], inside["session_id"], inside["service"]) == ("t", "s", "planner")
+    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
+
+
+async def test_an_event_appended_inside_a_span_carries_that_span(
+    store: EventStore, tenant: str
+) -> None:
+    started = new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id="s",
+        source="test",
+    )
+    assert started.traceparent is not None, "a session begins a trace"
+    await store.append(started)
+    provider = TracerProvider()
+    with provider.get_tracer("test").start_as_current_span("handle") as span:
+        await store.append(started.derive(SessionCompleted(), source="test"))
+    stored = [item.event for item in await store.read_all(tenant, "s")]
+    assert stored[0].traceparent == started.traceparent
+    context = span.get_span_context()
+    assert stored[1].traceparent is not None
+    assert stored[1].traceparent.startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+    assert not trace.get_current_span().get_span_context().is_valid
