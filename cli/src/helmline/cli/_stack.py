@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError, StartupError
-from helmline.cli._nats import nats_is_healthy, start_nats
+from helmline.cli._nats import ADMIN, NatsUsers, nats_is_healthy, start_nats
 from helmline.cli._postgres import postgres_is_healthy, start_postgres, stop_postgres
 from helmline.cli._processes import (
     is_running,
@@ -180,33 +180,34 @@ def _start(
     logs = data_dir / LOGS_DIR
     logs.mkdir(parents=True, exist_ok=True)
     ports = _choose_ports(settings)
+    users = NatsUsers.generate() if ports.nats is not None else None
     ledger = _Ledger(
         StackRecord(
             data_dir=data_dir,
             started_at=datetime.now(UTC),
-            nats_url=settings.nats_url or f"nats://127.0.0.1:{ports.nats}",
+            nats_url=_nats_url(settings, ports, users, ADMIN),
             database_url=settings.database_url or "",
             api_url=f"http://127.0.0.1:{ports.api}",
         )
     )
     try:
-        _start_servers(settings, ledger, ports, environ, observer, deadline=deadline)
+        _start_servers(settings, ledger, ports, users, environ, observer, deadline=deadline)
         _provision(ledger.record.nats_url, observer, deadline=deadline)
         env = {
             **environ,
-            "HELMLINE_NATS_URL": ledger.record.nats_url,
             "HELMLINE_DATABASE_URL": ledger.record.database_url,
             "HELMLINE_DATA_DIR": str(data_dir),
         }
         for service in ServiceName:
             observer.begin(service.value, "starting")
             api = {"HELMLINE_API_PORT": str(ports.api)} if service is ServiceName.API else {}
+            own = {"HELMLINE_NATS_URL": _nats_url(settings, ports, users, service.value)}
             ledger.add(
                 start_service(
                     service,
                     health_port=ports.health[service],
                     log=logs / f"{service.value}.log",
-                    env={**env, **api},
+                    env={**env, **api, **own},
                     cwd=data_dir,
                 )
             )
@@ -221,10 +222,21 @@ def _start(
     return ledger.record
 
 
+def _nats_url(settings: CliSettings, ports: _Ports, users: NatsUsers | None, user: str) -> str:
+    """Where `user` (admin or a service) connects: to the embedded server as itself, or to the
+    external NATS with the credentials its URL holds."""
+    if settings.nats_url is not None:
+        return settings.nats_url
+    assert ports.nats is not None
+    assert users is not None
+    return users.url(ports.nats, user)
+
+
 def _start_servers(
     settings: CliSettings,
     ledger: _Ledger,
     ports: _Ports,
+    users: NatsUsers | None,
     environ: Mapping[str, str],
     observer: StartupObserver,
     *,
@@ -232,18 +244,23 @@ def _start_servers(
 ) -> None:
     data_dir = ledger.record.data_dir
     logs = data_dir / LOGS_DIR
-    if ports.nats is not None:
+    if ports.nats is not None and users is not None:
         observer.begin(NATS, "starting")
-        process, url = start_nats(
+        process = start_nats(
             store_dir=data_dir / NATS_STORE_DIR,
             port=ports.nats,
+            users=users,
             log=logs / "nats.log",
             env=environ,
             cwd=data_dir,
         )
         ledger.add(
             ComponentRecord(
-                name=NATS, kind="nats", address=url, process=process, log=logs / "nats.log"
+                name=NATS,
+                kind="nats",
+                address=f"nats://127.0.0.1:{ports.nats}",
+                process=process,
+                log=logs / "nats.log",
             )
         )
     else:

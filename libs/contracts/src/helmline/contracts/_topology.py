@@ -12,11 +12,20 @@ from typing import Any, NamedTuple
 from pydantic import Field
 
 from helmline.contracts._catalogue import (
+    ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalGranted,
     ApprovalRequested,
+    ApprovalVoteCounted,
+    CheckpointCreated,
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
+    ContextCompacted,
+    LoopDetected,
+    ModelExchangeRecorded,
     Payload,
     PlanApproved,
     PlanProposed,
@@ -26,15 +35,29 @@ from helmline.contracts._catalogue import (
     RollbackRefused,
     RollbackRequested,
     SandboxExecutionRequested,
+    SandboxLimitApproached,
+    SandboxLimitExceeded,
+    SessionCancelled,
     SessionCancelRequested,
+    SessionCompleted,
+    SessionFailed,
+    SessionPaused,
     SessionPauseRequested,
+    SessionResumed,
     SessionResumeRequested,
     SessionStarted,
     StepScheduled,
+    StepSkipped,
+    StreamLimitApproaching,
+    ThoughtRecorded,
+    ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    ToolCallStarted,
+    ToolCircuitChanged,
+    ToolRegistryPublished,
     WorkspaceRestored,
     WorkspaceSnapshotted,
 )
@@ -359,3 +382,158 @@ SERVICE_CONSUMERS: tuple[ConsumerSpec, ...] = (
     READ_MODEL_CONSUMER,
 )
 """Every service's durable consumer, for provisioning and for operators."""
+
+
+# --- who may publish what -----------------------------------------------------------------
+
+PLANNER = "planner"
+APPROVAL = "approval"
+TOOL_GATEWAY = "tool-gateway"
+SANDBOX = "sandbox"
+STATE = "state"
+API = "api"
+SERVICES: tuple[str, ...] = (PLANNER, APPROVAL, TOOL_GATEWAY, SANDBOX, STATE, API)
+"""Every service, named as `helmline serve <name>` and NATS user names spell it."""
+
+EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
+    # Intents of people and other systems enter through the API (and the CLI, as admin).
+    SessionStarted: (API,),
+    SessionPauseRequested: (API,),
+    SessionResumeRequested: (API,),
+    SessionCancelRequested: (API,),
+    ApprovalDecisionSubmitted: (API,),
+    RollbackRequested: (API,),
+    SessionPaused: (PLANNER,),
+    SessionResumed: (PLANNER,),
+    SessionCancelled: (PLANNER,),
+    SessionCompleted: (PLANNER,),
+    SessionFailed: (PLANNER,),
+    ThoughtRecorded: (PLANNER,),
+    ModelExchangeRecorded: (PLANNER,),
+    ContextCompacted: (PLANNER,),
+    LoopDetected: (PLANNER,),
+    PlanProposed: (PLANNER,),
+    StepScheduled: (PLANNER,),
+    StepSkipped: (PLANNER,),
+    PlanApproved: (APPROVAL,),
+    PlanRejected: (APPROVAL,),
+    ApprovalRequested: (APPROVAL,),
+    ApprovalGranted: (APPROVAL,),
+    ApprovalDenied: (APPROVAL,),
+    ApprovalExpired: (APPROVAL,),
+    ApprovalDecisionRefused: (APPROVAL,),
+    ApprovalVoteCounted: (APPROVAL,),
+    ToolCallAuthorized: (APPROVAL,),
+    ToolCallDenied: (APPROVAL,),
+    # Pure tools end in the gateway; sandboxed ones in the sandbox.
+    ToolCallCompleted: (TOOL_GATEWAY, SANDBOX),
+    ToolCallFailed: (TOOL_GATEWAY, SANDBOX),
+    SandboxExecutionRequested: (TOOL_GATEWAY,),
+    ToolCallAttemptFailed: (TOOL_GATEWAY,),
+    # Gateway-wide events, on the tools stream (see SUBJECT_PUBLISHERS).
+    ToolRegistryPublished: (TOOL_GATEWAY,),
+    ToolCircuitChanged: (TOOL_GATEWAY,),
+    ToolCallStarted: (TOOL_GATEWAY, SANDBOX),
+    SandboxLimitExceeded: (SANDBOX,),
+    SandboxLimitApproached: (SANDBOX,),
+    WorkspaceSnapshotted: (SANDBOX,),
+    WorkspaceRestored: (SANDBOX,),
+    CheckpointCreated: (STATE,),
+    StreamLimitApproaching: (STATE,),
+    RollbackRefused: (STATE,),
+    CompensationScheduled: (STATE,),
+    CompensationCompleted: (STATE,),
+    CompensationFailed: (STATE,),
+    RollbackCompleted: (STATE,),
+    RollbackFailed: (STATE,),
+}
+"""The services that append each event type: each service's NATS user may publish only
+these types' subjects. Every event type needs a line here (a test fails without one)."""
+
+SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {
+    TOOL_REGISTRY_SUBJECT: (TOOL_GATEWAY,),
+    ALL_CIRCUITS: (TOOL_GATEWAY,),
+    RETENTION_SUBJECT: (STATE,),
+}
+"""Subjects outside the events stream and who publishes on them."""
+
+BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
+    RATE_LIMITS_BUCKET.bucket: (TOOL_GATEWAY,),
+    API_KEYS_BUCKET.bucket: (API,),
+    WORKSPACES_BUCKET.bucket: (SANDBOX,),
+    TOOL_OUTPUTS_BUCKET.bucket: (TOOL_GATEWAY,),
+}
+"""The services that write each key-value bucket and object store (every service may read
+them). Every bucket needs a line here (a test fails without one)."""
+
+SERVICE_CONSUMER_NAMES: dict[str, tuple[str, ...]] = {
+    PLANNER: (PLANNER_CONSUMER.durable,),
+    APPROVAL: (APPROVAL_CONSUMER.durable,),
+    TOOL_GATEWAY: (TOOL_GATEWAY_CONSUMER.durable,),
+    SANDBOX: (SANDBOX_CONSUMER.durable,),
+    STATE: (STATE_CONSUMER.durable, READ_MODEL_CONSUMER.durable),
+    API: (),
+}
+"""The durable consumers each service runs (it parks their dead letters)."""
+
+
+class NatsPermissions(Contract):
+    """What one service's NATS user may publish (subscribing is not restricted)."""
+
+    publish_allow: tuple[str, ...]
+    """Subjects it may publish to: its own event types, its dead letters, the buckets it
+    writes, JetStream's API for Helmline's streams and buckets, and replies; nothing else."""
+
+
+def published_by(service: str) -> tuple[type[Payload], ...]:
+    """The event types `service` appends."""
+    return tuple(payload for payload, owners in EVENT_PUBLISHERS.items() if service in owners)
+
+
+def jetstream_streams() -> tuple[str, ...]:
+    """Names of the JetStream streams behind Helmline's streams, buckets and object stores."""
+    return (
+        *(stream.name for stream in STREAMS),
+        *(f"KV_{bucket.bucket}" for bucket in KEY_VALUE_BUCKETS),
+        *(f"OBJ_{store.bucket}" for store in OBJECT_STORES),
+    )
+
+
+def nats_permissions(service: str) -> NatsPermissions:
+    """The NATS publish permissions of a service's own user."""
+    if service not in SERVICES:
+        raise ValueError(f"unknown service {service!r}; known: {', '.join(SERVICES)}")
+    jetstream = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
+    for stream in jetstream_streams():
+        jetstream += [
+            f"$JS.API.STREAM.{action}.{stream}" for action in ("INFO", "CREATE", "UPDATE")
+        ]
+        jetstream += [
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.INFO.{stream}.>",
+            f"$JS.API.CONSUMER.DELETE.{stream}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+            f"$JS.ACK.{stream}.>",
+            f"$JS.FC.{stream}.>",
+        ]
+    for bucket in KEY_VALUE_BUCKETS:
+        if service in BUCKET_WRITERS[bucket.bucket]:
+            jetstream.append(f"$KV.{bucket.bucket}.>")
+    for store in OBJECT_STORES:
+        if service in BUCKET_WRITERS[store.bucket]:
+            # Deleting an object purges its chunks.
+            jetstream += [f"$O.{store.bucket}.>", f"$JS.API.STREAM.PURGE.OBJ_{store.bucket}"]
+    return NatsPermissions(
+        publish_allow=(
+            *(event_type_filter(payload.TYPE) for payload in published_by(service)),
+            *(subject for subject, owners in SUBJECT_PUBLISHERS.items() if service in owners),
+            *(dead_letter_subject(name) for name in SERVICE_CONSUMER_NAMES[service]),
+            *jetstream,
+            "_INBOX.>",
+        )
+    )

