@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+# One image for every Helmline service: `helmline serve <name>` (planner, approval,
+# tool-gateway, sandbox, state, api), `helmline provision` for the chart's job.
+#
+#   docker build -t helmline:0.1.0 .
+#   docker run --rm -e HELMLINE_NATS_URL=nats://nats:4222 helmline:0.1.0 serve planner
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never \
+    UV_PROJECT_ENVIRONMENT=/opt/helmline
+RUN pip install --no-cache-dir uv==0.13.9
+WORKDIR /src
+# Dependencies first, from the lock alone, so that a code change reuses this layer.
+COPY pyproject.toml uv.lock ./
+COPY libs/contracts/pyproject.toml libs/contracts/
+COPY libs/runtime/pyproject.toml libs/runtime/
+COPY libs/yamlfile/pyproject.toml libs/yamlfile/
+COPY services/planner/pyproject.toml services/planner/
+COPY services/approval/pyproject.toml services/approval/
+COPY services/tool-gateway/pyproject.toml services/tool-gateway/
+COPY services/sandbox/pyproject.toml services/sandbox/
+COPY services/state/pyproject.toml services/state/
+COPY services/api/pyproject.toml services/api/
+COPY cli/pyproject.toml cli/
+RUN uv sync --frozen --no-dev --all-packages --no-install-workspace
+COPY libs libs
+COPY services services
+COPY cli cli
+RUN uv sync --frozen --no-dev --all-packages --no-editable
+
+FROM ${PYTHON_IMAGE}
+# bubblewrap confines the sandbox's commands (see the chart's values: sandbox.backend).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --gid 10001 helmline \
+    && useradd --uid 10001 --gid helmline --home-dir /var/lib/helmline --create-home \
+        --shell /usr/sbin/nologin helmline
+COPY --from=build /opt/helmline /opt/helmline
+ENV PATH=/opt/helmline/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HELMLINE_DATA_DIR=/var/lib/helmline \
+    HELMLINE_HEALTH_HOST=0.0.0.0 \
+    HELMLINE_HEALTH_PORT=8081
+WORKDIR /var/lib/helmline
+USER 10001:10001
+EXPOSE 8080 8081
+ENTRYPOINT ["helmline"]
+CMD ["--help"]
