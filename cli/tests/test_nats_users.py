@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +57,8 @@ async def test_a_service_appends_its_own_events_and_is_refused_anothers(
         store = EventStore(js, timeout_s=2)
         own = {payload.TYPE for payload in published_by(service)}
         examples = [
-            example_event(p).model_copy(update={"tenant": tenant}) for p in EXAMPLE_PAYLOADS
+            example_event(p).model_copy(update={"tenant": tenant, "id": uuid.uuid4()})
+            for p in EXAMPLE_PAYLOADS
         ]
         mine = next(e for e in examples if e.type in own)
         theirs = next(e for e in examples if e.type not in own)
