@@ -14,10 +14,14 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import nats
 import pytest
 import yaml
+from nats.errors import TimeoutError as NatsTimeout
 
-from helmline.contracts import SERVICES
+from helmline.contracts import SERVICES, event_subject
+from helmline.runtime import ensure_topology
+from helmline.runtime.testing import NatsServer, free_port
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "deploy" / "helm" / "helmline"
@@ -134,3 +138,41 @@ def test_the_charts_nats_permissions_are_the_contracts() -> None:
         "the chart's NATS permissions differ from the contracts: "
         "run `python deploy/tools/nats_permissions.py`"
     )
+
+
+async def test_a_nats_server_configured_from_the_chart_refuses_anothers_event_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    (config_map,) = [
+        d
+        for d in render()
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("nats-authorization")
+    ]
+    for user in ("admin", *SERVICES):
+        variable = f"HELMLINE_NATS_{user.upper().replace('-', '_')}_PASSWORD"
+        monkeypatch.setenv(variable, f"secret{user.replace('-', '')}")
+    port, store = free_port(), tmp_path / "jetstream"
+    store.mkdir()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'listen: "127.0.0.1:{port}"\njetstream {{store_dir: "{store}"}}\n'
+        + config_map["data"]["authorization.conf"]
+    )
+    with NatsServer(store, port, config):
+        admin = await nats.connect(f"nats://admin:secretadmin@127.0.0.1:{port}")
+        await ensure_topology(admin.jetstream())
+        await admin.close()
+        refusals: list[str] = []
+
+        async def record(error: Exception) -> None:
+            refusals.append(str(error))
+
+        planner = await nats.connect(
+            f"nats://planner:secretplanner@127.0.0.1:{port}", error_cb=record
+        )
+        js = planner.jetstream()
+        await js.publish(event_subject(tenant, "s", "step.scheduled"), b"{}", timeout=5)
+        with pytest.raises(NatsTimeout):
+            await js.publish(event_subject(tenant, "s", "tool.call.completed"), b"{}", timeout=1)
+        await planner.close()
+    assert any("permissions violation for publish" in r.lower() for r in refusals), refusals
