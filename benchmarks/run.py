@@ -19,6 +19,7 @@ import planner
 import read_model
 import replay
 import ring
+import rollback
 import sandbox
 import steps
 
@@ -26,6 +27,7 @@ Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
 BENCHMARKS: dict[str, Benchmark] = {
     "replay": replay.run,
     "time_travel": replay.time_travel,
+    "rollback": rollback.run,
     "ring": ring.run,
     "steps": steps.run,
     "idle_memory": idle_memory.run,

@@ -35,7 +35,7 @@ from helmline.contracts import (
     SessionFold,
     SessionState,
 )
-from helmline.runtime import SessionSnapshot
+from helmline.runtime import FoldedStates, SessionSnapshot
 
 EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "cancelled": 2, "waiting": 3}
 """How `run --wait` ends: by the session's status when it stopped being followed."""
@@ -58,7 +58,8 @@ async def load_session(
     log: EventLog, tenant: str, session_id: str, *, up_to_seq: int | None = None
 ) -> SessionSnapshot:
     """The session folded from its log (up to a sequence); an error if it has no events."""
-    snapshot = await log.store.load(tenant, session_id, up_to_seq=up_to_seq)
+    # Folded states the state service stored spare replaying a long session from the start.
+    snapshot = await FoldedStates(log.js, log.store).load(tenant, session_id, up_to_seq=up_to_seq)
     if snapshot.last_seq == 0:
         where = f" at or before sequence {up_to_seq}" if up_to_seq is not None else ""
         raise CliError(f"no session {session_id} in tenant {tenant!r}{where}")

@@ -86,6 +86,7 @@ from helmline.contracts._exchanges import (
 from helmline.contracts._plans import PlanStep, Playbook, find_dependency_problem
 from helmline.contracts._schema import event_schema, export_schemas
 from helmline.contracts._state import (
+    FOLD_VERSION,
     TERMINAL_STATUSES,
     ApprovalState,
     CheckpointState,
@@ -131,6 +132,7 @@ from helmline.contracts._topology import (
     SERVICE_CONSUMER_NAMES,
     SERVICE_CONSUMERS,
     SERVICES,
+    SESSION_STATES_BUCKET,
     STATE_CONSUMER,
     STREAMS,
     TOOL_GATEWAY_CONSUMER,
@@ -192,6 +194,7 @@ __all__ = [
     "EVENT_CLASSES",
     "EVENT_PUBLISHERS",
     "EXAMPLE_PAYLOADS",
+    "FOLD_VERSION",
     "KEY_VALUE_BUCKETS",
     "MCP_NAME_SEPARATOR",
     "OBJECT_STORES",
@@ -207,6 +210,7 @@ __all__ = [
     "SERVICES",
     "SERVICE_CONSUMERS",
     "SERVICE_CONSUMER_NAMES",
+    "SESSION_STATES_BUCKET",
     "STATE_CONSUMER",
     "STREAMS",
     "TERMINAL_STATUSES",

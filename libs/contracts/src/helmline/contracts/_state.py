@@ -95,6 +95,10 @@ StepStatus = Literal[
 ]
 """Where a step is in its life."""
 
+FOLD_VERSION = 2
+"""Bump whenever the fold yields a different state for the same events: folded states stored
+by another version are then ignored (the field layout is checked on its own)."""
+
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 """Statuses a session never leaves (except through a rollback)."""
 

@@ -289,7 +289,18 @@ TOOL_OUTPUTS_BUCKET = ObjectStoreSpec(
     "refer to them for people allowed to see them.",
 )
 
-KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (RATE_LIMITS_BUCKET, API_KEYS_BUCKET)
+SESSION_STATES_BUCKET = KeyValueSpec(
+    bucket="helmline_session_states",
+    description="Sessions' folded states at some of their sequences, so that the state at any "
+    "sequence is the nearest one stored plus a fold of the events after it; a cache of the "
+    "log, dropped and rebuilt at will.",
+)
+
+KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (
+    RATE_LIMITS_BUCKET,
+    API_KEYS_BUCKET,
+    SESSION_STATES_BUCKET,
+)
 OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET, TOOL_OUTPUTS_BUCKET)
 
 

@@ -13,6 +13,7 @@ from helmline.runtime._errors import (
     PermanentError,
     RetryableError,
 )
+from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
 from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._provision import ensure_topology, provision, stream_config
@@ -35,6 +36,7 @@ __all__ = [
     "Delivery",
     "EventConsumer",
     "EventStore",
+    "FoldedStates",
     "Handler",
     "HelmlineRuntimeError",
     "HttpServer",

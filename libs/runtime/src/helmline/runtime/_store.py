@@ -176,11 +176,17 @@ class EventStore:
         return stored
 
     async def load(
-        self, tenant: str, session_id: str, *, up_to_seq: int | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        up_to_seq: int | None = None,
+        start: SessionSnapshot | None = None,
     ) -> SessionSnapshot:
-        """The session's state folded from its whole log (or up to a sequence)."""
-        folding = SessionFold()
-        last_seq = 0
+        """The session's state folded from its whole log (or up to a sequence); from `start`,
+        the state at an earlier sequence, only the events after it are read."""
+        folding = SessionFold(start.state if start is not None else None)
+        last_seq = start.last_seq if start is not None else 0
 
         def apply(item: StoredEvent) -> None:
             nonlocal last_seq
@@ -189,7 +195,10 @@ class EventStore:
 
         # Folding each event as it arrives, without keeping it, is the fastest replay.
         await self._replay(
-            session_filter(tenant, session_id), after_seq=0, up_to_seq=up_to_seq, receive=apply
+            session_filter(tenant, session_id),
+            after_seq=last_seq,
+            up_to_seq=up_to_seq,
+            receive=apply,
         )
         return SessionSnapshot(state=folding.state(), last_seq=last_seq)
 

@@ -1,7 +1,14 @@
 """`helmline serve state`: run the state service until SIGTERM."""
 
 from helmline.contracts import READ_MODEL_CONSUMER, STATE_CONSUMER, ConsumerSpec
-from helmline.runtime import ServiceHost, SessionCache, Setup, ToolCatalogue, run_service
+from helmline.runtime import (
+    FoldedStates,
+    ServiceHost,
+    SessionCache,
+    Setup,
+    ToolCatalogue,
+    run_service,
+)
 from helmline.state._handlers import StateHandler
 from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._retention import RetentionWatch
@@ -20,7 +27,8 @@ def setup_state(
         tools = ToolCatalogue()
         await tools.follow(host.nc, host.js)
         host.on_shutdown(tools.close)
-        await host.consume(checkpoints, StateHandler(host.store, tools))
+        states = FoldedStates(host.js, host.store)
+        await host.consume(checkpoints, StateHandler(host.store, tools, states))
         watch = RetentionWatch(
             host.js, warn_at=settings.retention_warn_at, interval_s=settings.retention_check_s
         )

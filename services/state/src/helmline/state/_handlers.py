@@ -18,7 +18,7 @@ from helmline.contracts import (
     ToolSpec,
     fold,
 )
-from helmline.runtime import Delivery, EventStore, SessionCache
+from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
 from helmline.state._checkpoints import checkpoint_after
 from helmline.state._rollback import call_outcome, next_decisions, plan_rollback
 
@@ -28,9 +28,12 @@ SOURCE = "helmline/state"
 class StateHandler:
     """Records checkpoints and drives rollbacks."""
 
-    def __init__(self, store: EventStore, tools: Mapping[str, ToolSpec]) -> None:
+    def __init__(
+        self, store: EventStore, tools: Mapping[str, ToolSpec], states: FoldedStates
+    ) -> None:
         self._store = store
         self._tools = tools
+        self._states = states
         self._sessions = SessionCache(store)
 
     async def __call__(self, delivery: Delivery) -> None:
@@ -43,8 +46,10 @@ class StateHandler:
                     source=SOURCE,
                     identity=f"checkpoint/{completed.call_id}",
                 )
-                await self._store.append(checkpoint)
+                appended = await self._store.append(checkpoint)
                 self._sessions.record(state, [checkpoint])
+                # Now and then, the folded state too, for fast time travel.
+                await self._states.keep_up(checkpoint.tenant, checkpoint.session_id, appended.seq)
             case ToolCallCompleted() | ToolCallFailed() | ToolCallDenied() as outcome if (
                 _compensates(state, outcome.call_id)
             ):
@@ -61,7 +66,7 @@ class StateHandler:
         shows every compensation already scheduled or finished, even after a crash.
         """
         tenant, session_id = cause.tenant, cause.session_id
-        now = (await self._store.load(tenant, session_id)).state
+        now = (await self._states.load(tenant, session_id)).state
         for rollback in [r for r in now.rollbacks.values() if r.active]:
             plan = plan_rollback(now, await self._at_checkpoint(now, rollback), rollback)
             outcome = call_outcome(plan, rollback, cause.data)
@@ -82,7 +87,8 @@ class StateHandler:
         )
         if target is None:
             return now
-        return (await self._store.load(now.tenant, now.session_id, up_to_seq=target.at_seq)).state
+        then = await self._states.load(now.tenant, now.session_id, up_to_seq=target.at_seq)
+        return then.state
 
 
 def _compensates(state: SessionState, call_id: str) -> bool:

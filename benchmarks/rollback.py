@@ -1,0 +1,101 @@
+"""Rollback latency with every service in its own process: from `rollback.requested` to
+`rollback.completed`, undoing 10 and 100 steps that each changed the workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from steps import SERVICES, run_sessions
+
+from helmline.contracts import (
+    Actor,
+    PlanStep,
+    Playbook,
+    RollbackCompleted,
+    RollbackRequested,
+    event_type_filter,
+)
+from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime.testing import NatsServer, ServiceProcesses, eventually
+
+UNDONE = (10, 100)
+
+
+def writes(steps: int) -> Playbook:
+    """A playbook of `steps` file writes, each after the one before."""
+    return Playbook(
+        goal=f"{steps} writes",
+        steps=tuple(
+            PlanStep(
+                id=f"w{i}",
+                tool="write_file",
+                arguments={"path": f"files/{i}.txt", "content": f"file {i}\n" * 20},
+                depends_on=(f"w{i - 1}",) if i else (),
+            )
+            for i in range(steps)
+        ),
+    )
+
+
+async def rollback_ms(nc: NATS, store: EventStore, tenant: str, undone: int) -> float:
+    """Run `undone + 1` writes, then roll back to the first checkpoint; milliseconds taken."""
+    (session_id,), _ = await run_sessions(nc, store, tenant, [writes(undone + 1)])
+
+    async def checkpointed() -> Any:
+        state = (await store.load(tenant, session_id)).state
+        return state if len(state.checkpoints) == undone + 1 else None
+
+    state = await eventually(checkpointed, timeout_s=120, what="every checkpoint")
+    done = asyncio.Event()
+
+    async def on_completed(message: Msg) -> None:
+        done.set()
+
+    subscription = await nc.subscribe(
+        event_type_filter(RollbackCompleted.TYPE, tenant), cb=on_completed
+    )
+    first = (await store.read_all(tenant, session_id))[0].event
+    requested = RollbackRequested(
+        rollback_id="bench",
+        checkpoint_id=state.checkpoints[0].checkpoint_id,
+        requested_by=Actor(id="bench"),
+    )
+    began = time.perf_counter()
+    await store.append(first.derive(requested, source="bench"))
+    await asyncio.wait_for(done.wait(), timeout=120)
+    elapsed_ms = (time.perf_counter() - began) * 1000
+    await subscription.unsubscribe()
+    return elapsed_ms
+
+
+async def run() -> list[dict[str, Any]]:
+    figures = []
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        services = ServiceProcesses(server.url, Path(folder))
+        try:
+            for name in SERVICES:
+                await asyncio.to_thread(services.start, name)
+            nc = await nats.connect(server.url)
+            await ensure_topology(nc.jetstream())
+            store = EventStore(nc.jetstream())
+            await rollback_ms(nc, store, "warmup", 2)
+            for undone in UNDONE:
+                elapsed = await rollback_ms(nc, store, f"undo{undone}", undone)
+                figures.append(
+                    {
+                        "figure": "rollback_latency_ms",
+                        "steps_undone": undone,
+                        "value": round(elapsed, 1),
+                    }
+                )
+            await nc.close()
+        finally:
+            await asyncio.to_thread(services.stop_all)
+    return figures
