@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
@@ -63,6 +64,14 @@ async def slow(seconds: float) -> str:
     _count("slow")
     await asyncio.sleep(seconds)
     return "slept"
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Offer one more tool, named `name` (it echoes), and tell the clients."""
+    server.add_tool(lambda message: message, name=name, description="Added at run time.")
+    await ctx.notify_tools_changed()
+    return f"added {name}"
 
 
 @server.tool()

@@ -18,6 +18,7 @@ import anyio
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     CallToolResult,
@@ -52,6 +53,7 @@ class McpServer:
         self._reconnect = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        self._tried = asyncio.Event()
 
     def start(self) -> None:
         """Connect in the background, and keep connected until `stop`."""
@@ -66,12 +68,11 @@ class McpServer:
             self._task = None
 
     async def wait_connected(self, timeout_s: float) -> bool:
-        """Whether the server is connected, waiting up to `timeout_s` for it."""
-        try:
-            await asyncio.wait_for(self.connected.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        """Whether the server is connected; just after the start, waits up to `timeout_s`
+        for the first attempt to connect to end."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._tried.wait(), timeout_s)
+        return self.connected.is_set()
 
     def set_circuit(self, state: CircuitState) -> None:
         """Show the breaker's state in the registry."""
@@ -110,6 +111,7 @@ class McpServer:
                 self._client = None
                 self.connected.clear()
                 self.view = replace(self.view, available=False, error=reason, tools=())
+                self._tried.set()
                 self._on_change()
             else:
                 pause = 0.5
@@ -122,6 +124,8 @@ class McpServer:
             client = await stack.enter_async_context(
                 Client(await self._transport(stack), message_handler=self._notified)
             )
+            follower = asyncio.create_task(self._follow_tool_changes(client))
+            stack.push_async_callback(_cancelled, follower)
             while True:
                 self._relist.clear()
                 listed = await _list_tools(client)
@@ -130,6 +134,7 @@ class McpServer:
                     self.view, tools=tool_specs(self.config, listed), available=True, error=None
                 )
                 self.connected.set()
+                self._tried.set()
                 logger.info("MCP server %s: %d tools", self.config.id, len(listed))
                 self._on_change()
                 if await _first_of(self._relist, self._reconnect) is self._reconnect:
@@ -152,11 +157,32 @@ class McpServer:
         )
         return streamable_http_client(config.http.url, http_client=http)
 
+    async def _follow_tool_changes(self, client: Client) -> None:
+        """List the tools again whenever the server says they changed. Servers of the
+        2026-07-28 protocol say so on a `subscriptions/listen` stream; older ones send the
+        notification unasked, to `_notified`."""
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _ in changes:
+                    self._relist.set()
+        except ListenNotSupportedError:
+            return
+        except (SubscriptionLost, MCPError) as error:
+            logger.warning(
+                "MCP server %s: tool changes no longer followed: %s", self.config.id, error
+            )
+
     async def _notified(self, message: ServerNotification | Exception) -> None:
         if isinstance(message, ToolListChangedNotification):
             self._relist.set()
         elif isinstance(message, Exception):
             logger.debug("MCP server %s: %s", self.config.id, message)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _first_of(*events: asyncio.Event) -> asyncio.Event:

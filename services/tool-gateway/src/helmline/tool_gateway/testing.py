@@ -20,11 +20,12 @@ EVERYTHING_SCRIPT = Path(
 
 
 @contextmanager
-def server_everything(script: Path, log_dir: Path) -> Iterator[str]:
-    """`server-everything` over Streamable HTTP on a free port; yields its MCP URL."""
+def server_everything(script: Path, log_dir: Path, port: int | None = None) -> Iterator[str]:
+    """`server-everything` over Streamable HTTP on `port` (a free one by default); yields
+    its MCP URL."""
     if not script.exists():
         raise RuntimeError(f"{script} is missing: run `make mcp-servers` (npm ci)")
-    port = free_port()
+    port = port or free_port()
     with (log_dir / "server-everything.log").open("ab") as log:
         process = subprocess.Popen(
             ["node", str(script), "streamableHttp"],
