@@ -10,12 +10,11 @@ import os
 import resource
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from helmline.contracts import LimitHit, ResourceUsage
+from helmline.contracts import ResourceUsage
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,
@@ -35,14 +34,14 @@ from helmline.sandbox._confinement import (
     session_uid,
 )
 from helmline.sandbox._errors import SandboxError
-from helmline.sandbox._limits import LimitName, Limits, NearLimits, Observed, limit_that_stopped
+from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
 from helmline.sandbox._settings import SandboxSettings
+from helmline.sandbox._watch import WATCH_INTERVAL_S, resource_usage, watch_limits
 
 logger = logging.getLogger(__name__)
 
 _SANDBOX_PROCESSES = 2
 """bubblewrap and its pid-namespace init, counted by the pids cgroup besides the command."""
-_WATCH_INTERVAL_S = 0.05
 _REMOVAL_ATTEMPTS = 100
 _STALE_AFTER_S = 300.0
 """Age past which an empty call cgroup found at start is taken to be left by a killed
@@ -85,6 +84,10 @@ class CommandBackend(Protocol):
         """Run one command to its end, killing everything it started."""
         ...
 
+    async def close(self) -> None:
+        """Release what the backend holds between calls."""
+        ...
+
 
 def prepare_workspace(workspace: Path, owner: int | None) -> None:
     """Create the workspace if needed, owned by `owner` and private to it. Blocking."""
@@ -103,6 +106,14 @@ def prepare_workspace(workspace: Path, owner: int | None) -> None:
             workspace.chmod(0o710)
 
 
+def session_owner(settings: SandboxSettings, tenant: str, session_id: str) -> int | None:
+    """The uid a session's commands run as and that owns its workspace: its own, when the
+    service runs as root; None (the service's own) otherwise."""
+    if os.geteuid() != 0:
+        return None
+    return session_uid(tenant, session_id, settings.sandbox_uid_base, settings.sandbox_uid_count)
+
+
 class ProcessBackend:
     """bubblewrap namespaces, the call's own cgroups and rlimits."""
 
@@ -110,7 +121,6 @@ class ProcessBackend:
         self._settings = settings
         self._bwrap = bwrap
         self._layout = layout
-        self._as_root = os.geteuid() == 0
         self._removals: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -157,15 +167,14 @@ class ProcessBackend:
         if result.run.exit_code != 0:
             raise SandboxUnavailable(
                 f"bubblewrap cannot create a sandbox here (exit {result.run.exit_code}): "
-                f"{result.run.stderr.decode(errors='replace').strip()}"
+                f"{bytes(result.run.output.kept[2]).decode(errors='replace').strip()}"
             )
 
+    async def close(self) -> None:
+        pass  # Nothing outlives a call.
+
     def workspace_owner(self, tenant: str, session_id: str) -> int | None:
-        if not self._as_root:
-            return None
-        return session_uid(
-            tenant, session_id, self._settings.sandbox_uid_base, self._settings.sandbox_uid_count
-        )
+        return session_owner(self._settings, tenant, session_id)
 
     async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
         limits = job.limits
@@ -191,43 +200,14 @@ class ProcessBackend:
             nproc_slack=2 if "pids" in self._layout.places else 1,
         )
 
-        near = NearLimits(limits)
-        began = time.monotonic()
-
         async def watch() -> LimitName:
-            # The kernel enforces; this only notices, so a call that met a limit ends now
-            # instead of at its wall-clock limit (a fork bomb refused forks forever), and
-            # warns of limits a call comes near.
-            while True:
-                await asyncio.sleep(_WATCH_INTERVAL_S)
-                usage = cgroups.usage()
-                if usage.oom_kills:
-                    return "memory"
-                if usage.forks_refused:
-                    return "processes"
-                if usage.cpu_s is not None and usage.cpu_s >= limits.cpu_s:
-                    return "cpu"
-                wall_s = time.monotonic() - began
-                processes = (
-                    max(usage.processes - _SANDBOX_PROCESSES, 0)
-                    if usage.processes is not None
-                    else None
-                )
-                measured: tuple[tuple[LimitName, float | None], ...] = (
-                    ("memory", usage.peak_memory_mb),
-                    ("cpu", usage.cpu_s),
-                    ("processes", processes),
-                    ("timeout", wall_s),
-                )
-                for limit, used in measured:
-                    if used is not None and near.crossing(limit, used):
-                        control.approached(
-                            LimitHit(
-                                limit=limit, value=limits.value_of(limit), command=job.command
-                            ),
-                            used,
-                            _resource_usage(wall_s * 1000, usage),
-                        )
+            return await watch_limits(
+                cgroups.usage,
+                limits,
+                job.command,
+                control.approached,
+                not_the_commands=_SANDBOX_PROCESSES,
+            )
 
         launch = Launch(
             limited_argv(
@@ -255,21 +235,13 @@ class ProcessBackend:
         if run.ended == "exited":
             observed = Observed(run.exit_code, usage.oom_kills, usage.forks_refused, usage.cpu_s)
             limit = limit_that_stopped(observed, limits)
-        return CommandResult(run, limit, _resource_usage(run.wall_ms, usage))
-
-
-def _resource_usage(wall_ms: float, usage: Usage) -> ResourceUsage:
-    return ResourceUsage(
-        wall_ms=wall_ms,
-        cpu_ms=usage.cpu_s * 1000 if usage.cpu_s is not None else None,
-        peak_memory_mb=usage.peak_memory_mb,
-    )
+        return CommandResult(run, limit, resource_usage(run.wall_ms, usage))
 
 
 async def _remove_soon(cgroups: CallCgroups) -> None:
     # Off the call's path: its processes are dead, the kernel only has to finish with them.
     for _ in range(_REMOVAL_ATTEMPTS):
-        await asyncio.sleep(_WATCH_INTERVAL_S)
+        await asyncio.sleep(WATCH_INTERVAL_S)
         if cgroups.remove():
             return
     logger.warning("cgroups %s could not be removed", cgroups.name)
@@ -280,6 +252,9 @@ class UnsandboxedBackend:
 
     def workspace_owner(self, tenant: str, session_id: str) -> int | None:
         return None
+
+    async def close(self) -> None:
+        pass  # Nothing outlives a call.
 
     async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
         await asyncio.to_thread(prepare_workspace, job.workspace, None)

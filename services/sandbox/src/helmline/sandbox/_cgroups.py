@@ -174,6 +174,18 @@ class Usage:
     processes: int | None = None
     """Processes in the call's cgroup now."""
 
+    def since(self, before: Usage) -> Usage:
+        """What was counted after `before` was read (the peak is reset separately)."""
+        return Usage(
+            oom_kills=self.oom_kills - before.oom_kills,
+            forks_refused=self.forks_refused - before.forks_refused,
+            cpu_s=self.cpu_s - before.cpu_s
+            if self.cpu_s is not None and before.cpu_s is not None
+            else None,
+            peak_memory_mb=self.peak_memory_mb,
+            processes=self.processes,
+        )
+
 
 class CallCgroups:
     """The cgroups of one call: made with limits, joined by its first process, emptied and
@@ -202,6 +214,25 @@ class CallCgroups:
         if "pids" in self._dirs:
             directory, _ = self._dirs["pids"]
             (directory / "pids.max").write_text(str(max_processes))
+
+    @classmethod
+    def of_process(cls, pid: int) -> CallCgroups:
+        """The cgroups a running process is in (a container's, say), to read and reset its
+        counters; empty when they are not visible from here. Blocking."""
+        try:
+            own = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return cls(CgroupLayout("none", {}), "")
+        layout = parse_layout(own, Path("/proc/self/mounts").read_text(), "memory pids cpu")
+        return cls(CgroupLayout(layout.version, _existing(layout.places)), "")
+
+    def reset_peak(self) -> None:
+        """Start measuring peak memory afresh (where the kernel allows it)."""
+        if "memory" in self._dirs:
+            directory, v2 = self._dirs["memory"]
+            _write_if_present(
+                directory / ("memory.peak" if v2 else "memory.max_usage_in_bytes"), "0"
+            )
 
     @property
     def procs_files(self) -> tuple[str, ...]:
@@ -235,14 +266,20 @@ class CallCgroups:
                 cpu_s = nanoseconds / 1e9 if nanoseconds is not None else None
         return Usage(oom_kills, forks_refused, cpu_s, peak, processes)
 
-    def kill_all(self) -> None:
-        """SIGKILL every process in the call's cgroups and wait until they have left them
-        (a killed process stays listed until it has finished exiting). Blocking."""
+    def kill_all(self, sparing: frozenset[int] = frozenset()) -> bool:
+        """SIGKILL every process in the call's cgroups but those `sparing`, and wait until
+        they have left them (a killed process stays listed until it has finished exiting);
+        whether they did. Blocking."""
         deadline = time.monotonic() + _KILL_WAIT_S
+        killed: set[int] = set()
         while True:
-            pids = self._members()
-            if not pids or time.monotonic() > deadline:
-                return
+            pids = self.members() - sparing
+            # A process leaves its cgroup a moment before it is dead (a zombie).
+            killed = {pid for pid in killed | pids if _alive(pid)}
+            if not pids and not killed:
+                return True
+            if time.monotonic() > deadline:
+                return False
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -261,7 +298,13 @@ class CallCgroups:
                 gone = False
         return gone
 
-    def _members(self) -> set[int]:
+    @property
+    def visible(self) -> bool:
+        """Whether any of the cgroups can be read from here."""
+        return bool(self._dirs)
+
+    def members(self) -> set[int]:
+        """Host pids of the processes in the cgroups."""
         pids: set[int] = set()
         for directory, _ in set(self._dirs.values()):
             with contextlib.suppress(FileNotFoundError):
@@ -269,8 +312,22 @@ class CallCgroups:
         return pids
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _existing(places: dict[Controller, Place]) -> dict[Controller, Place]:
+    return {controller: place for controller, place in places.items() if place.parent.is_dir()}
+
+
 def _write_if_present(path: Path, value: str) -> None:
-    with contextlib.suppress(FileNotFoundError, PermissionError):
+    # OSError: a v2 memory.peak that cannot be reset yet (before Linux 6.12).
+    with contextlib.suppress(OSError):
         path.write_text(value)
 
 

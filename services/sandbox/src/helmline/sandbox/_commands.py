@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from helmline.contracts import LimitHit, ResourceUsage, ToolError
 from helmline.sandbox._errors import ToolRefused
@@ -72,14 +72,8 @@ class CommandRun:
     """The limit the watchdog saw crossed, when that killed it."""
     exit_code: int | None
     """The shell's exit status (128 + N when signal N ended it); None when it was killed."""
-    stdout: bytes
-    """The first bytes of stdout, up to the cap."""
-    stderr: bytes
-    """The first bytes of stderr, up to the cap."""
-    stdout_total: int
-    """Bytes written to stdout in all."""
-    stderr_total: int
-    """Bytes written to stderr in all."""
+    output: Output
+    """What it wrote: the first bytes of each stream, and how many in all."""
     wall_ms: float
     """Elapsed time from start to end."""
 
@@ -99,26 +93,35 @@ class CommandControl:
     """Where warnings about limits the call comes near go."""
 
 
-class _Capture(asyncio.SubprocessProtocol):
-    """Keeps the first `cap` bytes of each output stream and counts the rest away.
-
-    Reading never stops, so a chatty command is never blocked on a full pipe.
-    """
+class Output:
+    """Keeps the first `cap` bytes of stdout (1) and stderr (2) and counts the rest away."""
 
     def __init__(self, cap: int) -> None:
-        loop = asyncio.get_running_loop()
         self.cap = cap
         self.kept = {fd: bytearray() for fd in _OUTPUT_FDS}
         self.totals = dict.fromkeys(_OUTPUT_FDS, 0)
-        self.exited: asyncio.Future[None] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
+    def add(self, fd: int, data: bytes) -> None:
+        """Take what a stream wrote next."""
         kept = self.kept[fd]
         room = self.cap - len(kept)
         if room > 0:
             kept += data[:room]
         self.totals[fd] += len(data)
+
+
+class _Capture(asyncio.SubprocessProtocol):
+    """Collects a process's output; reading never stops, so a chatty command is never
+    blocked on a full pipe."""
+
+    def __init__(self, cap: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.output = Output(cap)
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.output.add(fd, data)
 
     def process_exited(self) -> None:
         if not self.exited.done():
@@ -172,20 +175,7 @@ async def run_process(
         asyncio.ensure_future(watch()) if watch is not None else loop.create_future()
     )
     try:
-        await asyncio.wait(
-            (capture.exited, cancelled, crossed),
-            timeout=timeout_s,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        ended: Ended
-        if capture.exited.done():
-            ended = "exited"
-        elif cancelled.done():
-            ended = "cancelled"
-        elif crossed.done():
-            ended = "limit"
-        else:
-            ended = "timeout"
+        ended = await how_it_ends(capture.exited, cancelled, crossed, timeout_s)
         _kill_group(group)
         if ended != "exited":
             await asyncio.to_thread(kill_marked, marker)
@@ -210,12 +200,29 @@ async def run_process(
         ended=ended,
         limit=crossed.result() if ended == "limit" else None,
         exit_code=_exit_code(return_code) if ended == "exited" else None,
-        stdout=bytes(capture.kept[1]),
-        stderr=bytes(capture.kept[2]),
-        stdout_total=capture.totals[1],
-        stderr_total=capture.totals[2],
+        output=capture.output,
         wall_ms=(time.perf_counter() - started) * 1000,
     )
+
+
+async def how_it_ends(
+    exited: asyncio.Future[Any],
+    cancelled: asyncio.Future[Any],
+    crossed: asyncio.Future[Any],
+    timeout_s: float,
+) -> Ended:
+    """Wait until the command exits, is cancelled, crosses a limit or runs out of time;
+    which came first."""
+    await asyncio.wait(
+        (exited, cancelled, crossed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+    )
+    if exited.done():
+        return "exited"
+    if cancelled.done():
+        return "cancelled"
+    if crossed.done():
+        return "limit"
+    return "timeout"
 
 
 async def _wait_for_output(capture: _Capture, marker: str) -> None:

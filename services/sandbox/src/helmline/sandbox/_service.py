@@ -1,27 +1,43 @@
-"""Wiring: the sandbox consumer."""
+"""Wiring: the backends of the configured profiles, and the sandbox consumer."""
 
 from __future__ import annotations
 
+import asyncio
+
 from helmline.contracts import SANDBOX_CONSUMER, ConsumerSpec
 from helmline.runtime import ServiceHost, Setup
-from helmline.sandbox._backends import start_backend
+from helmline.sandbox._backends import CommandBackend, ProcessBackend, start_backend
+from helmline.sandbox._containers import ContainerBackend, connect
 from helmline.sandbox._handlers import SandboxHandler
 from helmline.sandbox._limits import Defaults
 from helmline.sandbox._settings import SandboxSettings
 from helmline.sandbox._snapshots import WorkspaceSnapshots
-from helmline.sandbox._tools import Tools
+from helmline.sandbox._tools import Sandboxed, Tools
 
 
 async def tools_for(settings: SandboxSettings) -> Tools:
-    """The tools with the backend the settings choose; raises `SandboxUnavailable` if it
-    cannot run here."""
+    """The tools with the backend the settings choose and one per configured profile;
+    raises `SandboxUnavailable` if any of them cannot run here."""
     defaults = Defaults(
         cpu_s=settings.default_cpu_s,
         memory_mb=settings.default_memory_mb,
         max_processes=settings.default_max_processes,
         max_file_mb=settings.default_max_file_mb,
     )
-    return Tools(await start_backend(settings), defaults)
+    backend = await start_backend(settings)
+    process = backend if isinstance(backend, ProcessBackend) else None
+    profiles: dict[str, Sandboxed] = {}
+    for name, profile in settings.sandbox_profiles.items():
+        chosen: CommandBackend
+        match profile.backend:
+            case "process":
+                process = process or await ProcessBackend.start(settings)
+                chosen = process
+            case "container":
+                client = await asyncio.to_thread(connect, settings.docker_host)
+                chosen = await ContainerBackend.start(client, profile, settings)
+        profiles[name] = Sandboxed(chosen, profile.defaults_over(defaults))
+    return Tools(backend, defaults, profiles)
 
 
 def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CONSUMER) -> Setup:
@@ -29,6 +45,7 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
 
     async def setup(host: ServiceHost) -> None:
         tools = await tools_for(settings)
+        host.on_shutdown(tools.close)
         snapshots = WorkspaceSnapshots(host.js, max_bytes=settings.snapshot_max_mb * 1024 * 1024)
         handler = SandboxHandler(
             host.store, settings.workspaces_dir.resolve(), tools, snapshots=snapshots

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from helmline.runtime import RuntimeSettings
+from helmline.sandbox._profiles import SandboxProfile
 
 
 def _default_workspaces_dir(data: dict[str, Any]) -> Path:
@@ -46,3 +47,11 @@ class SandboxSettings(RuntimeSettings):
     snapshot_max_mb: int = Field(default=256, gt=0)
     """Most new content (MiB) one workspace snapshot may store; above it the snapshot is
     recorded without content and the step is irreversible, with the reason."""
+    sandbox_profiles: dict[str, SandboxProfile] = Field(default_factory=dict)
+    """Named profiles a policy may grant a call (`sandbox_profile`), as JSON in
+    `HELMLINE_SANDBOX_PROFILES`, e.g. `{"container": {"backend": "container", "image":
+    "python:3.12-slim", "cpus": 1}}`. A call without a profile runs on `sandbox_backend`; a
+    call naming a profile not defined here is refused."""
+    docker_host: str | None = None
+    """The Docker Engine API the container backend talks to (`unix:///run/docker.sock`,
+    `tcp://...`); by default Docker's own `DOCKER_HOST` and defaults."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -12,7 +12,7 @@ from pydantic import JsonValue
 
 from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, ToolError
 from helmline.sandbox._backends import CommandBackend, CommandJob, prepare_workspace
-from helmline.sandbox._commands import CommandControl
+from helmline.sandbox._commands import CommandControl, Output
 from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._files import delete_file, list_files, read_file, write_file
 from helmline.sandbox._limits import Defaults, LimitName, Limits, effective_limits
@@ -52,12 +52,43 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
-class Tools:
-    """The built-in tools, with commands run by `backend` under limits (defaults filling in
-    what a request leaves unset)."""
+class Sandboxed:
+    """Where a call's command runs, and the limits of a call that sets none."""
 
     backend: CommandBackend
     defaults: Defaults
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """The built-in tools, with commands run by `backend` under limits (defaults filling in
+    what a request leaves unset), or by the sandbox profile the call was granted."""
+
+    backend: CommandBackend
+    defaults: Defaults
+    profiles: Mapping[str, Sandboxed] = field(default_factory=dict)
+    """The configured profiles by name."""
+
+    async def close(self) -> None:
+        """Release what the backends hold between calls (warm containers)."""
+        await self.backend.close()
+        for profile in self.profiles.values():
+            await profile.backend.close()
+
+    def _sandboxed(self, profile: str | None) -> Sandboxed:
+        if profile is None:
+            return Sandboxed(self.backend, self.defaults)
+        chosen = self.profiles.get(profile)
+        if chosen is None:
+            known = ", ".join(sorted(self.profiles)) or "none"
+            raise ToolRefused(
+                ToolError(
+                    kind="validation",
+                    message=f"the sandbox has no profile {profile!r} (configured: {known})",
+                    suggestion="define it in HELMLINE_SANDBOX_PROFILES, or grant a defined one",
+                )
+            )
+        return chosen
 
     async def execute(
         self,
@@ -71,56 +102,60 @@ class Tools:
 
         A cancel kills a running command; file tools are too short to interrupt.
         """
-        owner = self.backend.workspace_owner(*session)
+        try:
+            sandboxed = self._sandboxed(request.profile)
+        except ToolRefused as refused:
+            return Failed(refused.error)
         if request.tool == "run_command":
             try:
-                return await self._run_command(request, workspace, session, control)
+                return await _run_command(sandboxed, request, workspace, session, control)
             except ToolRefused as refused:
                 return Failed(refused.error)
-        return await _file_tool(request, workspace, owner)
+        return await _file_tool(request, workspace, sandboxed.backend.workspace_owner(*session))
 
-    async def _run_command(
-        self,
-        request: SandboxExecutionRequested,
-        workspace: Path,
-        session: tuple[str, str],
-        control: CommandControl,
-    ) -> Outcome:
-        command = _string(request.arguments, "command")
-        limits = effective_limits(request.limits, _timeout(request), self.defaults)
-        job = CommandJob(command, workspace, *session, limits=limits, network=request.network)
-        result = await self.backend.run(job, control)
-        run, usage = result.run, result.usage
-        if result.limit is not None:
-            return _limit_failure(result.limit, limits, command, usage)
-        match run.ended:
-            case "timeout":
-                return _limit_failure("timeout", limits, command, usage)
-            case "cancelled":
-                return Failed(
-                    ToolError(
-                        kind="cancelled",
-                        message="the session was cancelled while the command ran; it was killed",
-                    ),
-                    usage=usage,
-                )
-            case "exited" | "limit":
-                cap = limits.max_output_bytes
-                stdout, stdout_truncated = _cut_stream(run.stdout, run.stdout_total, cap)
-                stderr, stderr_truncated = _cut_stream(run.stderr, run.stderr_total, cap)
-                return Completed(
-                    {
-                        "exit_code": run.exit_code,
-                        "stdout": stdout,
-                        "stderr": stderr,
-                        "stdout_truncated": stdout_truncated,
-                        "stderr_truncated": stderr_truncated,
-                        "usage": usage.model_dump(mode="json"),
-                    },
-                    stdout_truncated or stderr_truncated,
-                    exit_code=run.exit_code,
-                    usage=usage,
-                )
+
+async def _run_command(
+    sandboxed: Sandboxed,
+    request: SandboxExecutionRequested,
+    workspace: Path,
+    session: tuple[str, str],
+    control: CommandControl,
+) -> Outcome:
+    command = _string(request.arguments, "command")
+    limits = effective_limits(request.limits, _timeout(request), sandboxed.defaults)
+    job = CommandJob(command, workspace, *session, limits=limits, network=request.network)
+    result = await sandboxed.backend.run(job, control)
+    run, usage = result.run, result.usage
+    if result.limit is not None:
+        return _limit_failure(result.limit, limits, command, usage)
+    match run.ended:
+        case "timeout":
+            return _limit_failure("timeout", limits, command, usage)
+        case "cancelled":
+            return Failed(
+                ToolError(
+                    kind="cancelled",
+                    message="the session was cancelled while the command ran; it was killed",
+                ),
+                usage=usage,
+            )
+        case "exited" | "limit":
+            cap = limits.max_output_bytes
+            stdout, stdout_truncated = _cut_stream(run.output, 1, cap)
+            stderr, stderr_truncated = _cut_stream(run.output, 2, cap)
+            return Completed(
+                {
+                    "exit_code": run.exit_code,
+                    "stdout": stdout,
+                    "stderr": stderr,
+                    "stdout_truncated": stdout_truncated,
+                    "stderr_truncated": stderr_truncated,
+                    "usage": usage.model_dump(mode="json"),
+                },
+                stdout_truncated or stderr_truncated,
+                exit_code=run.exit_code,
+                usage=usage,
+            )
 
 
 _LIMIT_WORDS: dict[LimitName, tuple[str, str]] = {
@@ -192,8 +227,9 @@ async def _file_tool(
         return Failed(refused.error)
 
 
-def _cut_stream(kept: bytes, total: int, cap: int) -> tuple[str, bool]:
-    text, _ = cut_text(kept, cap)
+def _cut_stream(output: Output, fd: int, cap: int) -> tuple[str, bool]:
+    total = output.totals[fd]
+    text, _ = cut_text(bytes(output.kept[fd]), cap)
     if total <= cap:
         return text, False
     return text + cut_marker(cap, total), True

@@ -1,0 +1,88 @@
+"""Sandbox profiles: the profile a call was granted chooses its backend and default limits;
+an unknown one is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from helmline.contracts import SandboxExecutionRequested
+from helmline.sandbox import SandboxSettings, tools_for
+from helmline.sandbox._commands import CommandControl, Reaper
+from helmline.sandbox._profiles import SandboxProfile
+from helmline.sandbox._tools import Completed, Failed, Outcome, Tools
+from helmline.sandbox.testing import BUSYBOX_IMAGE, PrivateDockerd
+
+
+async def run(tools: Tools, workspace: Path, command: str, profile: str | None) -> Outcome:
+    request = SandboxExecutionRequested(
+        call_id=f"call-{uuid.uuid4().hex[:8]}",
+        step_id="step-1",
+        tool="run_command",
+        arguments={"command": command},
+        profile=profile,
+    )
+    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper())
+    return await tools.execute(request, workspace, ("tenant", "s1"), control)
+
+
+WHERE = (
+    "if [ -e /usr/bin/python3 ]; then echo host; else echo container; fi; "
+    "grep 'Max processes' /proc/self/limits"
+)
+"""Says whether the command sees the host's /usr, and its process limit."""
+
+
+@pytest.mark.container
+async def test_a_granted_profile_chooses_the_backend_and_its_defaults(
+    dockerd: PrivateDockerd, tmp_path: Path
+) -> None:
+    settings = SandboxSettings(
+        docker_host=dockerd.host,
+        sandbox_profiles={
+            "busybox": SandboxProfile(backend="container", image=BUSYBOX_IMAGE),
+            "strict": SandboxProfile(max_processes=7),
+        },
+    )
+    tools = await tools_for(settings)
+    try:
+        workspace = tmp_path / "ws"
+        plain = await run(tools, workspace, WHERE, None)
+        contained = await run(tools, workspace, WHERE, "busybox")
+        strict = await run(tools, workspace, WHERE, "strict")
+    finally:
+        await tools.close()
+    assert isinstance(plain, Completed)
+    assert isinstance(plain.output, dict)
+    assert str(plain.output["stdout"]).startswith("host\n")
+    assert isinstance(contained, Completed)
+    assert isinstance(contained.output, dict)
+    assert str(contained.output["stdout"]).startswith("container\n")
+    assert isinstance(strict, Completed)
+    assert isinstance(strict.output, dict)
+    # The per-uid process rlimit is the profile's limit, with the pids cgroup's slack.
+    assert str(strict.output["stdout"]).split()[:4] == ["host", "Max", "processes", "14"]
+
+
+async def test_a_profile_that_is_not_configured_is_refused(tmp_path: Path) -> None:
+    tools = await tools_for(SandboxSettings())
+    outcome = await run(tools, tmp_path / "ws", "true", "gpu")
+    assert isinstance(outcome, Failed)
+    assert outcome.error.kind == "validation"
+    assert "no profile 'gpu' (configured: none)" in outcome.error.message
+    assert not (tmp_path / "ws").exists()
+
+
+def test_a_profile_says_what_is_wrong_with_it() -> None:
+    with pytest.raises(ValidationError, match="a container profile needs an image"):
+        SandboxProfile(backend="container")
+    with pytest.raises(ValidationError, match="container backend only"):
+        SandboxProfile(image="debian:12")
+    settings = SandboxSettings.model_validate(
+        {"sandbox_profiles": {"c": {"backend": "container", "image": "x", "cpus": 0.5}}}
+    )
+    assert settings.sandbox_profiles["c"].cpus == 0.5
