@@ -242,3 +242,45 @@ async def test_parallel_tool_calls_become_steps_and_each_call_gets_its_result(
         {"message": "left"},
         {"message": "right"},
     ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_planned_session_completes_on_either_protocol(
+    model: ScriptedModel, provider: str, stream: bool
+) -> None:
+    model.script(
+        "either",
+        [
+            Reply.call(
+                "create_plan",
+                text="Two echoes.",
+                steps=[
+                    {"id": "a", "tool": "echo", "arguments": {"message": "a"}},
+                    {"id": "b", "tool": "echo", "arguments": {"message": "b"}, "depends_on": ["a"]},
+                ],
+                completion_criteria=["both said"],
+                reasoning="a then b",
+                confidence=0.9,
+            ),
+            Reply.call(
+                "finish", summary="said", criteria=[{"criterion": "both said", "met": True}]
+            ),
+        ],
+    )
+    url = model.openai_url if provider == "openai" else model.url
+    settings = _settings(model, llm_provider=provider, llm_base_url=url, llm_stream=stream)
+    client = model_client(settings)
+    try:
+        engine = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)
+        log = await InMemoryWorld(engine).run("either: say a then b", mode="plan")
+    finally:
+        await client.aclose()
+
+    state = fold(log)
+    assert state.status == "completed", state.outcome
+    assert [c.criterion for c in state.criteria] == ["both said"]
+    assert state.plan_confidence == 0.9
+    second = model.received("either")[1]
+    assert second.protocol == provider
+    assert "- b (echo): succeeded" in second.last_result()

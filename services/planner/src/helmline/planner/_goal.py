@@ -96,7 +96,10 @@ def react(state: SessionState, log: Sequence[Event], trigger: Event) -> Reaction
         case PlanRejected():
             current = data.revision == state.plan_revision
             return Reaction([], "replan" if current else None)
-        case PlanApproved() | SessionResumeRequested():
+        case PlanApproved():
+            current = data.revision == state.plan_revision
+            return _carry_on(state, log, trigger, current=current)
+        case SessionResumeRequested():
             return _carry_on(state, log, trigger, current=True)
         case ToolCallCompleted() | ToolCallFailed() | ToolCallDenied():
             step = state.steps.get(data.step_id)
