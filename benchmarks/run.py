@@ -21,6 +21,7 @@ import replay
 import ring
 import rollback
 import sandbox
+import sse
 import steps
 
 Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "gateway": gateway.run,
     "read_model": read_model.rebuild,
     "planner": planner.run,
+    "sse": sse.run,
 }
 
 

@@ -14,7 +14,7 @@ def setup_api(settings: ApiSettings) -> Setup:
         await host.serve_http(app, settings.api_host, settings.api_port)
         # Cleanups run last added first: open event streams end before uvicorn waits for
         # their connections to close.
-        host.on_shutdown(app.state.streams.close_all)
+        host.on_shutdown(app.state.fan_out.close_all)
 
     return setup
 

@@ -9,6 +9,7 @@ from fastapi.staticfiles import StaticFiles
 
 from helmline.api import _events, _routes
 from helmline.api._auth import Authenticator
+from helmline.api._fanout import FanOut
 from helmline.api._problems import install_problem_handlers, not_found
 from helmline.api._reads import SessionLister
 from helmline.api._settings import ApiSettings
@@ -29,7 +30,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     app.state.js = host.js
     app.state.authenticator = Authenticator(settings, host.js)
     app.state.lister = SessionLister(host.store, settings.database_url)
-    app.state.streams = _events.OpenStreams()
+    app.state.fan_out = FanOut(host.js)
     install_problem_handlers(app)
 
     @app.get("/healthz", tags=["health"])
