@@ -109,7 +109,8 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
 ) -> None:
     admin = await make_key(tenant, "admin")
-    session_id = await start(client, admin)
+    created = await client.post("/sessions", json={"playbook": HELLO}, headers=admin)
+    session_id, started_seq = created.json()["session_id"], created.json()["seq"]
     request_id = await waiting_request(client, admin, session_id)
 
     async def listed() -> list[dict[str, Any]]:
@@ -126,7 +127,7 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     done = await client.get("/sessions", params={"status": "completed"}, headers=admin)
     assert all(s["session_id"] != session_id for s in done.json())
 
-    first = await client.get(f"/sessions/{session_id}", params={"at_seq": 1}, headers=admin)
+    first = await client.get(f"/sessions/{session_id}", params={"at_seq": started_seq}, headers=admin)
     assert first.json()["event_count"] == 1
     assert first.json()["status"] in ("pending", "planning")
     checkpoints = (await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)).json()
