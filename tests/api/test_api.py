@@ -127,7 +127,9 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     done = await client.get("/sessions", params={"status": "completed"}, headers=admin)
     assert all(s["session_id"] != session_id for s in done.json())
 
-    first = await client.get(f"/sessions/{session_id}", params={"at_seq": started_seq}, headers=admin)
+    first = await client.get(
+        f"/sessions/{session_id}", params={"at_seq": started_seq}, headers=admin
+    )
     assert first.json()["event_count"] == 1
     assert first.json()["status"] in ("pending", "planning")
     checkpoints = (await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)).json()
