@@ -88,3 +88,47 @@ async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> 
     await page.goto(f"{api_url}/#key=hlk_0123456789abcdef_wrong")
     await expect(page.get_by_role("alert")).to_contain_text("refused")
     await expect(page.get_by_label("API key")).to_be_visible()
+
+
+async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_undone(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    operator = await make_key(tenant, "operator")
+    key = operator["Authorization"].removeprefix("Bearer ")
+    playbook = {
+        "goal": "write three files",
+        "steps": [
+            {"id": "one", "tool": "write_file", "arguments": {"path": "1.txt", "content": "1"}},
+            {
+                "id": "two",
+                "tool": "write_file",
+                "arguments": {"path": "2.txt", "content": "2"},
+                "depends_on": ["one"],
+            },
+            {
+                "id": "three",
+                "tool": "write_file",
+                "arguments": {"path": "3.txt", "content": "3"},
+                "depends_on": ["two"],
+            },
+        ],
+    }
+    created = await client.post("/sessions", json={"playbook": playbook}, headers=operator)
+    session_id = created.json()["session_id"]
+
+    await page.goto(f"{api_url}/#key={key}")
+    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await expect(page.locator("#summary .badge").first).to_have_text("completed")
+    checkpoints = page.locator("#checkpoints li.checkpoint")
+    await expect(checkpoints).to_have_count(3)
+    await checkpoints.first.get_by_role("button", name="Roll back to here").click()
+    dialog = page.locator("dialog#confirm")
+    await expect(dialog).to_contain_text("three")
+    await expect(dialog).to_contain_text("two")
+    await screenshot(page, "rollback-confirmation")
+    await dialog.get_by_role("button", name="Roll back").click()
+    for step in ("two", "three"):
+        await expect(page.locator(f'li[data-step-id="{step}"] .badge').first).to_have_text("undone")
+    await expect(page.locator('li[data-step-id="one"] .badge').first).to_have_text("succeeded")
+    await expect(page.locator("#rollbacks")).to_contain_text("rollback completed")
+    await screenshot(page, "rolled-back")
