@@ -424,7 +424,8 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     ContextCompacted: (PLANNER,),
     LoopDetected: (PLANNER,),
     PlanProposed: (PLANNER,),
-    StepScheduled: (PLANNER,),
+    # The state service schedules a rollback's undo calls (`compensation_id` set).
+    StepScheduled: (PLANNER, STATE),
     StepSkipped: (PLANNER,),
     PlanApproved: (APPROVAL,),
     PlanRejected: (APPROVAL,),
@@ -453,8 +454,9 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     StreamLimitApproaching: (STATE,),
     RollbackRefused: (STATE,),
     CompensationScheduled: (STATE,),
-    CompensationCompleted: (STATE,),
-    CompensationFailed: (STATE,),
+    # The sandbox ends the workspace restores, the state service the undo calls.
+    CompensationCompleted: (STATE, SANDBOX),
+    CompensationFailed: (STATE, SANDBOX),
     RollbackCompleted: (STATE,),
     RollbackFailed: (STATE,),
 }
@@ -473,6 +475,7 @@ BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
     API_KEYS_BUCKET.bucket: (API,),
     WORKSPACES_BUCKET.bucket: (SANDBOX,),
     TOOL_OUTPUTS_BUCKET.bucket: (TOOL_GATEWAY,),
+    SESSION_STATES_BUCKET.bucket: (STATE,),
 }
 """The services that write each key-value bucket and object store (every service may read
 them). Every bucket needs a line here (a test fails without one)."""
