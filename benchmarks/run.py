@@ -15,6 +15,7 @@ from typing import Any
 import approval
 import gateway
 import idle_memory
+import observability
 import planner
 import read_model
 import replay
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "ring": ring.run,
     "steps": steps.run,
     "idle_memory": idle_memory.run,
+    "observability": observability.run,
     "approval": approval.run,
     "sandbox": sandbox.run,
     "gateway": gateway.run,

@@ -19,9 +19,11 @@ import pytest
 import yaml
 from nats.errors import TimeoutError as NatsTimeout
 
+from helmline.approval import load_policy
 from helmline.contracts import SERVICES, event_subject
 from helmline.runtime import ensure_topology
 from helmline.runtime.testing import NatsServer, free_port
+from helmline.tool_gateway import load_servers
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "deploy" / "helm" / "helmline"
@@ -176,3 +178,12 @@ async def test_a_nats_server_configured_from_the_chart_refuses_anothers_event_ty
             await js.publish(event_subject(tenant, "s", "tool.call.completed"), b"{}", timeout=1)
         await planner.close()
     assert any("permissions violation for publish" in r.lower() for r in refusals), refusals
+
+
+def test_the_production_examples_policy_and_mcp_servers_load(tmp_path: Path) -> None:
+    values = yaml.safe_load(PRODUCTION.read_text())
+    policy, servers = tmp_path / "policy.yaml", tmp_path / "servers.yaml"
+    policy.write_text(values["policy"])
+    servers.write_text(values["mcpServers"])
+    assert load_policy(policy)
+    assert [server.id for server in load_servers(servers).servers] == ["time", "tickets"]

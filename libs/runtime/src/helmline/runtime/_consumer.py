@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from opentelemetry.trace import NoOpTracer, Status, StatusCode, Tracer
+from opentelemetry.trace import NoOpTracer, Span, Status, StatusCode, Tracer
 
 from helmline.contracts import (
     UPCASTERS,
@@ -192,10 +192,7 @@ class EventConsumer:
             await self._dead_letter(message, "undecodable", f"undecodable: {error}", deliveries)
             return
         began = time.perf_counter()
-        with (
-            log_context(tenant=event.tenant, session_id=event.session_id, event_type=event.type),
-            handling_span(self._tracer, self._spec.durable, event) as span,
-        ):
+        with self._context_of(event) as span:
             outcome = await self._settle(message, event, deliveries)
             seconds = time.perf_counter() - began
             if outcome != "ok":
@@ -203,6 +200,15 @@ class EventConsumer:
             logger.debug("handled %s: %s in %.1f ms", event.type, outcome, seconds * 1000)
         if self._metrics is not None:
             self._metrics.handled(self._spec, event, outcome, seconds)
+
+    @contextlib.contextmanager
+    def _context_of(self, event: Event) -> Iterator[Span]:
+        """While handling `event`: its session on every log line, a span in its trace."""
+        with (
+            log_context(tenant=event.tenant, session_id=event.session_id, event_type=event.type),
+            handling_span(self._tracer, self._spec.durable, event) as span,
+        ):
+            yield span
 
     async def _settle(self, message: Msg, event: Event, deliveries: int) -> str:
         """Run the handler and ack, nak or dead-letter the message; say which."""
@@ -273,7 +279,8 @@ class EventConsumer:
             seq = int(json.loads(request.data)["stream_seq"])
             stored = await self._js.get_msg(self._spec.stream, seq)
             event = decode_event(stored.data or b"", self._upcasters)
-            await self._handler(Delivery(event, seq, deliveries=1))
+            with self._context_of(event):
+                await self._handler(Delivery(event, seq, deliveries=1))
         except Exception as error:  # The operator gets the reason; the letter stays parked.
             outcome = {"ok": False, "reason": f"{type(error).__name__}: {error}"}
         else:

@@ -26,10 +26,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from helmline.contracts import Event, Headers
+from helmline.contracts import Event, Headers, ModelExchangeRecorded, ToolError
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 TRACER_NAME = "helmline.runtime"
+SPAN_FIELDS = ("step_id", "call_id", "tool", "server", "request_id", "provider", "attempt")
+"""Payload fields copied onto handling spans as `helmline.<field>`."""
 
 
 class TracingSettings(BaseSettings):
@@ -86,9 +88,15 @@ def event_context(event: Event) -> Context:
 @contextmanager
 def handling_span(tracer: trace.Tracer, consumer: str, event: Event) -> Iterator[trace.Span]:
     """A span for handling `event`, continuing its trace, current while the handler runs."""
+    context = event_context(event)
+    if isinstance(tracer, trace.NoOpTracer):
+        # Tracing off: only the event's context is made current (for logs and new events).
+        with trace.use_span(trace.get_current_span(context), end_on_exit=False) as span:
+            yield span
+        return
     with tracer.start_as_current_span(
         f"{event.type} handle",
-        context=event_context(event),
+        context=context,
         kind=SpanKind.CONSUMER,
         attributes={"helmline.consumer": consumer, **span_attributes(event)},
         record_exception=True,
@@ -105,8 +113,10 @@ def span_attributes(event: Event) -> dict[str, str | int | float | bool]:
         "helmline.event_type": event.type,
         "helmline.event_id": str(event.id),
     }
-    for field in ("step_id", "call_id", "tool", "server", "request_id", "model"):
-        value = getattr(event.data, field, None)
+    # The payload's own fields, read from its dict: getattr on a missing pydantic field is slow.
+    fields = event.data.__dict__
+    for field in SPAN_FIELDS:
+        value = fields.get(field)
         if isinstance(value, str | int | float | bool):
             attributes[f"helmline.{field}"] = value
     return attributes
@@ -132,9 +142,17 @@ def record_appended(event: Event, size_bytes: int, duplicate: bool) -> None:
         "helmline.size_bytes": size_bytes,
         "helmline.duplicate": duplicate,
     }
-    error = getattr(event.data, "error", None)
-    kind = getattr(error, "kind", None)
-    if isinstance(kind, str):
-        attributes["helmline.error_kind"] = kind
-        span.set_status(Status(StatusCode.ERROR, f"{event.type}: {kind}"))
+    error = event.data.__dict__.get("error")
+    if isinstance(error, ToolError):
+        attributes["helmline.error_kind"] = error.kind
+        span.set_status(Status(StatusCode.ERROR, f"{event.type}: {error.kind}"))
+    if isinstance(event.data, ModelExchangeRecorded):
+        usage = event.data.reply.usage
+        attributes |= {
+            "gen_ai.system": event.data.provider,
+            "gen_ai.request.model": event.data.request.model,
+            "gen_ai.usage.input_tokens": usage.input_tokens,
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+            "helmline.cost_usd": event.data.cost_usd or 0.0,
+        }
     span.add_event(event.type, attributes)
