@@ -43,11 +43,15 @@ async def test_list_show_retry_and_discard(
     retried = await invoke(nats_url, "dlq", "retry", str(parked.seq))
     assert retried.exit_code == 1
     assert "failed again" in retried.stderr
+    as_json = await invoke(nats_url, "dlq", "retry", str(parked.seq), "--json")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["handled"] is False
     await consumer.stop(grace_s=1)
     unanswered = await invoke(nats_url, "dlq", "retry", str(parked.seq))
     assert "no replica of" in unanswered.stderr
 
-    discarded = await invoke(nats_url, "dlq", "discard", str(parked.seq))
+    discarded = await invoke(nats_url, "dlq", "discard", str(parked.seq), "--json")
     assert discarded.exit_code == 0, discarded.output
+    assert json.loads(discarded.stdout) == {"seq": parked.seq, "discarded": True}
     missing = await invoke(nats_url, "dlq", "show", str(parked.seq))
     assert f"no dead letter {parked.seq}" in missing.stderr

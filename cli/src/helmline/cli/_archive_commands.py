@@ -3,6 +3,8 @@ investigations and moving sessions between clusters."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Tenant
+from helmline.cli._options import DataDir, Json, Tenant
 from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, _run_async
 
 
@@ -60,26 +62,30 @@ def export(
 
 def import_(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An export.")],
+    as_json: Json = False,
     data_dir: DataDir = None,
 ) -> None:
     """Append an export's events to the log; events already there are skipped, so importing
     twice stores everything once. A bad line stops the import before anything is written."""
-    from helmline.cli._archive import import_events, read_export
+    from helmline.cli._archive import ImportResult, import_events, read_export
     from helmline.cli._connection import connect
 
     with file.open() as lines:
         events = _attempt(lambda: read_export(lines, str(file)))
     url = _nats_url(data_dir)
 
-    async def append() -> str:
+    async def append() -> ImportResult:
         async with connect(url) as log:
-            result = await import_events(log, events)
-        return (
-            f"imported {result.appended} events of {result.sessions} sessions "
-            f"({result.already_present} were already there)"
-        )
+            return await import_events(log, events)
 
-    typer.echo(_run_async(append()))
+    result = _run_async(append())
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(result)))
+        return
+    typer.echo(
+        f"imported {result.appended} events of {result.sessions} sessions "
+        f"({result.already_present} were already there)"
+    )
 
 
 def _one_selection(session: str | None, every_session: bool) -> None:

@@ -64,7 +64,7 @@ def show(seq: LetterSeq, data_dir: DataDir = None) -> None:
 
 
 @app.command()
-def retry(seq: LetterSeq, data_dir: DataDir = None) -> None:
+def retry(seq: LetterSeq, as_json: Json = False, data_dir: DataDir = None) -> None:
     """Ask the consumer that gave up to handle the message again (with the code it runs now).
 
     On success the letter is removed; otherwise it stays, with the new reason printed."""
@@ -78,14 +78,18 @@ def retry(seq: LetterSeq, data_dir: DataDir = None) -> None:
             return await _runtime_errors(DeadLetterBox(log.nc, log.js).retry(seq))
 
     outcome = _run_async(again())
-    if not outcome.ok:
+    if as_json:
+        typer.echo(json.dumps({"seq": seq, "handled": outcome.ok, "reason": outcome.reason}))
+    elif not outcome.ok:
         typer.echo(f"error: letter {seq} failed again: {outcome.reason}", err=True)
+    else:
+        typer.echo(f"letter {seq} handled and removed")
+    if not outcome.ok:
         raise typer.Exit(1)
-    typer.echo(f"letter {seq} handled and removed")
 
 
 @app.command()
-def discard(seq: LetterSeq, data_dir: DataDir = None) -> None:
+def discard(seq: LetterSeq, as_json: Json = False, data_dir: DataDir = None) -> None:
     """Remove a letter for good (the event itself stays in the log)."""
     from helmline.cli._connection import connect
     from helmline.runtime import DeadLetterBox
@@ -97,7 +101,9 @@ def discard(seq: LetterSeq, data_dir: DataDir = None) -> None:
             await _runtime_errors(DeadLetterBox(log.nc, log.js).discard(seq))
 
     _run_async(remove())
-    typer.echo(f"letter {seq} discarded")
+    typer.echo(
+        json.dumps({"seq": seq, "discarded": True}) if as_json else f"letter {seq} discarded"
+    )
 
 
 async def _runtime_errors(work: Awaitable[T]) -> T:
