@@ -136,8 +136,14 @@ async def rebuild_read_model(
                 if end - log.last_seq <= LOCKED_CATCH_UP:
                     break
             await _switch(connection, store, log, live)
+    except UNAVAILABLE as error:
+        raise RebuildError(
+            f"lost the read model's database mid-rebuild ({error!r}); nothing was switched: "
+            "run the rebuild again once it is back"
+        ) from error
     finally:
-        await connection.close()  # Also releases the advisory lock.
+        if not connection.is_closed():
+            await connection.close()  # Also releases the advisory lock.
     return RebuildReport(
         events=log.events,
         sessions=log.sessions,
