@@ -20,7 +20,7 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, ServiceHost
 from helmline.runtime.testing import eventually
 from helmline.state.__main__ import setup_state
-from helmline.state._retention import approaching
+from helmline.state._retention import limits_in_use
 from helmline.state._settings import StateSettings
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -29,26 +29,25 @@ NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 DAY = 24 * 3600.0
 
 
-def _warnings(stored_bytes: int, oldest_days: float) -> list[tuple[str, float, float]]:
-    """What a stream limited to 1,000 bytes and 10 days warns about at 80 %."""
+def _readings(stored_bytes: int, oldest_days: float) -> list[tuple[str, float, float]]:
+    """What a stream limited to 1,000 bytes and 10 days reads."""
     return [
-        (warning.limit, warning.used, warning.current_value)
-        for warning in approaching(
+        (reading.limit, reading.used, reading.current_value)
+        for reading in limits_in_use(
             max_age_s=10 * DAY,
             max_bytes=1000,
             stored_bytes=stored_bytes,
             oldest_at=NOW - timedelta(days=oldest_days),
             now=NOW,
-            warn_at=0.8,
         )
     ]
 
 
-def test_a_warning_for_each_limit_at_least_the_warning_share_used() -> None:
-    assert _warnings(850, 9) == [("bytes", 0.85, 850), ("age", 0.9, 9 * DAY)]
-    assert _warnings(790, 7) == []
-    assert not approaching(
-        max_age_s=None, max_bytes=None, stored_bytes=10**12, oldest_at=None, now=NOW, warn_at=0.8
+def test_each_limit_set_is_read_as_the_share_in_use() -> None:
+    assert _readings(850, 9) == [("bytes", 0.85, 850), ("age", 0.9, 9 * DAY)]
+    assert _readings(0, 0) == [("bytes", 0, 0), ("age", 0, 0)]
+    assert not limits_in_use(
+        max_age_s=None, max_bytes=None, stored_bytes=10**12, oldest_at=None, now=NOW
     )
 
 
@@ -90,7 +89,12 @@ async def test_the_state_service_applies_the_limits_and_warns_as_the_stream_near
             return payload
 
         warning = await eventually(warned, timeout_s=30, what="a retention warning")
+        used = host.metrics.registry.get_sample_value(
+            "helmline_stream_limit_used_ratio",
+            {"stream": EVENTS_STREAM.name, "limit": "bytes"},
+        )
     assert warning.limit == "bytes"
     assert warning.stream == EVENTS_STREAM.name
     assert 0.8 <= warning.used < 1.05
     assert warning.limit_value == 200_000
+    assert (used or 0) >= 0.8

@@ -202,6 +202,11 @@ class ServiceMetrics:
         self.sandbox_limit_warnings = counter(
             "sandbox_limit_warnings", "Sandboxed commands close to a limit.", ("limit",)
         )
+        self.stream_limit_used = gauge(
+            "stream_limit_used_ratio",
+            "Share of a stream's retention limit in use (at 1 its oldest events are removed).",
+            ("stream", "limit"),
+        )
         # The model
         self.model_tokens = counter(
             "model_tokens", "Tokens models used.", ("provider", "model", "direction")

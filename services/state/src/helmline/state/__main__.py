@@ -30,7 +30,10 @@ def setup_state(
         states = FoldedStates(host.js, host.store)
         await host.consume(checkpoints, StateHandler(host.store, tools, states))
         watch = RetentionWatch(
-            host.js, warn_at=settings.retention_warn_at, interval_s=settings.retention_check_s
+            host.js,
+            host.metrics,
+            warn_at=settings.retention_warn_at,
+            interval_s=settings.retention_check_s,
         )
         host.run_in_background(watch.run())
         if settings.database_url:

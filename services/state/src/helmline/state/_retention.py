@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime
+from typing import Literal
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -19,6 +20,7 @@ from helmline.contracts import (
     encode_event,
     new_event,
 )
+from helmline.runtime import ServiceMetrics
 
 SOURCE = "helmline/state"
 STEPS = 20
@@ -27,52 +29,53 @@ STEPS = 20
 logger = logging.getLogger(__name__)
 
 
-def approaching(
+def limits_in_use(
     *,
     max_age_s: float | None,
     max_bytes: int | None,
     stored_bytes: int,
     oldest_at: datetime | None,
     now: datetime,
-    warn_at: float,
 ) -> list[StreamLimitApproaching]:
-    """A warning for each limit of the events stream that is at least `warn_at` used. Pure."""
-    warnings = []
+    """How much of each limit the events stream has set is in use (the same figures that
+    are published once past the warning share). Pure."""
+
+    def reading(
+        limit: Literal["age", "bytes"], value: float, current: float
+    ) -> StreamLimitApproaching:
+        return StreamLimitApproaching(
+            stream=EVENTS_STREAM.name,
+            limit=limit,
+            used=round(current / value, 4),
+            limit_value=value,
+            current_value=current,
+            oldest_at=oldest_at,
+        )
+
+    readings = []
     if max_bytes:
-        used = stored_bytes / max_bytes
-        if used >= warn_at:
-            warnings.append(
-                StreamLimitApproaching(
-                    stream=EVENTS_STREAM.name,
-                    limit="bytes",
-                    used=round(used, 4),
-                    limit_value=max_bytes,
-                    current_value=stored_bytes,
-                    oldest_at=oldest_at,
-                )
-            )
-    if max_age_s and oldest_at is not None:
-        age_s = max(0.0, (now - oldest_at).total_seconds())
-        if age_s / max_age_s >= warn_at:
-            warnings.append(
-                StreamLimitApproaching(
-                    stream=EVENTS_STREAM.name,
-                    limit="age",
-                    used=round(age_s / max_age_s, 4),
-                    limit_value=max_age_s,
-                    current_value=age_s,
-                    oldest_at=oldest_at,
-                )
-            )
-    return warnings
+        readings.append(reading("bytes", max_bytes, stored_bytes))
+    if max_age_s:
+        age_s = max(0.0, (now - oldest_at).total_seconds()) if oldest_at else 0.0
+        readings.append(reading("age", max_age_s, age_s))
+    return readings
 
 
 class RetentionWatch:
-    """Checks the events stream every `interval_s` and publishes `stream.limit_approaching`
-    on the ops stream when a limit is `warn_at` used, then again at each further 5 %."""
+    """Checks the events stream every `interval_s`: the share of each limit in use goes to
+    the `stream_limit_used_ratio` metric, and `stream.limit_approaching` is published on the
+    ops stream when a limit is `warn_at` used, then again at each further 5 %."""
 
-    def __init__(self, js: JetStreamContext, *, warn_at: float, interval_s: float) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        metrics: ServiceMetrics,
+        *,
+        warn_at: float,
+        interval_s: float,
+    ) -> None:
         self._js = js
+        self._metrics = metrics
         self._warn_at = warn_at
         self._interval_s = interval_s
         self._warned: dict[str, int] = {}
@@ -92,14 +95,16 @@ class RetentionWatch:
         if info.state.messages:
             first = await self._js.get_msg(EVENTS_STREAM.name, seq=info.state.first_seq)
             oldest_at = first.time
-        warnings = approaching(
+        readings = limits_in_use(
             max_age_s=info.config.max_age or None,
             max_bytes=info.config.max_bytes if (info.config.max_bytes or 0) > 0 else None,
             stored_bytes=info.state.bytes,
             oldest_at=oldest_at,
             now=datetime.now(UTC),
-            warn_at=self._warn_at,
         )
+        for reading in readings:
+            self._metrics.stream_limit_used.labels(reading.stream, reading.limit).set(reading.used)
+        warnings = [reading for reading in readings if reading.used >= self._warn_at]
         for limit in self._warned.keys() - {warning.limit for warning in warnings}:
             del self._warned[limit]  # Back under the warning share: warn afresh next time.
         for warning in warnings:
