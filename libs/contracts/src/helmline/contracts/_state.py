@@ -376,6 +376,9 @@ def evolve(state: SessionState, event: Event) -> SessionState:
     return fold((event,), state)
 
 
+_DICTS = ("steps", "calls", "approvals", "rollbacks")
+"""The fold's dicts, which states handed out share with it until it writes to them."""
+
 Record = TypeVar("Record", "StepState", "ApprovalState", "RollbackState")
 
 
@@ -402,8 +405,8 @@ class SessionFold:
         "approvals",
         "calls",
         "checkpoints",
-        "handed_out",
         "rollbacks",
+        "shared",
         "steps",
         "thoughts",
         "v",
@@ -411,30 +414,24 @@ class SessionFold:
 
     def __init__(self, state: SessionState | None = None) -> None:
         state = state or SessionState()
-        # Scalars live in `v`; containers are copied once so the input state stays untouched.
+        # Scalars live in `v`; the input state's dicts are shared until first written to.
         self.v: dict[str, Any] = {f.name: getattr(state, f.name) for f in fields(SessionState)}
-        self._copy_containers(state)
-
-    def _copy_containers(self, state: SessionState) -> None:
-        self.steps: dict[str, StepState] = dict(state.steps)
-        self.calls: dict[str, str] = dict(state.calls)
-        self.approvals: dict[str, ApprovalState] = dict(state.approvals)
-        self.rollbacks: dict[str, RollbackState] = dict(state.rollbacks)
-        self.checkpoints: list[CheckpointState] = list(state.checkpoints)
-        self.thoughts: list[ThoughtState] = list(state.thoughts)
-        self.handed_out: SessionState | None = None
+        self.steps: dict[str, StepState] = state.steps
+        self.calls: dict[str, str] = state.calls
+        self.approvals: dict[str, ApprovalState] = state.approvals
+        self.rollbacks: dict[str, RollbackState] = state.rollbacks
+        self.checkpoints: tuple[CheckpointState, ...] = state.checkpoints
+        self.thoughts: tuple[ThoughtState, ...] = state.thoughts
+        self.shared: set[str] = set(_DICTS)
 
     def state(self) -> SessionState:
         """The state after every event applied so far.
 
-        The state shares its containers with this fold until the next `apply`, which copies
-        them first (copy on write): taking a state after every event stays cheap, and a
-        state handed out never changes.
+        The state shares its dicts with this fold until the fold next writes to one, which
+        it then copies first (copy on write, dict by dict): taking a state after every event
+        stays cheap, and a state handed out never changes.
         """
-        self.handed_out = self._freeze()
-        return self.handed_out
-
-    def _freeze(self) -> SessionState:
+        self.shared = set(_DICTS)
         return SessionState(
             **{
                 **self.v,
@@ -442,10 +439,18 @@ class SessionFold:
                 "calls": self.calls,
                 "approvals": self.approvals,
                 "rollbacks": self.rollbacks,
-                "checkpoints": tuple(self.checkpoints),
-                "thoughts": tuple(self.thoughts),
+                "checkpoints": self.checkpoints,
+                "thoughts": self.thoughts,
             }
         )
+
+    def own(self, name: str) -> dict[str, Any]:
+        """The dict `name`, to write to: copied first if a state handed out shares it."""
+        if name in self.shared:
+            self.shared.discard(name)
+            setattr(self, name, dict(getattr(self, name)))
+        mine: dict[str, Any] = getattr(self, name)
+        return mine
 
     @property
     def terminal(self) -> bool:
@@ -463,10 +468,10 @@ class SessionFold:
 
     def update_step(self, step_id: str, **changes: Any) -> None:
         step = self.steps.get(step_id) or StepState(id=step_id)
-        self.steps[step_id] = _copy_with(step, **changes)
+        self.own("steps")[step_id] = _copy_with(step, **changes)
 
     def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
-        self.calls[call_id] = step_id
+        self.own("calls")[call_id] = step_id
         step = self.steps.get(step_id)
         if step is None and self._compensates(call_id):
             return  # A rollback's undo call: recorded in the rollback, not a step of the plan.
@@ -476,8 +481,6 @@ class SessionFold:
 
     def apply(self, event: Event) -> None:
         """Apply one more event."""
-        if self.handed_out is not None:
-            self._copy_containers(self.handed_out)
         v = self.v
         v["event_count"] += 1
         v["updated_at"] = event.time
@@ -487,7 +490,7 @@ class SessionFold:
         data = event.data
         match data:
             case StepScheduled() if data.compensation_id is not None:
-                self.calls[data.call_id] = data.step_id
+                self.own("calls")[data.call_id] = data.step_id
             case StepScheduled():
                 previous = self.steps.get(data.step_id)
                 self.update_step(
@@ -506,7 +509,7 @@ class SessionFold:
                     finished_at=None,
                     duration_ms=None,
                 )
-                self.calls[data.call_id] = data.step_id
+                self.own("calls")[data.call_id] = data.step_id
                 if v["status"] == "planning":
                     self.set_status("executing")
             case ToolCallAuthorized():
@@ -548,7 +551,7 @@ class SessionFold:
                     finished_at=event.time,
                 )
             case CheckpointCreated():
-                self.checkpoints.append(
+                self.checkpoints += (
                     CheckpointState(
                         checkpoint_id=data.checkpoint_id,
                         step_id=data.step_id,
@@ -561,7 +564,7 @@ class SessionFold:
                         tool=data.tool,
                         effect=data.effect,
                         inverse=data.inverse,
-                    )
+                    ),
                 )
             case ToolCallAttemptFailed():
                 pass  # The call goes on; its final outcome is what the state records.
@@ -590,7 +593,7 @@ class SessionFold:
                     data.step_id, status="skipped", reason=data.reason, finished_at=event.time
                 )
             case ThoughtRecorded():
-                self.thoughts.append(
+                self.thoughts += (
                     ThoughtState(
                         kind=data.kind,
                         text=data.text,
@@ -598,7 +601,7 @@ class SessionFold:
                         confidence=data.confidence,
                         step_id=data.step_id,
                         alternatives=data.alternatives,
-                    )
+                    ),
                 )
             case SessionStarted():
                 if v["status"] == "pending":
@@ -655,7 +658,7 @@ class SessionFold:
             case PlanRejected():
                 v["plan_rejection"] = data.reason
             case ApprovalRequested():
-                self.approvals[data.request_id] = ApprovalState(
+                self.own("approvals")[data.request_id] = ApprovalState(
                     request_id=data.request_id,
                     scope=data.scope,
                     risk=data.risk,
@@ -676,7 +679,7 @@ class SessionFold:
             case ApprovalDecisionSubmitted():
                 request = self.approvals.get(data.request_id)
                 if request is not None:
-                    self.approvals[data.request_id] = _copy_with(
+                    self.own("approvals")[data.request_id] = _copy_with(
                         request, votes=(*request.votes, data)
                     )
             case ApprovalGranted():
@@ -689,7 +692,7 @@ class SessionFold:
                     data.modified_arguments,
                 )
                 if granted and data.similar_limit is not None:
-                    self.approvals[data.request_id] = _copy_with(
+                    self.own("approvals")[data.request_id] = _copy_with(
                         self.approvals[data.request_id],
                         similar_limit=data.similar_limit,
                         similar_until=data.similar_until,
@@ -709,7 +712,7 @@ class SessionFold:
             case ApprovalDecisionRefused() | ApprovalVoteCounted():
                 pass  # Answers to the person who decided; the request is unchanged.
             case RollbackRequested():
-                self.rollbacks[data.rollback_id] = RollbackState(
+                self.own("rollbacks")[data.rollback_id] = RollbackState(
                     rollback_id=data.rollback_id,
                     checkpoint_id=data.checkpoint_id,
                     requested_by=data.requested_by,
@@ -793,6 +796,7 @@ class SessionFold:
         for step_id, known in self.steps.items():
             steps.setdefault(step_id, known)
         self.steps = steps
+        self.shared.discard("steps")
 
     def _decide(
         self,
@@ -807,7 +811,7 @@ class SessionFold:
         request = self.approvals.get(request_id)
         if request is None or request.status != "pending":
             return False
-        self.approvals[request_id] = _copy_with(
+        self.own("approvals")[request_id] = _copy_with(
             request,
             status=status,
             decided_by=decided_by,
@@ -828,7 +832,7 @@ class SessionFold:
             and request.similar_limit is not None
             and request.call_id != authorized.call_id
         ):
-            self.approvals[request.request_id] = _copy_with(
+            self.own("approvals")[request.request_id] = _copy_with(
                 request, similar_used=request.similar_used + 1
             )
 
@@ -838,7 +842,7 @@ class SessionFold:
     def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
         rollback = self.rollbacks.get(rollback_id)
         if rollback is not None:
-            self.rollbacks[rollback_id] = _copy_with(rollback, **changes)
+            self.own("rollbacks")[rollback_id] = _copy_with(rollback, **changes)
 
     def _compensation(
         self,
@@ -854,5 +858,5 @@ class SessionFold:
     def _keep_checkpoints_up_to(self, checkpoint_id: str) -> None:
         for index, checkpoint in enumerate(self.checkpoints):
             if checkpoint.checkpoint_id == checkpoint_id:
-                del self.checkpoints[index + 1 :]
+                self.checkpoints = self.checkpoints[: index + 1]
                 return
