@@ -1,7 +1,8 @@
 """One session seen the way operators see it: its trace, each service's metrics, its logs.
 
-The services run as real processes exporting spans over OTLP/gRPC to a receiver this test
-starts (the OTLP protobufs served by grpcio), as they would to a collector.
+The services run as real processes, each as its own NATS user with only its own publish
+permissions, exporting spans over OTLP/gRPC to a receiver this test starts (the OTLP
+protobufs served by grpcio), as they would to a collector.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ import json
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
+import nats
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from helmline.cli._nats import ADMIN, NatsUsers, write_nats_config
 from helmline.contracts import Actor, PlanStep, Playbook, SessionStarted, new_event
 from helmline.runtime import EventStore
-from helmline.runtime.testing import ServiceProcesses, eventually, free_port
+from helmline.runtime.testing import NatsServer, ServiceProcesses, eventually, free_port
 
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 TRACED = {"helmline-planner", "helmline-approval", "helmline-tool-gateway"} | {
@@ -73,22 +76,49 @@ def receiver() -> Iterator[tuple[SpanReceiver, int]]:
 
 
 @pytest.fixture(scope="module")
+def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsUsers, int]]:
+    """A nats-server of its own where each service is a user that may publish only its own
+    event types, as `helmline up` and the Helm chart set it up."""
+    folder = tmp_path_factory.mktemp("secured-nats")
+    users, port, store = NatsUsers.generate(), free_port(), folder / "jetstream"
+    store.mkdir()
+    config = write_nats_config(folder / "nats.conf", store_dir=store, port=port, users=users)
+    with NatsServer(store, port, config):
+        yield users, port
+
+
+@pytest.fixture(scope="module")
 def traced_services(
-    nats_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: tuple[SpanReceiver, int]
+    secured_nats: tuple[NatsUsers, int],
+    tmp_path_factory: pytest.TempPathFactory,
+    receiver: tuple[SpanReceiver, int],
 ) -> Iterator[ServiceProcesses]:
+    users, port = secured_nats
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver[1]}",
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "HELMLINE_LOG_LEVEL": "DEBUG",
     }
-    running = ServiceProcesses(nats_url, tmp_path_factory.mktemp("traced"), env)
+    running = ServiceProcesses(users.url(port, ADMIN), tmp_path_factory.mktemp("traced"), env)
     try:
         for name in SERVICES:
-            running.start(name)
+            own_user = users.url(port, name.replace("_", "-"))
+            running.start(name, env={"HELMLINE_NATS_URL": own_user})
         yield running
     finally:
         running.stop_all()
+
+
+@pytest.fixture
+async def secured_store(secured_nats: tuple[NatsUsers, int]) -> AsyncIterator[EventStore]:
+    """The event log on that server, as the CLI sees it (the admin user)."""
+    users, port = secured_nats
+    connection = await nats.connect(users.url(port, ADMIN))
+    try:
+        yield EventStore(connection.jetstream())
+    finally:
+        await connection.close()
 
 
 def _metrics(services: ServiceProcesses, name: str) -> dict[str, float]:
@@ -111,9 +141,10 @@ def _total(samples: dict[str, float], name: str) -> float:
 async def test_a_session_is_one_trace_across_services_and_moves_every_services_metrics(
     traced_services: ServiceProcesses,
     receiver: tuple[SpanReceiver, int],
-    store: EventStore,
+    secured_store: EventStore,
     tenant: str,
 ) -> None:
+    store = secured_store
     spans, _ = receiver
     before = {name: _metrics(traced_services, name) for name in SERVICES}
     playbook = Playbook(

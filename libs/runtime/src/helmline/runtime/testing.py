@@ -119,16 +119,16 @@ class ServiceProcesses:
         self, name: str, env: Mapping[str, str] | None = None, script: Path | None = None
     ) -> None:
         """Start one service (again, on the same health port) and wait until it is ready;
-        `env` adds to its environment (its own settings, say); `script` runs a test's own
-        wiring of a service instead of `python -m helmline.<name>`."""
+        `env` adds to its environment (its own settings, its own NATS user); `script` runs a
+        test's own wiring of a service instead of `python -m helmline.<name>`."""
         port = self.ports.setdefault(name, free_port())
         env = {
             **os.environ,
-            **(env or {}),
             "HELMLINE_NATS_URL": self.nats_url,
             "HELMLINE_DATA_DIR": str(self.data_dir),
             "HELMLINE_HEALTH_PORT": str(port),
             **self.env,
+            **(env or {}),
         }
         with (self.data_dir / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
