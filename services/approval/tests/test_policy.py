@@ -34,6 +34,7 @@ from helmline.contracts import (
     StepScheduled,
     ToolCallAuthorized,
     ToolCallDenied,
+    ToolCallFailed,
     fold,
     new_event,
 )
@@ -139,12 +140,26 @@ def test_unknown_tools_are_denied_whatever_the_rules_say() -> None:
 
 
 def test_the_default_policy_runs_low_and_medium_risk_at_once() -> None:
-    for tool in ("read_file", "write_file"):
-        authorized = _judge(_scheduled(tool, path="a", content="x"))
+    for tool, arguments in (
+        ("read_file", {"path": "a"}),
+        ("write_file", {"path": "a", "content": "x"}),
+    ):
+        authorized = _judge(_scheduled(tool, **arguments))
         assert isinstance(authorized, ToolCallAuthorized)
         assert authorized.rule == "allow-low-and-medium-risk"
         assert authorized.policy_hash == DEFAULT.hash
         assert not authorized.network
+
+
+def test_arguments_that_do_not_fit_the_schema_fail_before_policy_is_asked() -> None:
+    failed = _judge(_scheduled("run_command", command="rm -rf /", sudo=True))
+    assert isinstance(failed, ToolCallFailed)
+    assert failed.error.kind == "validation"
+    assert failed.error.field == "/"
+    assert "sudo" in failed.error.message
+    too_long = _judge(_scheduled("read_file", path="x" * 5000))
+    assert isinstance(too_long, ToolCallFailed)
+    assert too_long.error.field == "/path"
 
 
 def test_a_plan_cannot_lower_a_tool_risk_but_can_raise_it() -> None:

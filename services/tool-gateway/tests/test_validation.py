@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolCallAuthorized, ToolCallFailed, ToolSpec
-from helmline.tool_gateway._calls import MAX_ARGUMENTS_BYTES, RunOnServer, Validators, route
+from helmline.runtime import ArgumentChecker
+from helmline.tool_gateway._calls import MAX_ARGUMENTS_BYTES, RunOnServer, route
 
 SEARCH = ToolSpec(
     name="tickets__search",
@@ -48,7 +49,7 @@ def _call(tool: str, **arguments: object) -> ToolCallAuthorized:
 def test_a_call_that_does_not_fit_the_schema_fails_naming_the_field(
     arguments: dict[str, object], field: str, words: str
 ) -> None:
-    outcome = route(_call(SEARCH.name, **arguments), TOOLS, Validators())
+    outcome = route(_call(SEARCH.name, **arguments), TOOLS, ArgumentChecker())
     assert isinstance(outcome, ToolCallFailed)
     assert outcome.error.kind == "validation"
     assert outcome.error.field == field
@@ -61,7 +62,7 @@ def test_an_oversized_payload_is_refused_before_its_schema_is_read() -> None:
     outcome = route(
         _call(SEARCH.name, query="x"),
         TOOLS,
-        Validators(),
+        ArgumentChecker(),
         arguments_bytes=MAX_ARGUMENTS_BYTES + 1,
     )
     assert isinstance(outcome, ToolCallFailed)
@@ -70,7 +71,7 @@ def test_an_oversized_payload_is_refused_before_its_schema_is_read() -> None:
 
 
 def test_an_unknown_tool_fails_with_the_known_ones_suggested() -> None:
-    outcome = route(_call("nope"), TOOLS, Validators())
+    outcome = route(_call("nope"), TOOLS, ArgumentChecker())
     assert isinstance(outcome, ToolCallFailed)
     assert outcome.error.kind == "not_found"
     assert outcome.error.suggestion is not None
@@ -78,4 +79,4 @@ def test_an_unknown_tool_fails_with_the_known_ones_suggested() -> None:
 
 
 def test_a_valid_mcp_call_goes_to_its_server() -> None:
-    assert route(_call(SEARCH.name, query="x"), TOOLS, Validators()) == RunOnServer(SEARCH)
+    assert route(_call(SEARCH.name, query="x"), TOOLS, ArgumentChecker()) == RunOnServer(SEARCH)

@@ -439,7 +439,8 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     ToolCallDenied: (APPROVAL,),
     # Pure tools end in the gateway; sandboxed ones in the sandbox.
     ToolCallCompleted: (TOOL_GATEWAY, SANDBOX),
-    ToolCallFailed: (TOOL_GATEWAY, SANDBOX),
+    # The approval service refuses calls whose arguments do not fit the tool's schema.
+    ToolCallFailed: (TOOL_GATEWAY, SANDBOX, APPROVAL),
     SandboxExecutionRequested: (TOOL_GATEWAY,),
     ToolCallAttemptFailed: (TOOL_GATEWAY,),
     # Gateway-wide events, on the tools stream (see SUBJECT_PUBLISHERS).

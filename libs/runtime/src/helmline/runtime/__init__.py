@@ -3,6 +3,7 @@
 Every service stands on this package and `helmline.contracts`; it knows no service.
 """
 
+from helmline.runtime._arguments import ArgumentChecker
 from helmline.runtime._cache import SessionCache
 from helmline.runtime._consumer import Delivery, EventConsumer, Handler, consumer_config
 from helmline.runtime._deadletters import DeadLetterBox, ParkedLetter, RetryOutcome
@@ -31,6 +32,7 @@ from helmline.runtime._tracing import TracingSettings, traceparent_for
 
 __all__ = [
     "Appended",
+    "ArgumentChecker",
     "ConcurrencyConflict",
     "DeadLetterBox",
     "Delivery",

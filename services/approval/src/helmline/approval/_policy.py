@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jsonschema import Draft202012Validator
-
 from helmline.approval._document import DEFAULT_APPROVER_ROLES
 from helmline.approval._rules import RISK_ORDER, Policy, Verdict
 from helmline.contracts import (
@@ -30,7 +28,9 @@ from helmline.contracts import (
     StepScheduled,
     ToolCallAuthorized,
     ToolCallDenied,
+    ToolCallFailed,
 )
+from helmline.runtime import ArgumentChecker
 
 POLICY = Actor(id="policy", kind="policy")
 SIMILAR_GRANT_DEFAULT = timedelta(hours=1)
@@ -112,6 +112,10 @@ def judge_plan(
     return [Decision(request, f"plan.asked/{proposed.revision}")]
 
 
+_ARGUMENTS = ArgumentChecker()
+"""Compiled argument schemas of the tools judged, shared by every policy in force."""
+
+
 def judge_step(
     scheduled: StepScheduled,
     policy: Policy,
@@ -129,6 +133,14 @@ def judge_step(
     when a person approved the plan (`approved_plan`) and the call is its step unchanged.
     """
     identity = f"judged/{scheduled.call_id}"
+    spec = policy.tools.get(scheduled.tool)
+    problem = _ARGUMENTS.problem(spec, scheduled.arguments) if spec is not None else None
+    if problem is not None:
+        # Arguments that cannot run are refused before policy is asked (or a person).
+        failed = ToolCallFailed(
+            call_id=scheduled.call_id, step_id=scheduled.step_id, tool=scheduled.tool, error=problem
+        )
+        return [Decision(failed, identity)]
     verdict = policy.judge(
         tenant=tenant,
         tool=scheduled.tool,
@@ -373,11 +385,11 @@ def _modified_arguments_problem(
     spec = policy.tools.get(request.tool)
     if spec is None:
         return f"modified arguments for unknown tool {request.tool!r}"
-    failure = next(Draft202012Validator(spec.parameters).iter_errors(vote.modified_arguments), None)
-    if failure is None:
+    problem = _ARGUMENTS.problem(spec, vote.modified_arguments)
+    if problem is None:
         return None
-    where = "/" + "/".join(str(part) for part in failure.absolute_path)
-    return f"modified arguments do not fit {request.tool}'s schema at {where}: {failure.message}"
+    where = f"{request.tool}'s schema at {problem.field}"
+    return f"modified arguments do not fit {where}: {problem.message}"
 
 
 def judge_expiry(

@@ -6,8 +6,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jsonschema import Draft202012Validator
-
 from helmline.contracts import (
     Payload,
     SandboxExecutionRequested,
@@ -18,6 +16,7 @@ from helmline.contracts import (
     ToolError,
     ToolSpec,
 )
+from helmline.runtime import ArgumentChecker
 
 MAX_ARGUMENTS_BYTES = 1024 * 1024
 """Largest arguments document accepted (as JSON), whatever the tool's schema says."""
@@ -30,25 +29,10 @@ class RunOnServer:
     tool: ToolSpec
 
 
-class Validators:
-    """Compiled JSON Schema validators, one per tool, rebuilt when a tool's schema changes."""
-
-    def __init__(self) -> None:
-        self._compiled: dict[str, tuple[ToolSpec, Draft202012Validator]] = {}
-
-    def of(self, tool: ToolSpec) -> Draft202012Validator:
-        """The validator of a tool's arguments."""
-        known = self._compiled.get(tool.name)
-        if known is None or known[0] is not tool:
-            known = (tool, Draft202012Validator(tool.parameters))
-            self._compiled[tool.name] = known
-        return known[1]
-
-
 def route(
     call: ToolCallAuthorized,
     tools: Mapping[str, ToolSpec],
-    validators: Validators,
+    checker: ArgumentChecker,
     *,
     arguments_bytes: int = 0,
 ) -> Payload | RunOnServer:
@@ -75,7 +59,7 @@ def route(
                 suggestion="pass large content by reference (a workspace file) instead",
             ),
         )
-    problem = invalid_argument(validators.of(tool), call.arguments)
+    problem = checker.problem(tool, call.arguments)
     if problem is not None:
         return failed(call, problem)
     match tool.executor:
@@ -93,22 +77,6 @@ def route(
             return RunOnServer(tool)
         case "gateway":
             return _run_pure(call)
-
-
-def invalid_argument(
-    validator: Draft202012Validator, arguments: Mapping[str, object]
-) -> ToolError | None:
-    """The first schema violation of a call's arguments, naming the field, or None."""
-    error = next(iter(sorted(validator.iter_errors(arguments), key=lambda e: e.path)), None)
-    if error is None:
-        return None
-    field = "/" + "/".join(str(part) for part in error.absolute_path)
-    return ToolError(
-        kind="validation",
-        message=f"argument {field}: {error.message}",
-        field=field,
-        suggestion="fix the argument to match the tool's schema",
-    )
 
 
 def _run_pure(call: ToolCallAuthorized) -> Payload:

@@ -34,8 +34,8 @@ from helmline.contracts import (
     ToolError,
     ToolSpec,
 )
-from helmline.runtime import Delivery, EventStore, RetryableError
-from helmline.tool_gateway._calls import RunOnServer, Validators, failed, route
+from helmline.runtime import ArgumentChecker, Delivery, EventStore, RetryableError
+from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
@@ -74,7 +74,7 @@ class GatewayHandler:
         self._limiter = limiter
         self._raw_outputs = raw_outputs
         self._max_output_bytes = max_output_bytes
-        self._validators = Validators()
+        self._checker = ArgumentChecker()
 
     async def __call__(self, delivery: Delivery) -> None:
         call = delivery.event.data
@@ -96,7 +96,7 @@ class GatewayHandler:
         next_step = route(
             call,
             self._federation.tools,
-            self._validators,
+            self._checker,
             arguments_bytes=len(to_json(call.arguments)),
         )
         if not isinstance(next_step, RunOnServer):
