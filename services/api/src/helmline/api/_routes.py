@@ -135,11 +135,14 @@ async def _accepted(
     return Accepted(session_id=session_id, seq=seq)
 
 
-async def _live_session(request: Request, principal: Principal, session_id: str) -> SessionState:
+async def _steer(
+    request: Request, principal: Principal, session_id: str, control: Payload
+) -> Accepted:
+    """Append a pause, resume or cancel request to a session that has not ended."""
     state = (await load_session(_store(request), principal.tenant, session_id)).state
     if state.is_terminal:
         raise conflict(f"session {session_id} has already ended: {state.status}")
-    return state
+    return await _accepted(request, principal, session_id, control)
 
 
 @router.post("/sessions", status_code=201, tags=["sessions"], responses=NOT_FOUND)
@@ -251,9 +254,12 @@ async def pause(
     session_id: SessionPath, body: Control, principal: Operator, request: Request
 ) -> Accepted:
     """Ask that no new step start; a running step finishes."""
-    await _live_session(request, principal, session_id)
-    payload = SessionPauseRequested(requested_by=principal.actor(), reason=body.reason)
-    return await _accepted(request, principal, session_id, payload)
+    return await _steer(
+        request,
+        principal,
+        session_id,
+        SessionPauseRequested(requested_by=principal.actor(), reason=body.reason),
+    )
 
 
 @router.post(
@@ -261,9 +267,9 @@ async def pause(
 )
 async def resume(session_id: SessionPath, principal: Operator, request: Request) -> Accepted:
     """Ask a paused session to continue."""
-    await _live_session(request, principal, session_id)
-    payload = SessionResumeRequested(requested_by=principal.actor())
-    return await _accepted(request, principal, session_id, payload)
+    return await _steer(
+        request, principal, session_id, SessionResumeRequested(requested_by=principal.actor())
+    )
 
 
 @router.post(
@@ -273,9 +279,12 @@ async def cancel(
     session_id: SessionPath, body: Control, principal: Operator, request: Request
 ) -> Accepted:
     """Ask that the session stop for good; a running command is killed."""
-    await _live_session(request, principal, session_id)
-    payload = SessionCancelRequested(requested_by=principal.actor(), reason=body.reason)
-    return await _accepted(request, principal, session_id, payload)
+    return await _steer(
+        request,
+        principal,
+        session_id,
+        SessionCancelRequested(requested_by=principal.actor(), reason=body.reason),
+    )
 
 
 @router.post(
