@@ -29,7 +29,7 @@ Followed = asyncio.Queue[Frame | None]
 
 KEEPALIVE_S = 15.0
 KEEPALIVE: Frame = (0, b": keepalive\n\n")
-"""A comment frame sent after this long without events, so that proxies keep the stream."""
+"""A comment frame sent this often, so that proxies keep an idle stream open."""
 
 
 def sse_frame(message: Msg) -> Frame:
@@ -44,11 +44,25 @@ class _Feed:
         self.followers: set[Followed] = set()
         self.subscription: JetStreamContext.PushSubscription | None = None
         self.started = asyncio.Event()
+        # One timer per feed rather than a timeout per frame and follower: waiting on a
+        # queue with a timeout costs a task each time, which 200 followers feel.
+        self.keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def deliver(self, message: Msg) -> None:
         frame = sse_frame(message)
         for queue in self.followers:
             queue.put_nowait(frame)
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE_S)
+            for queue in self.followers:
+                queue.put_nowait(KEEPALIVE)
+
+    async def close(self) -> None:
+        self.keepalive.cancel()
+        if self.subscription is not None:
+            await self.subscription.unsubscribe()
 
 
 class FanOut:
@@ -72,8 +86,7 @@ class FanOut:
             feed.followers.discard(queue)
             if not feed.followers and self._feeds.get(subject_filter) is feed:
                 del self._feeds[subject_filter]
-                if feed.subscription is not None:
-                    await feed.subscription.unsubscribe()
+                await feed.close()
 
     async def close_all(self) -> None:
         for feed in self._feeds.values():
@@ -106,16 +119,15 @@ class FanOut:
                 last = missed[0]
                 yield missed
         while True:
-            try:
-                live = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
-            except TimeoutError:
+            live = await queue.get()
+            if live is KEEPALIVE:
                 yield KEEPALIVE
                 continue
             # What else is queued goes out in the same write: a follower that fell behind
             # catches up in a few large writes rather than many small ones.
             batch: list[bytes] = []
             while live is not None:
-                if last is None or live[0] > last:
+                if live is not KEEPALIVE and (last is None or live[0] > last):
                     last = live[0]
                     batch.append(live[1])
                 if queue.empty():
