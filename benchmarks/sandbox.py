@@ -1,5 +1,6 @@
-"""`run_command true` through the process backend (bubblewrap, cgroups, rlimits) and
-without a sandbox, and the snapshot cost of an unchanged 1,000-file workspace."""
+"""`run_command true` through the process backend (bubblewrap, cgroups, rlimits), through
+the container backend (on a private dockerd, where one can start) and without a sandbox, and
+the snapshot cost of an unchanged 1,000-file workspace."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from helmline.runtime.testing import NatsServer
 from helmline.sandbox import SandboxSettings, Tools, tools_for
 from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._confinement import Confinement, bwrap_argv
+from helmline.sandbox._containers import ContainerBackend
+from helmline.sandbox._profiles import SandboxProfile
 from helmline.sandbox._snapshots import WorkspaceSnapshots
+from helmline.sandbox.testing import EngineUnavailable, PrivateDockerd
 
 CALLS = 200
+CONTAINER_CALLS = 50
 FILES = 1_000
 SNAPSHOTS = 30
 
@@ -33,11 +38,11 @@ def _percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-async def _true_ms(tools: Tools, workspace: Path) -> list[float]:
+async def _true_ms(tools: Tools, workspace: Path, calls: int = CALLS) -> list[float]:
     """Milliseconds per `run_command true`, at the executor: no event log around it."""
     reaper = Reaper()
     samples = []
-    for i in range(CALLS + 10):
+    for i in range(calls + 10):
         request = SandboxExecutionRequested(
             call_id=f"c{i}", step_id="s", tool="run_command", arguments={"command": "true"}
         )
@@ -115,4 +120,24 @@ async def run() -> list[dict[str, Any]]:
         unsandboxed = await tools_for(SandboxSettings(sandbox_backend="unsandboxed"))
         samples = await _true_ms(unsandboxed, Path(folder) / "unsandboxed")
         figures.append(_figure("run_command_true_unsandboxed_ms", samples, "for comparison"))
+        figures.append(await _container_figure(Path(folder) / "container"))
     return figures + await _snapshot_figures()
+
+
+async def _container_figure(workspace: Path) -> dict[str, Any]:
+    """`run_command true` through the container backend, on a private dockerd started here
+    (a warm container per session, an exec per call)."""
+    name, target = "run_command_true_container_backend_ms", "p50 <= 250 ms"
+    try:
+        with PrivateDockerd() as engine:
+            image = engine.import_busybox()
+            profile = SandboxProfile(backend="container", image=image)
+            backend = await ContainerBackend.start(engine.client(), profile, SandboxSettings())
+            defaults = (await tools_for(SandboxSettings())).defaults
+            try:
+                samples = await _true_ms(Tools(backend, defaults), workspace, calls=CONTAINER_CALLS)
+            finally:
+                await backend.close()
+    except EngineUnavailable as error:
+        return {"figure": name, "skipped": str(error), "target": target}
+    return _figure(name, samples, target)

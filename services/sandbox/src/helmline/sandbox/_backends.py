@@ -4,6 +4,9 @@ a plain child process for development (`unsandboxed`, chosen explicitly)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import json
 import logging
 import math
 import os
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from helmline.contracts import ResourceUsage
+from helmline.contracts import ResourceUsage, ToolError
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,
@@ -33,7 +36,7 @@ from helmline.sandbox._confinement import (
     limited_argv,
     session_uid,
 )
-from helmline.sandbox._errors import SandboxError
+from helmline.sandbox._errors import SandboxError, ToolRefused
 from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
 from helmline.sandbox._settings import SandboxSettings
 from helmline.sandbox._watch import WATCH_INTERVAL_S, resource_usage, watch_limits
@@ -209,13 +212,41 @@ class ProcessBackend:
                 not_the_commands=_SANDBOX_PROCESSES,
             )
 
+        # bubblewrap says when its sandbox exists and waits: the sandbox joins the call's
+        # cgroups and rlimits from here, before the command starts, with no program
+        # between (each one exec'd costs milliseconds).
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        opened = {info_read, info_write, block_read, block_write}
+
+        def close(fd: int) -> None:
+            if fd in opened:
+                opened.discard(fd)
+                os.close(fd)
+
+        async def release(pid: int) -> None:
+            close(info_write)  # bubblewrap holds its own copies of these two now
+            close(block_read)
+            try:
+                await asyncio.to_thread(_join_sandbox, info_read, pid, cgroups, rlimits)
+            except OSError as error:
+                raise ToolRefused(
+                    ToolError(
+                        kind="unavailable",
+                        message=f"the command's sandbox could not be limited: {error}",
+                        retryable=True,
+                    )
+                ) from error
+            with contextlib.suppress(BrokenPipeError):  # It ended already: it says why.
+                os.write(block_write, b"go")
+
         launch = Launch(
-            limited_argv(
-                cgroups.procs_files, rlimits, bwrap_argv(self._bwrap, confinement, job.command)
-            ),
+            bwrap_argv(self._bwrap, confinement, job.command, held=(info_write, block_read)),
             cwd=job.workspace,
             env={},
             contained=True,
+            pass_fds=(info_write, block_read),
+            release=release,
         )
         try:
             run = await run_process(
@@ -226,6 +257,8 @@ class ProcessBackend:
                 watch=watch if self._layout.places else None,
             )
         finally:
+            for fd in list(opened):
+                close(fd)
             usage, removed = await asyncio.to_thread(finish)
             if not removed:
                 removal = asyncio.create_task(_remove_soon(cgroups))
@@ -236,6 +269,40 @@ class ProcessBackend:
             observed = Observed(run.exit_code, usage.oom_kills, usage.forks_refused, usage.cpu_s)
             limit = limit_that_stopped(observed, limits)
         return CommandResult(run, limit, resource_usage(run.wall_ms, usage))
+
+
+def _join_sandbox(info: int, pid: int, cgroups: CallCgroups, rlimits: Rlimits) -> None:
+    """Put bubblewrap (`pid`) and its sandbox, whose pid it writes to `info`, into the
+    call's cgroups and under its rlimits. Blocking until the sandbox exists.
+
+    bubblewrap is moved while it sets up, so that the sandbox it then forks is born inside
+    (moving a process between v1 cgroups waits for an RCU grace period); when it forked
+    first, the sandbox is moved too.
+    """
+    try:
+        _limit(pid, cgroups, rlimits)
+        written = bytearray()
+        while chunk := os.read(info, 4096):
+            written += chunk
+        if not written:
+            return  # bubblewrap failed before making its sandbox: its exit status says why.
+        sandbox = int(json.loads(written)["child-pid"])
+        if cgroups.holds(sandbox):
+            for _, kind, soft, hard in rlimits:
+                resource.prlimit(sandbox, kind, (soft, hard))
+        else:
+            _limit(sandbox, cgroups, rlimits)
+    except ProcessLookupError:
+        pass  # Ended already: its exit status says why.
+    except OSError as error:
+        if error.errno != errno.ESRCH:
+            raise
+
+
+def _limit(pid: int, cgroups: CallCgroups, rlimits: Rlimits) -> None:
+    cgroups.join(pid)
+    for _, kind, soft, hard in rlimits:
+        resource.prlimit(pid, kind, (soft, hard))
 
 
 async def _remove_soon(cgroups: CallCgroups) -> None:
@@ -260,7 +327,7 @@ class UnsandboxedBackend:
         await asyncio.to_thread(prepare_workspace, job.workspace, None)
         rlimits = _rlimits(job.limits, per_uid=False, nproc_slack=1)
         launch = Launch(
-            limited_argv((), rlimits, [SHELL, "-c", job.command]),
+            limited_argv(rlimits, [SHELL, "-c", job.command]),
             cwd=job.workspace,
             env={"PATH": SEARCH_PATH},
         )
@@ -304,10 +371,10 @@ def _rlimits(limits: Limits, *, per_uid: bool, nproc_slack: int) -> Rlimits:
     return tuple(_within_hard(name, kind, soft, hard) for name, kind, soft, hard in chosen)
 
 
-def _within_hard(name: str, kind: int, soft: int, hard: int) -> tuple[str, int, int]:
+def _within_hard(name: str, kind: int, soft: int, hard: int) -> tuple[str, int, int, int]:
     # Without CAP_SYS_RESOURCE no limit can rise above the host's hard limit.
     _, host_hard = resource.getrlimit(kind)
     if host_hard != resource.RLIM_INFINITY:
         hard = min(hard, host_hard)
         soft = min(soft, hard)
-    return name, soft, hard
+    return name, kind, soft, hard

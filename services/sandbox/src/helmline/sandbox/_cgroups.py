@@ -234,12 +234,17 @@ class CallCgroups:
                 directory / ("memory.peak" if v2 else "memory.max_usage_in_bytes"), "0"
             )
 
-    @property
-    def procs_files(self) -> tuple[str, ...]:
-        """The files a process writes its pid to, to join every cgroup of the call."""
-        return tuple(
-            sorted({str(directory / "cgroup.procs") for directory, _ in self._dirs.values()})
+    def holds(self, pid: int) -> bool:
+        """Whether the process is in every cgroup of the call."""
+        return all(
+            str(pid) in (directory / "cgroup.procs").read_text().split()
+            for directory, _ in set(self._dirs.values())
         )
+
+    def join(self, pid: int) -> None:
+        """Move a process (not yet running the command) into every cgroup of the call."""
+        for directory, _ in set(self._dirs.values()):
+            (directory / "cgroup.procs").write_text(str(pid))
 
     def usage(self) -> Usage:
         """The counters now."""

@@ -60,6 +60,11 @@ class Launch:
     contained: bool = False
     """Whether everything the process starts dies with it (a pid namespace), so nothing
     needs hunting once it has exited."""
+    pass_fds: tuple[int, ...] = ()
+    """File descriptors the process inherits."""
+    release: Callable[[int], Awaitable[None]] | None = None
+    """Called with the process's pid once it has started; for a process that waits to be
+    released (put into its cgroups, say) before it runs the command."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,7 @@ async def run_process(
             cwd=launch.cwd,
             env={**launch.env, MARKER_VARIABLE: marker},
             start_new_session=True,
+            pass_fds=launch.pass_fds,
         )
     except OSError as error:  # No process left to run it (EAGAIN), or the workspace vanished.
         raise ToolRefused(
@@ -171,10 +177,12 @@ async def run_process(
         ) from error
     group = transport.get_pid()
     cancelled = asyncio.ensure_future(control.cancel.wait())
-    crossed: asyncio.Future[LimitName] = (
-        asyncio.ensure_future(watch()) if watch is not None else loop.create_future()
-    )
+    crossed: asyncio.Future[LimitName] = loop.create_future()
     try:
+        if launch.release is not None:
+            await launch.release(group)
+        if watch is not None:
+            crossed = asyncio.ensure_future(watch())
         ended = await how_it_ends(capture.exited, cancelled, crossed, timeout_s)
         _kill_group(group)
         if ended != "exited":

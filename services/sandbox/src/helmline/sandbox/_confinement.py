@@ -47,9 +47,17 @@ class Confinement:
     """Size of the private /tmp."""
 
 
-def bwrap_argv(bwrap: str, confinement: Confinement, command: str) -> list[str]:
-    """The argv that runs `/bin/sh -c command` confined."""
+def bwrap_argv(
+    bwrap: str, confinement: Confinement, command: str, held: tuple[int, int] | None = None
+) -> list[str]:
+    """The argv that runs `/bin/sh -c command` confined.
+
+    With `held` (info fd, block fd), bubblewrap writes its sandbox's pid to the first once
+    the sandbox exists, and starts the command only once the second can be read.
+    """
     argv = [bwrap, *_SYSTEM]
+    if held is not None:
+        argv += ["--info-fd", str(held[0]), "--block-fd", str(held[1])]
     if confinement.network:
         for path in _NAME_SERVICE:
             argv += ["--ro-bind-try", path, path]
@@ -93,23 +101,16 @@ def bwrap_argv(bwrap: str, confinement: Confinement, command: str) -> list[str]:
 
 
 PRLIMIT = "/usr/bin/prlimit"
-_JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-"""Writes its own pid to each cgroup.procs file named before `--`, then execs the rest."""
 
-Rlimits = tuple[tuple[str, int, int], ...]
-"""(prlimit option, soft, hard) of each resource limit."""
+Rlimits = tuple[tuple[str, int, int, int], ...]
+"""(prlimit option, resource, soft, hard) of each resource limit."""
 
 
-def limited_argv(procs_files: tuple[str, ...], rlimits: Rlimits, argv: list[str]) -> list[str]:
-    """`argv` started inside the call's cgroups and under its rlimits.
-
-    Done by two small programs rather than a Python `preexec_fn`, which would force a
-    fork of the whole service (about 17 ms here) for every call.
-    """
-    limited = [PRLIMIT, *(f"--{name}={soft}:{hard}" for name, soft, hard in rlimits), "--", *argv]
-    if not procs_files:
-        return limited
-    return [SHELL, "-c", _JOIN_SCRIPT, "join-cgroups", *procs_files, "--", *limited]
+def limited_argv(rlimits: Rlimits, argv: list[str]) -> list[str]:
+    """`argv` started under the rlimits, by prlimit rather than a Python `preexec_fn`, which
+    would force a fork of the whole service (about 17 ms here) for every call."""
+    limits = (f"--{name}={soft}:{hard}" for name, _, soft, hard in rlimits)
+    return [PRLIMIT, *limits, "--", *argv]
 
 
 def session_uid(tenant: str, session_id: str, base: int, count: int) -> int:
