@@ -164,7 +164,8 @@ async def test_two_gateway_replicas_share_one_rate_limit(
         assert "rate limit: call" in log, (name, log[-3000:])
 
 
-async def test_a_call_in_flight_when_the_gateway_is_killed_is_not_sent_again_and_reported(
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_call_in_flight_when_the_gateway_is_killed_is_sent_again_only_if_idempotent(
     js: JetStreamContext,
     store: EventStore,
     calls: Calls,
@@ -173,11 +174,17 @@ async def test_a_call_in_flight_when_the_gateway_is_killed_is_not_sent_again_and
     state_dir: Path,
     tmp_path: Path,
     replicas: ServiceProcesses,
+    idempotent: bool,
 ) -> None:
-    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir)
+    servers = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        tools={"slow": {"idempotent": idempotent}},
+    )
     start_replica(replicas, "gateway", servers, tenant, ack_wait_s=3)
     await federated(js, server_id)
-    call_id = await calls.authorise(f"{server_id}__slow", seconds=20)
+    call_id = await calls.authorise(f"{server_id}__slow", seconds=6)
 
     async def in_flight() -> bool:
         sent = calls_received(state_dir, "slow") == 1
@@ -187,12 +194,18 @@ async def test_a_call_in_flight_when_the_gateway_is_killed_is_not_sent_again_and
     replicas.kill("gateway")
     await asyncio.to_thread(start_replica, replicas, "gateway", servers, tenant, 3)
     outcome = await calls.outcome(call_id, timeout_s=60)
+    state = fold(stored.event for stored in await store.read_all(tenant, calls.session_id))
+    step = state.steps[state.calls[call_id]]
+    if idempotent:
+        # Its outcome was unknown, and sending it again is harmless: it was sent again.
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        assert calls_received(state_dir, "slow") == 2
+        assert step.status == "succeeded"
+        return
     assert isinstance(outcome, ToolCallFailed), outcome
     assert outcome.error.kind == "unknown_outcome"
     assert not outcome.error.retryable
     assert outcome.error.suggestion
     assert calls_received(state_dir, "slow") == 1
-    state = fold(stored.event for stored in await store.read_all(tenant, calls.session_id))
-    step = state.steps[state.calls[call_id]]
     assert step.status == "failed"
     assert step.error == outcome.error
