@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator, Sequence
 
 import pytest
+from pydantic import JsonValue
 
 from helmline.contracts import (
     BUILTIN_TOOLS,
@@ -284,3 +285,65 @@ async def test_a_planned_session_completes_on_either_protocol(
     second = model.received("either")[1]
     assert second.protocol == provider
     assert "- b (echo): succeeded" in second.last_result()
+
+
+async def _session(
+    model: ScriptedModel, key: str, replies: Sequence[Reply] | Responder, **changes: object
+) -> list[Event]:
+    model.script(key, replies)
+    settings = _settings(model, **changes)
+    client = model_client(settings)
+    try:
+        engine = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)
+        return await InMemoryWorld(engine).run(f"{key}: do it", mode="plan")
+    finally:
+        await client.aclose()
+
+
+async def test_a_cycle_of_two_calls_is_a_loop_too(model: ScriptedModel) -> None:
+    calls = itertools.cycle(["left", "right"])
+    log = await _session(
+        model, "cycle", lambda _: Reply.call("echo", message=next(calls)), planner_loop_repeats=3
+    )
+    state = fold(log)
+    assert state.status == "failed"
+    assert 'echo {"message": "left"} → echo {"message": "right"} 3 times' in state.outcome
+    assert len(state.steps) == 5  # the sixth call would have closed the third cycle
+
+
+async def test_finish_must_report_every_declared_criterion(model: ScriptedModel) -> None:
+    criteria: list[JsonValue] = ["said a", "said b"]
+    log = await _session(
+        model,
+        "criteria",
+        [
+            Reply.call(
+                "create_plan",
+                steps=[{"id": "a", "tool": "echo", "arguments": {"message": "a"}}],
+                completion_criteria=criteria,
+                reasoning="say a",
+            ),
+            Reply.call("finish", summary="half", criteria=[{"criterion": "said a", "met": True}]),
+            Reply.call(
+                "finish",
+                summary="half of it",
+                criteria=[
+                    {"criterion": "said a", "met": True},
+                    {"criterion": "said b", "met": False, "evidence": "no step said b"},
+                ],
+            ),
+        ],
+    )
+    state = fold(log)
+    assert state.status == "completed"
+    assert state.partial
+    assert [(c.criterion, c.met) for c in state.criteria] == [("said a", True), ("said b", False)]
+    assert "missing: ['said b']" in model.received("criteria")[2].last_result()
+
+
+async def test_free_text_never_ends_a_session(model: ScriptedModel) -> None:
+    log = await _session(model, "chatty", [Reply(text="All done!"), Reply(text="Really done.")])
+    state = fold(log)
+    assert state.status == "failed"
+    assert "the answer called no tool" in state.outcome
+    assert "free text does not end the session" in model.received("chatty")[1].last_result()

@@ -272,6 +272,9 @@ def _answer(
     parsed = parse_call(call, exchange)
     if isinstance(parsed, Unusable):
         return f"Error: {parsed.reason}. Send the call again with valid arguments."
+    unfinished = _finish_problem(state, parsed)
+    if unfinished is not None:
+        return f"Error: {unfinished}. Send the call again with valid arguments."
     plans = [e.data for e in caused if isinstance(e.data, PlanProposed)]
     if not plans:
         return "Not run: another call of the same answer was taken instead."
@@ -473,11 +476,10 @@ def interpret(
         problems.append("the answer called no tool")
     usable = [p for p in parsed if isinstance(p, Parsed)]
     ending = next((p for p in usable if p.name in (FINISH, GIVE_UP)), None)
-    if ending is not None and ending.name == FINISH:
-        missing = _unreported_criteria(state, ending.arguments)
-        if missing:
-            problems.append(f"finish must report every completion criterion; missing: {missing}")
-            ending = None
+    unfinished = _finish_problem(state, ending) if ending is not None else None
+    if unfinished is not None:
+        problems.append(unfinished)
+        ending = None
     if problems and (ending is None):
         return _unusable(decisions, exchange, problems[0])
     decisions += [
@@ -511,9 +513,16 @@ def _unusable(decisions: list[Decision], exchange: ModelExchangeRecorded, proble
     return Reaction([*decisions, _thought("observation", note)], "repair")
 
 
-def _unreported_criteria(state: SessionState, arguments: dict[str, JsonValue]) -> list[str]:
-    reported = {c.criterion.strip().lower() for c in _Finish.model_validate(arguments).criteria}
-    return [c for c in state.completion_criteria if c.strip().lower() not in reported]
+def _finish_problem(state: SessionState, call: Parsed) -> str | None:
+    """Why a `finish` call cannot end the session: a declared criterion it does not report."""
+    if call.name != FINISH:
+        return None
+    finish = _Finish.model_validate(call.arguments)
+    reported = {c.criterion.strip().lower() for c in finish.criteria}
+    missing = [c for c in state.completion_criteria if c.strip().lower() not in reported]
+    if not missing:
+        return None
+    return f"finish must report every completion criterion; missing: {missing}"
 
 
 def _end(state: SessionState, ending: Parsed) -> Decision:
