@@ -6,6 +6,15 @@
 #   docker run --rm -e HELMLINE_NATS_URL=nats://nats:4222 helmline:0.1.0 serve planner
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG NODE_IMAGE=node:20-bookworm-slim
+
+# The web console the API serves, built exactly as package-lock.json pins it.
+FROM ${NODE_IMAGE} AS console
+WORKDIR /console
+COPY services/api/console/package.json services/api/console/package-lock.json ./
+RUN npm ci --no-audit --no-fund --loglevel=error
+COPY services/api/console ./
+RUN npm run build
 
 FROM ${PYTHON_IMAGE} AS build
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never \
@@ -39,8 +48,10 @@ RUN apt-get update \
     && useradd --uid 10001 --gid helmline --home-dir /var/lib/helmline --create-home \
         --shell /usr/sbin/nologin helmline
 COPY --from=build /opt/helmline /opt/helmline
+COPY --from=console /console/dist /opt/helmline/console
 ENV PATH=/opt/helmline/bin:$PATH \
     PYTHONUNBUFFERED=1 \
+    HELMLINE_CONSOLE_DIR=/opt/helmline/console \
     HELMLINE_DATA_DIR=/var/lib/helmline \
     HELMLINE_HEALTH_HOST=0.0.0.0 \
     HELMLINE_HEALTH_PORT=8081

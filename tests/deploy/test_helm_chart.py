@@ -187,3 +187,17 @@ def test_the_production_examples_policy_and_mcp_servers_load(tmp_path: Path) -> 
     servers.write_text(values["mcpServers"])
     assert load_policy(policy)
     assert [server.id for server in load_servers(servers).servers] == ["time", "tickets"]
+
+
+def test_the_sandbox_gets_its_container_profiles_and_docker_endpoint() -> None:
+    (sandbox,) = [
+        d
+        for d in render(PRODUCTION)
+        if d["metadata"]["name"] == "hl-helmline-sandbox" and d["kind"] == "Deployment"
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in sandbox["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert json.loads(env["HELMLINE_SANDBOX_PROFILES"])["container"]["backend"] == "container"
+    assert env["HELMLINE_DOCKER_HOST"] == "tcp://127.0.0.1:2375"
