@@ -37,7 +37,8 @@ def per_call_us(work: Callable[[int], None], rounds: int = ROUNDS) -> float:
 
 def _span_cost(tracer: Tracer) -> float:
     def handle(index: int) -> None:
-        with handling_span(tracer, "bench", EVENTS[index % len(EVENTS)]):
+        event = EVENTS[index % len(EVENTS)]
+        with handling_span(tracer, "bench", event, event.traceparent):
             pass
 
     return per_call_us(handle)

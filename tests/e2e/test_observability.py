@@ -22,7 +22,15 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from prometheus_client.parser import text_string_to_metric_families
 
 from helmline.cli._nats import ADMIN, NatsUsers, write_nats_config
-from helmline.contracts import Actor, PlanStep, Playbook, SessionStarted, new_event
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionSubmitted,
+    ApprovalRequested,
+    PlanStep,
+    Playbook,
+    SessionStarted,
+    new_event,
+)
 from helmline.runtime import EventStore
 from helmline.runtime.testing import NatsServer, ServiceProcesses, eventually, free_port
 
@@ -157,6 +165,13 @@ async def test_a_session_is_one_trace_across_services_and_moves_every_services_m
                 arguments={"path": "note.txt", "content": "hi"},
                 depends_on=("say",),
             ),
+            # High risk: a person approves it, from outside any trace, as the CLI does.
+            PlanStep(
+                id="check",
+                tool="run_command",
+                arguments={"command": "cat note.txt"},
+                depends_on=("note",),
+            ),
         ),
     )
     session_id = uuid.uuid4().hex
@@ -168,16 +183,30 @@ async def test_a_session_is_one_trace_across_services_and_moves_every_services_m
     )
     await store.append(started)
 
+    async def asked() -> str | None:
+        for item in await store.read_all(tenant, session_id):
+            if isinstance(item.event.data, ApprovalRequested):
+                return item.event.data.request_id
+        return None
+
+    request_id = await eventually(asked, timeout_s=60, what="an approval request")
+    decision = ApprovalDecisionSubmitted(
+        request_id=request_id, decision="grant", decided_by=Actor(id="ana", roles=("approver",))
+    )
+    await store.append(new_event(decision, tenant=tenant, session_id=session_id, source="test"))
+
     async def ended() -> bool:
         state = (await store.load(tenant, session_id)).state
-        return state.status in ("completed", "failed") and len(state.checkpoints) == 2
+        return state.status in ("completed", "failed") and len(state.checkpoints) == 3
 
-    await eventually(ended, timeout_s=60, what="the session completed with two checkpoints")
+    await eventually(ended, timeout_s=60, what="the session completed with three checkpoints")
     state = (await store.load(tenant, session_id)).state
     assert state.status == "completed", state.outcome
 
     def every_service_reported() -> bool:
-        return {service for service, _, _ in spans.of_session(session_id)} >= TRACED
+        reported = spans.of_session(session_id)
+        handled = {attrs.get("helmline.event_type") for _, attrs, _ in reported}
+        return {service for service, _, _ in reported} >= TRACED and decision.TYPE in handled
 
     await eventually(every_service_reported, timeout_s=30, what="spans from every service")
     session_spans = spans.of_session(session_id)
@@ -185,7 +214,7 @@ async def test_a_session_is_one_trace_across_services_and_moves_every_services_m
     trace_id = bytes.fromhex(started.traceparent.split("-")[1])
     assert {span_trace for _, _, span_trace in session_spans} == {trace_id}
     tool_spans = [attrs for _, attrs, _ in session_spans if "helmline.tool" in attrs]
-    assert {"echo", "write_file"} <= {attrs["helmline.tool"] for attrs in tool_spans}
+    assert {"echo", "write_file", "run_command"} <= {a["helmline.tool"] for a in tool_spans}
     assert all(attrs["helmline.tenant"] == tenant for _, attrs, _ in session_spans)
 
     after = {name: _metrics(traced_services, name) for name in SERVICES}

@@ -41,6 +41,7 @@ from helmline.contracts import (
     deliver_subject,
     parse_event_subject,
     retry_subject,
+    session_filter,
 )
 from helmline.runtime._errors import PermanentError, RetryableError
 from helmline.runtime._logging import log_context
@@ -50,6 +51,8 @@ from helmline.runtime._tracing import handling_span
 logger = logging.getLogger(__name__)
 
 REDELIVERY_DELAYS_S = (0.1, 0.5, 2.0, 5.0, 15.0)
+SESSION_TRACES_KEPT = 10_000
+"""Sessions whose trace a consumer remembers for intents that carry none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class EventConsumer:
         self._upcasters = upcasters
         self._metrics = metrics
         self._tracer = tracer or NoOpTracer()
+        self._session_traces: dict[str, str | None] = {}
         self._subscription: Subscription | None = None
         self._retries: Subscription | None = None
         self._tails: dict[str, asyncio.Task[None]] = {}
@@ -192,7 +196,7 @@ class EventConsumer:
             await self._dead_letter(message, "undecodable", f"undecodable: {error}", deliveries)
             return
         began = time.perf_counter()
-        with self._context_of(event) as span:
+        with self._context_of(event, await self._trace_of(event)) as span:
             outcome = await self._settle(message, event, deliveries)
             seconds = time.perf_counter() - began
             if outcome != "ok":
@@ -202,13 +206,35 @@ class EventConsumer:
             self._metrics.handled(self._spec, event, outcome, seconds)
 
     @contextlib.contextmanager
-    def _context_of(self, event: Event) -> Iterator[Span]:
+    def _context_of(self, event: Event, traceparent: str | None) -> Iterator[Span]:
         """While handling `event`: its session on every log line, a span in its trace."""
         with (
             log_context(tenant=event.tenant, session_id=event.session_id, event_type=event.type),
-            handling_span(self._tracer, self._spec.durable, event) as span,
+            handling_span(self._tracer, self._spec.durable, event, traceparent) as span,
         ):
             yield span
+
+    async def _trace_of(self, event: Event) -> str | None:
+        """The trace an event continues: its own; or, for an intent that carries none (a
+        person's approval or pause, appended outside any span), its session's, which the
+        session's first event carries."""
+        if event.traceparent is not None or event.causation_id is not None:
+            return event.traceparent
+        key = f"{event.tenant}/{event.session_id}"
+        if key not in self._session_traces:
+            traceparent = None
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                first = await self._js.get_msg(
+                    self._spec.stream,
+                    1,
+                    subject=session_filter(event.tenant, event.session_id),
+                    next=True,
+                )
+                traceparent = (first.headers or {}).get(Headers.TRACEPARENT)
+            if len(self._session_traces) >= SESSION_TRACES_KEPT:
+                self._session_traces.clear()
+            self._session_traces[key] = traceparent
+        return self._session_traces[key]
 
     async def _settle(self, message: Msg, event: Event, deliveries: int) -> str:
         """Run the handler and ack, nak or dead-letter the message; say which."""
@@ -279,7 +305,7 @@ class EventConsumer:
             seq = int(json.loads(request.data)["stream_seq"])
             stored = await self._js.get_msg(self._spec.stream, seq)
             event = decode_event(stored.data or b"", self._upcasters)
-            with self._context_of(event):
+            with self._context_of(event, await self._trace_of(event)):
                 await self._handler(Delivery(event, seq, deliveries=1))
         except Exception as error:  # The operator gets the reason; the letter stays parked.
             outcome = {"ok": False, "reason": f"{type(error).__name__}: {error}"}

@@ -78,17 +78,20 @@ def service_tracer(
     return provider.get_tracer(TRACER_NAME), provider
 
 
-def event_context(event: Event) -> Context:
-    """The trace context an event carries (empty when it carries none)."""
-    if event.traceparent is None:
+def context_of(traceparent: str | None) -> Context:
+    """The trace context a W3C traceparent names (empty for none)."""
+    if traceparent is None:
         return Context()
-    return _PROPAGATOR.extract({Headers.TRACEPARENT: event.traceparent})
+    return _PROPAGATOR.extract({Headers.TRACEPARENT: traceparent})
 
 
 @contextmanager
-def handling_span(tracer: trace.Tracer, consumer: str, event: Event) -> Iterator[trace.Span]:
-    """A span for handling `event`, continuing its trace, current while the handler runs."""
-    context = event_context(event)
+def handling_span(
+    tracer: trace.Tracer, consumer: str, event: Event, traceparent: str | None
+) -> Iterator[trace.Span]:
+    """A span for handling `event`, continuing the trace `traceparent` names (the event's
+    own, or its session's), current while the handler runs."""
+    context = context_of(traceparent)
     if isinstance(tracer, trace.NoOpTracer):
         # Tracing off: only the event's context is made current (for logs and new events).
         with trace.use_span(trace.get_current_span(context), end_on_exit=False) as span:
