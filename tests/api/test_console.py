@@ -63,11 +63,17 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     link = page.locator(f'tr[data-session="{session_id}"] a')
     await link.focus()
     await page.keyboard.press("Enter")  # Opened from the keyboard.
-    await expect(page.locator("#connection")).to_have_text("live")
+    await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
     approval = page.locator("form.approval")
     await expect(approval).to_contain_text("run_command")
     await expect(page.locator('li[data-step-id="write"] .badge').first).to_have_text("succeeded")
     await screenshot(page, "waiting-for-approval")
+
+    # The connection drops and comes back: the page says so, and goes on where it was.
+    await page.context.set_offline(True)
+    await expect(page.locator("#connection")).to_contain_text("connection lost")
+    await page.context.set_offline(False)
+    await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
 
     await approval.locator("input[name=comment]").fill("looks fine")
     await approval.get_by_role("button", name="Approve").click()

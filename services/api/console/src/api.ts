@@ -75,6 +75,11 @@ export class EventFeed {
     this.controller.abort();
   }
 
+  /** Drop the current connection (the browser went offline): reconnect as after any loss. */
+  interrupt(): void {
+    this.controller.abort();
+  }
+
   private async run(): Promise<void> {
     let pause = 250;
     this.onConnection("connecting");

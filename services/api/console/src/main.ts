@@ -187,7 +187,7 @@ async function sessionView(sessionId: string): Promise<void> {
     const ended = ["completed", "failed", "cancelled"].includes(s.status);
     for (const button of document.querySelectorAll<HTMLButtonElement>("#controls button")) {
       const action = button.dataset.action;
-      button.disabled = ended || (action === "pause" && s.pause_requested) || (action === "resume" && !s.pause_requested && s.status !== "paused");
+      button.disabled = ended || (action === "pause" && (s.pause_requested || s.status === "paused")) || (action === "resume" && !s.pause_requested && s.status !== "paused");
     }
     renderApprovals(s);
     document.getElementById("steps")!.innerHTML = steps.map((step) => stepItem(step, openDetails.has(step.id))).join("");
@@ -403,4 +403,6 @@ document.addEventListener("keydown", (event) => {
 });
 
 window.addEventListener("hashchange", () => void route());
+// A stream can stay open for a while after the network is gone; the browser knows sooner.
+window.addEventListener("offline", () => feed?.interrupt());
 void route();
