@@ -52,8 +52,13 @@ async def run(
             heard.append((hit, used))
 
     control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper(), warned)
-    workspace = workspaces / "tenant" / session_id
-    return await tools.execute(request, workspace, ("tenant", session_id), control)
+    workspace = workspaces / TENANT / session_id
+    return await tools.execute(request, workspace, (TENANT, session_id), control)
+
+
+TENANT = f"t{uuid.uuid4().hex[:12]}"
+"""This run's own tenant, so that its sessions' uids differ from those of runs beside it
+(processes are looked for by uid)."""
 
 
 def output_of(outcome: Outcome) -> dict[str, JsonValue]:
@@ -120,7 +125,7 @@ async def test_nothing_outside_the_workspace_is_writable(
     result = output_of(await run(tools, workspaces, f"{script}; echo x > /tmp/mine && echo x > ok"))
     assert "WROTE" not in str(result["stdout"])
     assert result["exit_code"] == 0, result  # The private /tmp and the workspace are writable.
-    assert (workspaces / "tenant" / "s1" / "ok").read_text() == "x\n"
+    assert (workspaces / TENANT / "s1" / "ok").read_text() == "x\n"
     assert not on_host("/tmp/mine")
     assert not any(on_host(target) for target in targets)
 
@@ -131,7 +136,7 @@ async def test_the_hosts_root_and_other_workspaces_cannot_be_read(
     assert isinstance(
         await run(tools, workspaces, "echo secret > secret", session_id="other"), Completed
     )
-    other = workspaces / "tenant" / "other" / "secret"
+    other = workspaces / TENANT / "other" / "secret"
     assert other.read_text() == "secret\n"
     result = output_of(
         await run(tools, workspaces, f"cat {other}; cat ../other/secret; ls /root; cat /etc/shadow")
@@ -151,7 +156,7 @@ async def test_setsid_and_nohup_children_are_gone_when_the_call_returns(
         )
     )
     assert result["stdout"] == "started\n"
-    uid = (workspaces / "tenant" / "s1").stat().st_uid
+    uid = (workspaces / TENANT / "s1").stat().st_uid
     assert uid >= SandboxSettings().sandbox_uid_base
     assert not processes_of(uid)
 
@@ -164,7 +169,7 @@ async def test_a_fork_bomb_is_stopped_by_the_process_limit(tools: Tools, workspa
     assert outcome.error.kind == "limit"
     assert outcome.limit is not None
     assert (outcome.limit.limit, outcome.limit.value) == ("processes", 32)
-    assert not processes_of((workspaces / "tenant" / "s1").stat().st_uid)
+    assert not processes_of((workspaces / TENANT / "s1").stat().st_uid)
 
 
 async def test_twice_the_memory_limit_is_killed_and_reported_as_memory(
@@ -199,7 +204,7 @@ async def test_writing_past_the_file_size_limit_fails(tools: Tools, workspaces: 
     assert isinstance(outcome, Failed), outcome
     assert outcome.limit is not None
     assert (outcome.limit.limit, outcome.limit.value) == ("file_size", 1)
-    assert (workspaces / "tenant" / "s1" / "big").stat().st_size <= 1024 * 1024
+    assert (workspaces / TENANT / "s1" / "big").stat().st_size <= 1024 * 1024
 
 
 async def test_output_beyond_the_cap_is_truncated_and_flagged(
@@ -277,7 +282,7 @@ def test_listening_socket_helper_is_loopback() -> None:
 async def test_a_workspace_made_before_it_had_an_owner_becomes_the_sessions(
     tools: Tools, workspaces: Path
 ) -> None:
-    old = workspaces / "tenant" / "legacy"
+    old = workspaces / TENANT / "legacy"
     (old / "notes").mkdir(parents=True)
     (old / "notes" / "todo.txt").write_text("root's\n")
     result = output_of(

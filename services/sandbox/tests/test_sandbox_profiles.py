@@ -27,7 +27,7 @@ async def run(tools: Tools, workspace: Path, command: str, profile: str | None) 
         profile=profile,
     )
     control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper())
-    return await tools.execute(request, workspace, ("tenant", "s1"), control)
+    return await tools.execute(request, workspace, (f"t{uuid.uuid4().hex[:12]}", "s1"), control)
 
 
 WHERE = (
