@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,8 @@ import yaml
 from nats.errors import TimeoutError as NatsTimeout
 
 from helmline.approval import load_policy
-from helmline.contracts import SERVICES, event_subject
+from helmline.cli._schema import CHART_PERMISSIONS
+from helmline.contracts import SERVICES, event_subject, nats_permissions_table
 from helmline.runtime import ensure_topology
 from helmline.runtime.testing import NatsServer, free_port
 from helmline.tool_gateway import load_servers
@@ -135,10 +135,10 @@ def test_invalid_values_are_refused_by_the_schema(setting: str, complaint: str) 
 
 
 def test_the_charts_nats_permissions_are_the_contracts() -> None:
-    tool = runpy.run_path(str(ROOT / "deploy" / "tools" / "nats_permissions.py"))
-    assert tool["CHART_FILE"].read_text() == tool["rendered"](), (
-        "the chart's NATS permissions differ from the contracts: "
-        "run `python deploy/tools/nats_permissions.py`"
+    chart_file = ROOT / CHART_PERMISSIONS
+    expected = json.dumps(nats_permissions_table(), indent=2) + "\n"
+    assert chart_file.read_text() == expected, (
+        "the chart's NATS permissions differ from the contracts: run `helmline schema export`"
     )
 
 

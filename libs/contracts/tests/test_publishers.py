@@ -18,7 +18,7 @@ def test_every_event_type_has_an_owner() -> None:
     assert not missing, (
         f"event types without a publishing service: {missing}; add each to EVENT_PUBLISHERS "
         "in libs/contracts/src/helmline/contracts/_topology.py (its NATS user may then publish "
-        "it), then run `python deploy/tools/nats_permissions.py` for the Helm chart"
+        "it), then run `helmline schema export` (it writes the Helm chart's copy)"
     )
     unknown = {s for owners in EVENT_PUBLISHERS.values() for s in owners} - set(SERVICES)
     assert not unknown, f"EVENT_PUBLISHERS names services that do not exist: {unknown}"

@@ -261,16 +261,20 @@ def schema_export(
         ),
     ] = None,
 ) -> None:
-    """Write every event's JSON Schema, removing stale schema files there."""
+    """Write every event's JSON Schema, removing stale schema files there (and, in a source
+    checkout, the Helm chart's per-service NATS permissions)."""
     from helmline.cli._display import stdout
-    from helmline.cli._schema import default_schema_dir, export_schemas
+    from helmline.cli._schema import default_schema_dir, export_chart_permissions, export_schemas
 
     try:
         target = out if out is not None else default_schema_dir()
         count = export_schemas(target)
+        chart = export_chart_permissions(target) if out is None else None
     except CliError as error:
         _fail(error)
     stdout().print(f"Wrote {count} schemas to {target}.")
+    if chart is not None:
+        stdout().print(f"Wrote the services' NATS permissions to {chart}.")
 
 
 # The session commands live in their own module; registered here, after the stack's commands,

@@ -22,6 +22,22 @@ def default_schema_dir() -> Path:
     return root / "schema"
 
 
+CHART_PERMISSIONS = Path("deploy/helm/helmline/files/nats-permissions.json")
+"""Where the Helm chart keeps the services' NATS permissions (it cannot run Python)."""
+
+
+def export_chart_permissions(schema_dir: Path) -> Path | None:
+    """Write the services' NATS publish permissions into the chart of the checkout whose
+    `libs/contracts/schema` is `schema_dir`; None when that checkout has no chart."""
+    target = schema_dir.resolve().parents[2] / CHART_PERMISSIONS
+    if not target.parent.is_dir():
+        return None
+    text = json.dumps(helmline.contracts.nats_permissions_table(), indent=2) + "\n"
+    if not target.is_file() or target.read_text(encoding="utf-8") != text:
+        target.write_text(text, encoding="utf-8")
+    return target
+
+
 def export_schemas(out: Path) -> int:
     """Write every schema under `out`, remove stale ones there, and return how many were written."""
     schemas = helmline.contracts.export_schemas()

@@ -552,3 +552,9 @@ def nats_permissions(service: str) -> NatsPermissions:
             "_INBOX.>",
         )
     )
+
+
+def nats_permissions_table() -> dict[str, list[str]]:
+    """Every service's allowed publish subjects, as the Helm chart keeps them
+    (`deploy/helm/helmline/files/nats-permissions.json`, written by `helmline schema export`)."""
+    return {service: list(nats_permissions(service).publish_allow) for service in SERVICES}
