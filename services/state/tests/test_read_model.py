@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from helmline.contracts import (
+    EXAMPLE_PAYLOADS,
     READ_MODEL_CONSUMER,
     STATE_CONSUMER,
     Actor,
@@ -21,6 +22,7 @@ from helmline.contracts import (
     CheckpointCreated,
     ConsumerSpec,
     Event,
+    ModelExchangeRecorded,
     PlanApproved,
     PlanProposed,
     PlanStep,
@@ -49,6 +51,8 @@ from helmline.state.__main__ import setup_state
 from helmline.state._settings import StateSettings
 
 ANA = Actor(id="ana", roles=("approver",))
+# A model's answer, with what it cost: the sessions row adds it up.
+(THINKING,) = (p for p in EXAMPLE_PAYLOADS if isinstance(p, ModelExchangeRecorded))
 
 
 def _session(tenant: str, number: int) -> list[Event]:
@@ -62,6 +66,7 @@ def _session(tenant: str, number: int) -> list[Event]:
     )
     events = [
         started,
+        started.derive(THINKING, source="test"),
         started.derive(PlanProposed(revision=1, steps=steps), source="test"),
         started.derive(PlanApproved(revision=1, approved_by=ANA), source="test"),
         started.derive(StepScheduled(step_id="a", call_id="a.1", tool="echo"), source="test"),
@@ -176,6 +181,12 @@ async def _assert_rows_equal_the_fold(store: EventStore, database_url: str, tena
         assert row["steps_total"] == len(state.steps)
         assert row["pending_approvals"] == len(state.pending_approvals)
         assert row["outcome"] == state.outcome
+        assert (row["model_calls"], row["tokens_used"], row["cost_usd"]) == (
+            state.model_calls,
+            state.tokens_used,
+            state.cost_usd,
+        )
+        assert row["cost_usd"] > 0
         mine = {s["step_id"]: s for s in steps if s["session_id"] == session_id}
         assert list(mine) == list(state.steps)
         for step_id, step in state.steps.items():

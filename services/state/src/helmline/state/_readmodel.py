@@ -87,6 +87,13 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (tenant, session_id, checkpoint_id)
     );
     """,
+    # 2: what a session's model calls cost.
+    """
+    ALTER TABLE sessions
+        ADD COLUMN model_calls integer NOT NULL DEFAULT 0,
+        ADD COLUMN tokens_used bigint NOT NULL DEFAULT 0,
+        ADD COLUMN cost_usd double precision NOT NULL DEFAULT 0;
+    """,
 )
 """Schema versions in order; version N is MIGRATIONS[N - 1]. Never edit one that shipped."""
 
@@ -106,6 +113,9 @@ SESSION_COLUMNS = (
     "pending_approvals",
     "checkpoints",
     "outcome",
+    "model_calls",
+    "tokens_used",
+    "cost_usd",
     "event_count",
     "last_seq",
 )
@@ -211,6 +221,9 @@ def session_row(state: SessionState, last_seq: int) -> tuple[Any, ...]:
         len(state.pending_approvals),
         len(state.checkpoints),
         state.outcome,
+        state.model_calls,
+        state.tokens_used,
+        state.cost_usd,
         state.event_count,
         last_seq,
     )
