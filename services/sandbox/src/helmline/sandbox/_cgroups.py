@@ -280,7 +280,7 @@ class CallCgroups:
         while True:
             pids = self.members() - sparing
             # A process leaves its cgroup a moment before it is dead (a zombie).
-            killed = {pid for pid in killed | pids if _alive(pid)}
+            killed = {pid for pid in killed | pids if alive(pid)}
             if not pids and not killed:
                 return True
             if time.monotonic() > deadline:
@@ -317,7 +317,8 @@ class CallCgroups:
         return pids
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether the process exists and has not exited (zombies have)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             state = stat.read().rsplit(")", 1)[1].split()[0]

@@ -45,7 +45,7 @@ from helmline.sandbox._backends import (
     prepare_workspace,
     session_owner,
 )
-from helmline.sandbox._cgroups import CallCgroups, Usage
+from helmline.sandbox._cgroups import CallCgroups, Usage, alive
 from helmline.sandbox._commands import (
     MARKER_VARIABLE,
     CommandControl,
@@ -207,7 +207,17 @@ class ContainerBackend:
         def used() -> Usage:
             return warm.cgroups.usage().since(before)
 
-        run = await self._exec(warm, job, uid, control, used if warm.cgroups.visible else None)
+        try:
+            run = await self._exec(warm, job, uid, control, used if warm.cgroups.visible else None)
+        except docker.errors.DockerException as error:
+            await asyncio.to_thread(_remove, warm.container)
+            raise ToolRefused(
+                ToolError(
+                    kind="unavailable",
+                    message=f"the container engine could not run the command: {error}",
+                    retryable=True,
+                )
+            ) from error
         usage = used()
         if await asyncio.to_thread(self._clean, warm, uid):
             warm.idle_since = time.monotonic()
@@ -238,7 +248,9 @@ class ContainerBackend:
         pool = self._idle.get(key, [])
         while pool:
             warm = pool.pop()
-            if time.monotonic() - warm.created < _REUSE_FOR_S:
+            # A keeper the OOM killer chose has taken its container down with it.
+            fresh = time.monotonic() - warm.created < _REUSE_FOR_S
+            if fresh and all(alive(pid) for pid in warm.keepers):
                 return warm
             _remove(warm.container)
         return None
