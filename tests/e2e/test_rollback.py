@@ -9,7 +9,7 @@ import os
 import stat
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,9 +36,10 @@ from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, auto_approver, eventually
 
 APPROVER = Actor(id="robot", roles=("operator", "approver"))
-HELMLINE = str(Path(sys.executable).with_name("helmline"))
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 TICKETS_SERVER = Path(__file__).with_name("tickets_mcp_server.py")
+
+Helmline = Callable[..., Awaitable[tuple[int, str, str]]]
 
 Tree = dict[str, tuple[str, int, bytes]]
 
@@ -93,19 +94,6 @@ async def tickets(stack: ServiceProcesses, js: JetStreamContext) -> None:
         )
 
     await eventually(federated, timeout_s=60, what="the tickets server federated")
-
-
-async def helmline(nats_url: str, *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        HELMLINE,
-        *args,
-        env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=90)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 def tree(folder: Path) -> Tree:
@@ -194,7 +182,7 @@ async def ticket_ids(store: EventStore, tenant: str, session_id: str) -> list[in
 
 
 async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_completes_again(
-    stack: ServiceProcesses, nc: NATS, store: EventStore, tenant: str
+    stack: ServiceProcesses, nc: NATS, store: EventStore, tenant: str, helmline: Helmline
 ) -> None:
     session_id = "five-steps"
     workspace = stack.data_dir / "workspaces" / tenant / session_id
@@ -217,15 +205,13 @@ async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_complet
         assert completed != at_checkpoint_2
         before = [stored.event for stored in await store.read_all(tenant, session_id)]
 
-        code, out, err = await helmline(stack.nats_url, "checkpoints", session_id, *t, "--json")
+        code, out, err = await helmline("checkpoints", session_id, *t, "--json")
         assert code == 0, err
         listed = json.loads(out)
         assert [c["step_id"] for c in listed] == ["one", "two", "three", "four", "five"]
         assert all(c["reversible"] for c in listed), listed
 
-        code, out, err = await helmline(
-            stack.nats_url, "rollback", session_id, "--to", "2", *t, "--json"
-        )
+        code, out, err = await helmline("rollback", session_id, "--to", "2", *t, "--json")
         assert code == 0, (out, err)
         report = json.loads(out)
         assert report["status"] == "completed"
@@ -249,7 +235,7 @@ async def test_a_rolled_back_workspace_is_byte_identical_and_the_session_complet
             "five": "undone",
         }
 
-        code, _, err = await helmline(stack.nats_url, "resume", session_id, *t)
+        code, _, err = await helmline("resume", session_id, *t)
         assert code == 0, err
         again = await until(store, tenant, session_id, "completed", "failed")
     assert again.status == "completed", again.outcome
@@ -264,8 +250,30 @@ async def _checkpoints(
     return state if len(state.checkpoints) == count else None
 
 
+async def completed_with_checkpoints(
+    store: EventStore, tenant: str, session_id: str, playbook: Playbook
+) -> SessionState:
+    """Run the playbook to its end; the session once each of its steps has a checkpoint."""
+    await start(store, tenant, session_id, playbook)
+    done = await until(store, tenant, session_id, "completed", "failed")
+    assert done.status == "completed", done.outcome
+    count = len(playbook.steps)
+    state: SessionState = await eventually(
+        lambda: _checkpoints(store, tenant, session_id, count),
+        timeout_s=30,
+        what=f"{count} checkpoints",
+    )
+    return state
+
+
 async def test_rolling_back_past_an_external_call_calls_its_inverse_exactly_once(
-    stack: ServiceProcesses, tickets: None, nc: NATS, store: EventStore, tenant: str, ledger: Path
+    stack: ServiceProcesses,
+    tickets: None,
+    nc: NATS,
+    store: EventStore,
+    tenant: str,
+    ledger: Path,
+    helmline: Helmline,
 ) -> None:
     session_id = "inverse"
     playbook = chain(
@@ -275,17 +283,12 @@ async def test_rolling_back_past_an_external_call_calls_its_inverse_exactly_once
         open_ticket("ticket"),
         write("last", "b.txt"),
     )
-    await start(store, tenant, session_id, playbook)
-    done = await until(store, tenant, session_id, "completed", "failed")
-    assert done.status == "completed", done.outcome
-    await eventually(
-        lambda: _checkpoints(store, tenant, session_id, 4), timeout_s=30, what="4 checkpoints"
-    )
+    await completed_with_checkpoints(store, tenant, session_id, playbook)
     (ticket,) = await ticket_ids(store, tenant, session_id)
 
     async with auto_approver(nc, store, tenant, APPROVER):
         code, out, err = await helmline(
-            stack.nats_url, "rollback", session_id, "--to", "1", "--tenant", tenant, "--json"
+            "rollback", session_id, "--to", "1", "--tenant", tenant, "--json"
         )
         # The undo call needs a person: the command says so (exit 3) and the rollback goes on.
         assert code == 3, (out, err)
@@ -300,7 +303,13 @@ async def test_rolling_back_past_an_external_call_calls_its_inverse_exactly_once
 
 
 async def test_an_irreversible_step_refuses_the_rollback_unless_partial_is_accepted(
-    stack: ServiceProcesses, tickets: None, nc: NATS, store: EventStore, tenant: str, ledger: Path
+    stack: ServiceProcesses,
+    tickets: None,
+    nc: NATS,
+    store: EventStore,
+    tenant: str,
+    ledger: Path,
+    helmline: Helmline,
 ) -> None:
     session_id = "irreversible"
     playbook = chain(
@@ -310,18 +319,13 @@ async def test_an_irreversible_step_refuses_the_rollback_unless_partial_is_accep
         open_ticket("ticket"),
         write("last", "b.txt"),
     )
-    await start(store, tenant, session_id, playbook)
-    done = await until(store, tenant, session_id, "completed", "failed")
-    assert done.status == "completed", done.outcome
-    await eventually(
-        lambda: _checkpoints(store, tenant, session_id, 4), timeout_s=30, what="4 checkpoints"
-    )
+    await completed_with_checkpoints(store, tenant, session_id, playbook)
     t = ("--tenant", tenant)
-    code, out, err = await helmline(stack.nats_url, "checkpoints", session_id, *t, "--json")
+    code, out, err = await helmline("checkpoints", session_id, *t, "--json")
     assert code == 0, err
     assert [c["reversible"] for c in json.loads(out)] == [True, False, True, True]
 
-    code, out, err = await helmline(stack.nats_url, "rollback", session_id, "--to", "1", *t)
+    code, out, err = await helmline("rollback", session_id, "--to", "1", *t)
     assert code == 1
     assert "steps notice cannot be undone" in err
     assert (stack.data_dir / "workspaces" / tenant / session_id / "b.txt").exists()
@@ -330,7 +334,7 @@ async def test_an_irreversible_step_refuses_the_rollback_unless_partial_is_accep
 
     async with auto_approver(nc, store, tenant, APPROVER):
         code, out, err = await helmline(
-            stack.nats_url, "rollback", session_id, "--to-step", "first", "--accept-partial", *t
+            "rollback", session_id, "--to-step", "first", "--accept-partial", *t
         )
         assert code == 3, (out, err)
         assert "an undo call waits for approval" in err
@@ -345,7 +349,13 @@ async def test_an_irreversible_step_refuses_the_rollback_unless_partial_is_accep
 
 
 async def test_a_rollback_survives_killing_the_state_and_sandbox_services_undoing_each_once(
-    stack: ServiceProcesses, tickets: None, nc: NATS, store: EventStore, tenant: str, ledger: Path
+    stack: ServiceProcesses,
+    tickets: None,
+    nc: NATS,
+    store: EventStore,
+    tenant: str,
+    ledger: Path,
+    helmline: Helmline,
 ) -> None:
     session_id = "killed"
     playbook = chain(
@@ -356,12 +366,7 @@ async def test_a_rollback_survives_killing_the_state_and_sandbox_services_undoin
         open_ticket("t2"),
         write("w3", "docs/three.txt"),
     )
-    await start(store, tenant, session_id, playbook)
-    done = await until(store, tenant, session_id, "completed", "failed")
-    assert done.status == "completed", done.outcome
-    state = await eventually(
-        lambda: _checkpoints(store, tenant, session_id, 5), timeout_s=30, what="5 checkpoints"
-    )
+    state = await completed_with_checkpoints(store, tenant, session_id, playbook)
     workspace = stack.data_dir / "workspaces" / tenant / session_id
     opened = await ticket_ids(store, tenant, session_id)
     first = (await store.read_all(tenant, session_id))[0].event
@@ -412,21 +417,14 @@ async def test_a_rollback_survives_killing_the_state_and_sandbox_services_undoin
 
 
 async def test_a_fork_at_checkpoint_10_completes_on_its_own_and_leaves_its_origin_alone(
-    stack: ServiceProcesses, store: EventStore, tenant: str
+    stack: ServiceProcesses, store: EventStore, tenant: str, helmline: Helmline
 ) -> None:
     session_id = "origin"
     playbook = chain("twelve files", *(write(f"s{i}", f"f{i}.txt") for i in range(1, 13)))
-    await start(store, tenant, session_id, playbook)
-    done = await until(store, tenant, session_id, "completed", "failed")
-    assert done.status == "completed", done.outcome
-    await eventually(
-        lambda: _checkpoints(store, tenant, session_id, 12), timeout_s=30, what="12 checkpoints"
-    )
+    done = await completed_with_checkpoints(store, tenant, session_id, playbook)
     origin_log = await store.read_all(tenant, session_id)
 
-    code, out, err = await helmline(
-        stack.nats_url, "fork", session_id, "--at", "10", "--tenant", tenant, "--json"
-    )
+    code, out, err = await helmline("fork", session_id, "--at", "10", "--tenant", tenant, "--json")
 
     assert code == 0, err
     fork_id = json.loads(out)["session_id"]

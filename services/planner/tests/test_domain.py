@@ -5,10 +5,13 @@ from __future__ import annotations
 from helmline.contracts import (
     Actor,
     Event,
+    ForkOrigin,
     Payload,
     PlanApproved,
     PlanStep,
     Playbook,
+    RollbackCompleted,
+    RollbackRequested,
     SessionCancelled,
     SessionCancelRequested,
     SessionCompleted,
@@ -23,6 +26,7 @@ from helmline.contracts import (
     ToolCallDenied,
     ToolCallFailed,
     ToolError,
+    WorkspaceRestored,
     fold,
     new_event,
 )
@@ -34,9 +38,11 @@ ANA = Actor(id="ana")
 class Session:
     """Drives `decide` the way the service does: fold, decide, append the decisions."""
 
-    def __init__(self, playbook: Playbook) -> None:
+    def __init__(self, playbook: Playbook, fork_of: ForkOrigin | None = None) -> None:
         self.root = new_event(
-            SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=ANA),
+            SessionStarted(
+                goal=playbook.goal, playbook=playbook, requested_by=ANA, fork_of=fork_of
+            ),
             tenant="t",
             session_id="s1",
             source="test",
@@ -141,3 +147,66 @@ def test_cancel_ends_the_session_and_nothing_follows() -> None:
     (cancelled,) = session.happen(SessionCancelRequested(requested_by=ANA, reason="stop"))
     assert isinstance(cancelled, SessionCancelled)
     assert session.complete("a") == []
+
+
+_CHAIN = Playbook(
+    goal="g",
+    steps=(
+        PlanStep(id="a", tool="echo"),
+        PlanStep(id="b", tool="echo", depends_on=("a",)),
+        PlanStep(id="c", tool="echo", depends_on=("b",)),
+    ),
+)
+
+
+def test_nothing_starts_during_a_rollback_and_undone_steps_run_again_on_resume() -> None:
+    session = Session(_CHAIN)
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    session.complete("a")
+    session.happen(RollbackRequested(rollback_id="rb", checkpoint_id="cp-a.1", requested_by=ANA))
+    assert session.complete("b") == [], "a step finishing during a rollback starts nothing"
+
+    assert (
+        session.happen(
+            RollbackCompleted(rollback_id="rb", checkpoint_id="cp-a.1", undone_steps=("b",))
+        )
+        == []
+    )
+    assert fold(session.events).status == "paused"
+
+    resumed, again = session.happen(SessionResumeRequested(requested_by=ANA))
+    assert isinstance(resumed, SessionResumed)
+    assert isinstance(again, StepScheduled)
+    assert (again.step_id, again.attempt, again.call_id) == ("b", 2, "b.2")
+    session.complete("b")
+    (completed,) = session.complete("c")
+    assert isinstance(completed, SessionCompleted)
+
+
+def test_a_session_completes_again_after_a_rollback_under_a_new_identity() -> None:
+    session = Session(_CHAIN)
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    for step in ("a", "b"):
+        session.complete(step)
+    (first,) = session.complete("c")
+    session.happen(RollbackRequested(rollback_id="rb", checkpoint_id="cp-b.1", requested_by=ANA))
+    session.happen(RollbackCompleted(rollback_id="rb", checkpoint_id="cp-b.1", undone_steps=("c",)))
+    session.happen(SessionResumeRequested(requested_by=ANA))
+    (second,) = session.complete("c")
+
+    assert isinstance(first, SessionCompleted)
+    assert isinstance(second, SessionCompleted)
+    ends = [e for e in session.events if isinstance(e.data, SessionCompleted)]
+    assert len({e.id for e in ends}) == 2, "the second end is not taken for a duplicate"
+
+
+def test_a_fork_runs_only_what_its_origin_had_not_done_once_its_workspace_is_restored() -> None:
+    origin = ForkOrigin(session_id="src", at_seq=9, snapshot_id="snap-a", completed_steps=("a",))
+    session = Session(_CHAIN, fork_of=origin)
+
+    assert session.happen(PlanApproved(revision=1, approved_by=ANA)) == []
+    (scheduled,) = session.happen(WorkspaceRestored(snapshot_id="snap-a"))
+
+    assert isinstance(scheduled, StepScheduled)
+    assert scheduled.step_id == "b"
+    assert fold(session.events).steps["a"].tool == "echo"

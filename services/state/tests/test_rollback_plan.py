@@ -117,6 +117,21 @@ class Session:
             self.add(decision.payload)
         return [d.payload for d in decisions]
 
+    def restore_then_call(self) -> StepScheduled:
+        """Let the sandbox finish the workspace restore; the undo call scheduled next."""
+        (restore,) = self.decide()
+        assert isinstance(restore, CompensationScheduled)
+        self.add(CompensationCompleted(**_ids(restore), steps=restore.steps))
+        _, call = self.decide()
+        assert isinstance(call, StepScheduled)
+        return call
+
+    def answer(self, outcome: ToolCallCompleted | ToolCallDenied) -> None:
+        """The undo call's outcome, as the state service turns it into a compensation's."""
+        decided = call_outcome(self.plan(), self.state.rollbacks["rb"], outcome)
+        assert decided is not None
+        self.add(decided.payload)
+
 
 TICKET = InverseCall(tool="tickets__close", arguments={"id": 7})
 
@@ -193,14 +208,8 @@ def test_a_rollback_runs_one_compensation_at_a_time_and_ends_where_the_checkpoin
         {"id": 7},
         scheduled.compensation_id,
     )
-    assert "undo" not in session.state.steps, "the undo call is not a step of the plan"
-    outcome = call_outcome(
-        session.plan(),
-        session.state.rollbacks["rb"],
-        ToolCallCompleted(call_id=call.call_id, step_id=call.step_id, tool=call.tool),
-    )
-    assert outcome is not None
-    session.add(outcome.payload)
+    assert call.step_id not in session.state.steps, "the undo call is not a step of the plan"
+    session.answer(ToolCallCompleted(call_id=call.call_id, step_id=call.step_id, tool=call.tool))
 
     (completed,) = session.decide()
     assert isinstance(completed, RollbackCompleted)
@@ -230,18 +239,8 @@ def test_an_irreversible_step_refuses_the_rollback_naming_it_unless_partial_is_a
     partial = four_steps()
     partial.run("notify", "tickets__open", output={"sent": True})
     partial.request(1, accept_partial=True)
-    (restore,) = partial.decide()
-    assert isinstance(restore, CompensationScheduled)
-    partial.add(CompensationCompleted(**_ids(restore), steps=restore.steps))
-    _, call = partial.decide()
-    assert isinstance(call, StepScheduled)
-    outcome = call_outcome(
-        partial.plan(),
-        partial.state.rollbacks["rb"],
-        ToolCallCompleted(call_id=call.call_id, step_id=call.step_id, tool=call.tool),
-    )
-    assert outcome is not None
-    partial.add(outcome.payload)
+    call = partial.restore_then_call()
+    partial.answer(ToolCallCompleted(call_id=call.call_id, step_id=call.step_id, tool=call.tool))
     (completed,) = partial.decide()
     assert isinstance(completed, RollbackCompleted)
     assert completed.not_undone_steps == ("notify",)
@@ -251,15 +250,10 @@ def test_an_irreversible_step_refuses_the_rollback_naming_it_unless_partial_is_a
 def test_a_denied_undo_call_fails_the_rollback_saying_what_was_undone() -> None:
     session = four_steps()
     session.request(1)
-    (restore,) = session.decide()
-    assert isinstance(restore, CompensationScheduled)
-    session.add(CompensationCompleted(**_ids(restore), steps=restore.steps))
-    _, call = session.decide()
-    assert isinstance(call, StepScheduled)
-    denied = ToolCallDenied(call_id=call.call_id, step_id=call.step_id, tool=call.tool, reason="no")
-    outcome = call_outcome(session.plan(), session.state.rollbacks["rb"], denied)
-    assert outcome is not None
-    session.add(outcome.payload)
+    call = session.restore_then_call()
+    session.answer(
+        ToolCallDenied(call_id=call.call_id, step_id=call.step_id, tool=call.tool, reason="no")
+    )
 
     (failed,) = session.decide()
     assert failed.TYPE == "rollback.failed"

@@ -61,6 +61,10 @@ class SessionCache:
         self._remember(key, entry)
         return state
 
+    def holds(self, tenant: str, session_id: str) -> bool:
+        """Whether the session's state is in memory (an event for it costs no replay)."""
+        return (tenant, session_id) in self._sessions
+
     def forget(self, tenant: str, session_id: str) -> None:
         """Drop a session (it ended, or its state must be rebuilt from the log)."""
         self._sessions.pop((tenant, session_id), None)

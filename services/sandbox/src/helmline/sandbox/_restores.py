@@ -51,6 +51,13 @@ class WorkspaceRestorer:
                 if delivery.deliveries > 1 and await self._restored(event, None):
                     return
                 await self._restore(event, origin.session_id, origin.snapshot_id)
+                # The fork's log names the origin's snapshot from now on: keep its manifest
+                # under the fork too (its blobs are stored already), so that a rollback of
+                # the fork to a checkpoint before its first change finds it.
+                workspace = workspace_of(self._workspaces_dir, event.tenant, event.session_id)
+                await self._snapshots.take(
+                    workspace, event.tenant, event.session_id, origin.snapshot_id
+                )
                 restored = WorkspaceRestored(snapshot_id=origin.snapshot_id)
                 await self._store.append(event.derive(restored, source=SOURCE))
             case _:

@@ -16,11 +16,13 @@ from helmline.contracts import (
     ToolCallDenied,
     ToolCallFailed,
     ToolSpec,
+    WorkspaceRestored,
+    WorkspaceSnapshotted,
     fold,
 )
 from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
 from helmline.state._checkpoints import checkpoint_after
-from helmline.state._rollback import call_outcome, next_decisions, plan_rollback
+from helmline.state._rollback import call_outcome, is_undo_step, next_decisions, plan_rollback
 
 SOURCE = "helmline/state"
 
@@ -38,9 +40,16 @@ class StateHandler:
 
     async def __call__(self, delivery: Delivery) -> None:
         event = delivery.event
-        state = await self._sessions.advance(delivery)
         match event.data:
-            case ToolCallCompleted() as completed if not _compensates(state, completed.call_id):
+            case RollbackRequested() | CompensationCompleted() | CompensationFailed():
+                await self._advance_rollbacks(event)
+            case ToolCallFailed() | ToolCallDenied() as outcome if is_undo_step(outcome.step_id):
+                await self._advance_rollbacks(event)
+            case ToolCallCompleted() as completed:
+                state = await self._sessions.advance(delivery)
+                if _compensates(state, completed.call_id):
+                    await self._advance_rollbacks(event)
+                    return
                 checkpoint = event.derive(
                     checkpoint_after(state, completed, delivery.seq, self._tools),
                     source=SOURCE,
@@ -50,14 +59,14 @@ class StateHandler:
                 self._sessions.record(state, [checkpoint])
                 # Now and then, the folded state too, for fast time travel.
                 await self._states.keep_up(checkpoint.tenant, checkpoint.session_id, appended.seq)
-            case ToolCallCompleted() | ToolCallFailed() | ToolCallDenied() as outcome if (
-                _compensates(state, outcome.call_id)
+            case WorkspaceSnapshotted() | WorkspaceRestored() if self._sessions.holds(
+                event.tenant, event.session_id
             ):
-                await self._advance_rollbacks(event)
-            case RollbackRequested() | CompensationCompleted() | CompensationFailed():
-                await self._advance_rollbacks(event)
+                # Kept up in a state held in memory, for the next checkpoint; a session not
+                # held is replayed at its next completion, this event included.
+                await self._sessions.advance(delivery)
             case _:
-                pass  # Snapshots and restores: folded into the cached state for checkpoints.
+                pass  # Other sessions' snapshots, and failures of the plan's own steps.
 
     async def _advance_rollbacks(self, cause: Event) -> None:
         """Take each rollback under way one decision further.

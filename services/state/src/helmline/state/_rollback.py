@@ -182,10 +182,18 @@ def _compensation_id(rollback_id: str, number: int) -> str:
     return f"{rollback_id}.undo{number}"
 
 
+_UNDO = "undo."
+
+
 def compensation_step_id(step_id: str) -> str:
     """The step id an inverse call runs under: apart from the plan's steps, so that the call
     is judged and run like any other without being taken for a step of the plan."""
-    return f"undo.{step_id}"[:64]
+    return f"{_UNDO}{step_id}"[:64]
+
+
+def is_undo_step(step_id: str) -> bool:
+    """Whether a call's step id may be a rollback's undo call (the log tells for sure)."""
+    return step_id.startswith(_UNDO)
 
 
 def next_decisions(plan: RollbackPlan, rollback: RollbackState) -> list[Decision]:
