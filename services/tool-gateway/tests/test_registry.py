@@ -81,7 +81,8 @@ def test_the_same_tool_on_two_servers_keeps_both_under_their_prefix(tmp_path: Pa
     )
     tools = {tool.name: tool for tool in registry.tools}
     assert {"one__get_time", "two__get_time", "echo"} <= set(tools)
-    assert (tools["one__get_time"].risk, tools["two__get_time"].risk) == ("low", "medium")
+    # A server that says nothing of its risk is high risk: a person decides its calls.
+    assert (tools["one__get_time"].risk, tools["two__get_time"].risk) == ("low", "high")
     assert tools["two__get_time"].remote_name == "get_time"
 
 

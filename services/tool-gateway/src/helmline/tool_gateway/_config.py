@@ -4,7 +4,7 @@
 servers:
   - id: git                       # tools become git__<tool>
     stdio: {command: python, args: [-m, mcp_server_git, --repository, /srv/repo], env: {}}
-    risk: medium                  # default risk of its tools
+    risk: medium                  # default risk of its tools (high if not given)
     timeout_s: 10
     retries: 2                    # extra tries for retryable failures (idempotent tools only
                                   # when the outcome of a try is unknown)
@@ -88,7 +88,9 @@ class ServerConfig(_Strict):
     id: str = Field(pattern=SERVER_ID.pattern)
     stdio: StdioTransport | None = None
     http: HttpTransport | None = None
-    risk: Risk = "medium"
+    # Safe by default: a tool that acts outside Helmline needs a person unless its server's
+    # (or its own) configuration says it is less risky.
+    risk: Risk = "high"
     timeout_s: float = Field(default=30.0, gt=0)
     retries: int = Field(default=2, ge=0, le=10)
     circuit: CircuitSettings = CircuitSettings()
