@@ -85,7 +85,7 @@ async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_pr
 
     subscription = await js._nc.subscribe(circuit_subject(server_id), cb=circuit)
     try:
-        async with gateway_in_process(nats_url, servers, tenant):
+        async with gateway_in_process(nats_url, servers, tenant) as host:
             await federated(js, server_id)
             tool = f"{server_id}__hang"
             for _ in range(3):
@@ -126,6 +126,11 @@ async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_pr
                 )
 
             await eventually(closed_in_the_registry, what="the registry showing it closed")
+            # The service's metrics saw every change, though they skip the event store.
+            sample = host.metrics.registry.get_sample_value
+            opened = {"server": server_id, "state": "open"}
+            assert sample("helmline_circuit_breaker_changes_total", opened) == 1
+            assert sample("helmline_circuit_breaker_state", {"server": server_id}) == 0  # closed
     finally:
         await subscription.unsubscribe()
 

@@ -19,7 +19,9 @@ def setup_gateway(
     settings = settings or GatewaySettings()
 
     async def setup(host: ServiceHost) -> None:
-        federation = Federation(host.js, servers.servers if servers is not None else ())
+        federation = Federation(
+            host.js, servers.servers if servers is not None else (), host.metrics.appended
+        )
         host.on_shutdown(federation.stop)
         await federation.start()
         handler = GatewayHandler(

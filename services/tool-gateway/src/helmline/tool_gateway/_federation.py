@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
@@ -22,6 +22,7 @@ from helmline.contracts import (
     TOOL_REGISTRY_SUBJECT,
     TOOLS_SESSION,
     TOOLS_TENANT,
+    Event,
     Headers,
     Payload,
     ToolCircuitChanged,
@@ -43,8 +44,16 @@ SOURCE = "helmline/tool-gateway"
 class Federation:
     """The gateway's MCP servers and the tools they and the built-ins offer."""
 
-    def __init__(self, js: JetStreamContext, configs: Iterable[ServerConfig]) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        configs: Iterable[ServerConfig],
+        on_publish: Callable[[Event, bool], None] = lambda event, duplicate: None,
+    ) -> None:
         self._js = js
+        # Registry and breaker events go to their own stream, past the event store that
+        # feeds the service's metrics; this tells the metrics about them.
+        self._on_publish = on_publish
         self.servers: dict[str, McpServer] = {
             config.id: McpServer(config, self._changed) for config in configs
         }
@@ -127,6 +136,7 @@ class Federation:
         event = new_event(
             data, tenant=TOOLS_TENANT, session_id=TOOLS_SESSION, source=SOURCE, event_id=event_id
         )
-        await self._js.publish(
+        ack = await self._js.publish(
             subject, encode_event(event), headers={Headers.MSG_ID: str(event_id)}
         )
+        self._on_publish(event, bool(ack.duplicate))
