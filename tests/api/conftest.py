@@ -24,19 +24,11 @@ from helmline.api import Role, new_api_key, store_api_key
 from helmline.api.__main__ import setup_api
 from helmline.api._settings import ApiSettings
 from helmline.runtime import ServiceHost
-from helmline.runtime.testing import NatsServer, ServiceProcesses, free_port
+from helmline.runtime.testing import ServiceProcesses, free_port
 
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 ISSUER = "https://issuer.test"
 AUDIENCE = "helmline-api"
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A nats-server of this module's own: the services here use the stack's durable
-    consumers, which processes that other tests start on the shared server would share."""
-    with NatsServer(tmp_path_factory.mktemp("nats")) as server:
-        yield server.url
 
 
 @pytest.fixture(scope="module")
