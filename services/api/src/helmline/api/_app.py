@@ -13,7 +13,7 @@ from helmline.api._fanout import FanOut
 from helmline.api._problems import install_problem_handlers, not_found
 from helmline.api._reads import SessionLister
 from helmline.api._settings import ApiSettings
-from helmline.runtime import ServiceHost
+from helmline.runtime import FoldedStates, ServiceHost
 
 CONSOLE_BUILD = Path(__file__).resolve().parents[3] / "console" / "dist"
 """Where `npm run build` puts the console in a source checkout."""
@@ -28,6 +28,8 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     )
     app.state.store = host.store
     app.state.js = host.js
+    # States are read from the nearest one the state service stored, plus the events after.
+    app.state.states = FoldedStates(host.js, host.store)
     app.state.authenticator = Authenticator(settings, host.js)
     app.state.lister = SessionLister(host.store, settings.database_url)
     app.state.fan_out = FanOut(host.js)

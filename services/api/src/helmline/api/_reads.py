@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from helmline.api._problems import not_found
 from helmline.contracts import SessionStarted, SessionState, SessionStatus, event_type_filter
-from helmline.runtime import EventStore, SessionSnapshot
+from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,10 @@ class SessionFilter(BaseModel):
 
 
 async def load_session(
-    store: EventStore, tenant: str, session_id: str, *, at_seq: int | None = None
+    states: FoldedStates, tenant: str, session_id: str, *, at_seq: int | None = None
 ) -> SessionSnapshot:
     """The session folded from its log (up to a sequence); 404 when it has no events there."""
-    snapshot = await store.load(tenant, session_id, up_to_seq=at_seq)
+    snapshot = await states.load(tenant, session_id, up_to_seq=at_seq)
     if snapshot.last_seq == 0:
         where = f" at or before sequence {at_seq}" if at_seq is not None else ""
         raise not_found(f"no session {session_id}{where}")

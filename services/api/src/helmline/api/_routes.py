@@ -32,7 +32,7 @@ from helmline.contracts import (
     fold,
     new_event,
 )
-from helmline.runtime import EventStore, latest_tool_registry
+from helmline.runtime import EventStore, FoldedStates, latest_tool_registry
 
 SOURCE = "helmline/api"
 
@@ -123,6 +123,11 @@ def _store(request: Request) -> EventStore:
     return store
 
 
+def _states(request: Request) -> FoldedStates:
+    states: FoldedStates = request.app.state.states
+    return states
+
+
 async def _append(request: Request, principal: Principal, session_id: str, payload: Payload) -> int:
     event: Event = new_event(payload, tenant=principal.tenant, session_id=session_id, source=SOURCE)
     return (await _store(request).append(event)).seq
@@ -139,7 +144,7 @@ async def _steer(
     request: Request, principal: Principal, session_id: str, control: Payload
 ) -> Accepted:
     """Append a pause, resume or cancel request to a session that has not ended."""
-    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    state = (await load_session(_states(request), principal.tenant, session_id)).state
     if state.is_terminal:
         raise conflict(f"session {session_id} has already ended: {state.status}")
     return await _accepted(request, principal, session_id, control)
@@ -194,7 +199,7 @@ async def get_session(
     ] = None,
 ) -> SessionState:
     """The session folded from its log: plan, steps, approvals, checkpoints, thoughts."""
-    snapshot = await load_session(_store(request), principal.tenant, session_id, at_seq=at_seq)
+    snapshot = await load_session(_states(request), principal.tenant, session_id, at_seq=at_seq)
     response.headers["X-Last-Seq"] = str(snapshot.last_seq)
     return snapshot.state
 
@@ -204,7 +209,7 @@ async def list_checkpoints(
     session_id: SessionPath, principal: Viewer, request: Request
 ) -> list[CheckpointState]:
     """The points the session can be rolled back to, oldest first."""
-    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    state = (await load_session(_states(request), principal.tenant, session_id)).state
     return list(state.checkpoints)
 
 
@@ -226,7 +231,7 @@ async def decide(
     The approval service judges the decision: modified arguments must fit the tool's schema
     and the policy in force.
     """
-    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    state = (await load_session(_states(request), principal.tenant, session_id)).state
     approval = state.approvals.get(request_id)
     if approval is None:
         raise not_found(f"session {session_id} has no approval request {request_id}")
@@ -298,7 +303,7 @@ async def rollback(
     The state service runs the compensations in reverse order, or refuses when an
     irreversible step is in the way and a partial rollback was not accepted.
     """
-    state = (await load_session(_store(request), principal.tenant, session_id)).state
+    state = (await load_session(_states(request), principal.tenant, session_id)).state
     if not any(c.checkpoint_id == body.checkpoint_id for c in state.checkpoints):
         raise not_found(f"session {session_id} has no checkpoint {body.checkpoint_id}")
     rollback_id = uuid.uuid4().hex
@@ -320,7 +325,7 @@ async def fork(
     """Start a new session from one of this one's checkpoints (`session.started` with
     `fork_of`): same goal and playbook, the workspace as it was there."""
     store = _store(request)
-    current = (await load_session(store, principal.tenant, session_id)).state
+    current = (await load_session(_states(request), principal.tenant, session_id)).state
     checkpoint = next(
         (c for c in current.checkpoints if c.checkpoint_id == body.checkpoint_id), None
     )
