@@ -6,8 +6,10 @@ import asyncio
 import uuid
 
 import pytest
+from nats.js import JetStreamContext
 
 from helmline.contracts import (
+    EVENTS_STREAM,
     Actor,
     Event,
     PlanProposed,
@@ -109,3 +111,15 @@ async def test_an_unknown_session_is_empty(store: EventStore, tenant: str) -> No
     snapshot = await store.load(tenant, missing)
     assert snapshot.last_seq == 0
     assert snapshot.state.event_count == 0
+
+
+async def test_replays_leave_no_consumer_behind(
+    store: EventStore, js: JetStreamContext, tenant: str
+) -> None:
+    # The server holds at most 1,000 consumers; each replay makes one, and one left behind
+    # would linger for seconds after it ends.
+    await store.append(_started(tenant))
+    before = (await js.stream_info(EVENTS_STREAM.name)).state.consumer_count
+    for _ in range(20):
+        assert (await store.load(tenant, "s1")).last_seq > 0
+    assert (await js.stream_info(EVENTS_STREAM.name)).state.consumer_count == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -290,6 +291,11 @@ class EventStore:
                 await asyncio.wait_for(finished, timeout=self._timeout_s + (end - after_seq) / 1000)
             finally:
                 await subscription.unsubscribe()
+                # The server keeps an ephemeral consumer for seconds after its subscriber
+                # leaves, and refuses new ones past its limit (1,000 here): a service or an
+                # API that replays many sessions a second must not leave them behind.
+                with contextlib.suppress(NotFoundError):
+                    await self._js.delete_consumer(subscription._stream, subscription._consumer)
 
 
 def _position(ack_subject: str) -> tuple[int, int]:
