@@ -26,6 +26,7 @@ from helmline.yamlfile import (
     field_of,
     line_of,
     node_at,
+    validation_problems,
 )
 
 INVALID_INPUT = 2
@@ -71,29 +72,11 @@ def _parse(path: Path, text: str) -> tuple[yaml.Node, Any]:
 
 
 def _contract_problems(root: yaml.Node, document: Any, error: ValidationError) -> list[Problem]:
-    problems = []
-    details = error.errors(include_url=False)
-    for detail in details:
-        location: Location = tuple(detail["loc"])
-        if detail["type"] == "too_short" and any(
-            other["loc"][: len(location)] == location and len(other["loc"]) > len(location)
-            for other in details
-        ):
-            continue  # A list whose items are invalid is also counted short: say it once.
-        message = detail["msg"]
-        match detail["type"]:
-            case "missing":
-                *parent, name = location
-                location = tuple(parent)
-                message = f"missing field {name!r}"
-            case "extra_forbidden":
-                message = "unknown field"
-            case "value_error" if not location:
-                # The playbook's own check of ids and dependencies, which spans all steps.
-                location = _dependency_location(document)
-                message = message.removeprefix("Value error, ")
-        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
-    return problems
+    # The playbook's own check of ids and dependencies spans all steps: point at the first
+    # step involved.
+    return validation_problems(
+        root, error, place_whole_document_error=lambda message: _dependency_location(document)
+    )
 
 
 def _dependency_location(document: dict[str, Any]) -> Location:

@@ -10,6 +10,7 @@ from helmline.yamlfile._document import (
     field_of,
     line_of,
     node_at,
+    validation_problems,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "field_of",
     "line_of",
     "node_at",
+    "validation_problems",
 ]

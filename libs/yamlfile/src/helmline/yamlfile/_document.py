@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 Location = tuple[str | int, ...]
 """A path into the document, as pydantic and jsonschema report it: ("steps", 1, "tool")."""
@@ -96,3 +97,42 @@ def field_of(location: Location) -> str:
     for part in location:
         field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
     return field
+
+
+def validation_problems(
+    root: yaml.Node,
+    error: ValidationError,
+    *,
+    place_whole_document_error: Callable[[str], Location] = lambda message: (),
+) -> list[Problem]:
+    """What pydantic found wrong with a composed document, each at its line and field.
+
+    `place_whole_document_error` points an error of a check over the whole document (a model
+    validator's, which pydantic reports at the root) at the part a person must fix.
+    """
+    problems = []
+    details = error.errors(include_url=False)
+    for detail in details:
+        # Union members and wrappers add their own names (`function-before[...]`) to the
+        # location; field names never hold brackets, so keep only the document's parts.
+        location: Location = tuple(
+            part for part in detail["loc"] if isinstance(part, int) or "[" not in part
+        )
+        if detail["type"] == "too_short" and any(
+            other["loc"][: len(detail["loc"])] == detail["loc"]
+            and len(other["loc"]) > len(detail["loc"])
+            for other in details
+        ):
+            continue  # A list whose items are invalid is also counted short: say it once.
+        message = detail["msg"].removeprefix("Value error, ")
+        match detail["type"]:
+            case "missing":
+                *parent, name = location
+                location = tuple(parent)
+                message = f"missing field {name!r}"
+            case "extra_forbidden":
+                message = "unknown field"
+            case "value_error" if not location:
+                location = place_whole_document_error(message)
+        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
+    return problems

@@ -23,9 +23,7 @@ from helmline.yamlfile import (
     Problem,
     YamlFileError,
     compose,
-    field_of,
-    line_of,
-    node_at,
+    validation_problems,
 )
 
 BUILT_IN = "built-in"
@@ -90,30 +88,10 @@ def _parse(source: str, text: str) -> tuple[yaml.Node, Any]:
 
 
 def _problems(root: yaml.Node, document: dict[str, Any], error: ValidationError) -> list[Problem]:
-    problems = []
-    for detail in error.errors(include_url=False):
-        # Union members and wrappers add their own names to the location; keep the document's.
-        location: Location = tuple(
-            part for part in detail["loc"] if isinstance(part, int) or _in_document(part)
-        )
-        message = detail["msg"].removeprefix("Value error, ")
-        match detail["type"]:
-            case "missing":
-                *parent, name = location
-                location = tuple(parent)
-                message = f"missing field {name!r}"
-            case "extra_forbidden":
-                message = "unknown field"
-            case "value_error" if location == () and "used twice" in message:
-                location = _second_use_of_a_name(document)
-        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
-    return problems
+    def place(message: str) -> Location:
+        return _second_use_of_a_name(document) if "used twice" in message else ()
 
-
-def _in_document(part: str) -> bool:
-    # pydantic names function validators and tuple wrappers in locations (`function-before[...]`);
-    # field names never hold brackets.
-    return "[" not in part
+    return validation_problems(root, error, place_whole_document_error=place)
 
 
 def _second_use_of_a_name(document: dict[str, Any]) -> Location:

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from helmline.contracts import Risk, ToolEffect, ToolInverse
-from helmline.yamlfile import Location, Problem, YamlFileError, compose, field_of, line_of, node_at
+from helmline.yamlfile import (
+    Problem,
+    YamlFileError,
+    compose,
+    validation_problems,
+)
 
 SERVER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 """Server ids prefix tool names (`<id>__<tool>`): no underscores, so the split is plain."""
@@ -136,21 +140,5 @@ def load_servers(path: Path) -> ServersFile:
         return ServersFile.model_validate(document.data)
     except ValidationError as error:
         raise YamlFileError(
-            source, _problems(document.root, error), what="MCP servers file"
+            source, validation_problems(document.root, error), what="MCP servers file"
         ) from error
-
-
-def _problems(root: Any, error: ValidationError) -> list[Problem]:
-    problems = []
-    for detail in error.errors(include_url=False):
-        location: Location = tuple(detail["loc"])
-        message = detail["msg"].removeprefix("Value error, ")
-        match detail["type"]:
-            case "missing":
-                *parent, name = location
-                location = tuple(parent)
-                message = f"missing field {name!r}"
-            case "extra_forbidden":
-                message = "unknown field"
-        problems.append(Problem(line_of(node_at(root, location)), field_of(location), message))
-    return problems
