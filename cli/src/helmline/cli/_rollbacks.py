@@ -7,15 +7,13 @@ import uuid
 
 from helmline.cli._connection import EventLog
 from helmline.cli._errors import CliError
-from helmline.cli._follow import following
 from helmline.cli._intents import SOURCE, current_actor, new_session_id
-from helmline.cli._sessions import load_session
+from helmline.cli._sessions import fold_until, load_session
 from helmline.contracts import (
     CheckpointState,
     ForkOrigin,
     RollbackRequested,
     RollbackState,
-    SessionFold,
     SessionStarted,
     SessionState,
     new_event,
@@ -77,20 +75,7 @@ async def follow_rollback(
 ) -> tuple[RollbackState, SessionState]:
     """Follow the session until the rollback ends, or waits for a person to approve an undo
     call; the rollback and the session as they stood then."""
-    folding = SessionFold()
-    last_seq = 0
-    for stored in await log.store.read_all(tenant, session_id):
-        folding.apply(stored.event)
-        last_seq = stored.seq
-    state = folding.state()
-    if _settled(state, rollback_id):
-        return state.rollbacks[rollback_id], state
-    async with following(log.js, tenant, session_id, after_seq=last_seq) as events:
-        async for stored in events:
-            folding.apply(stored.event)
-            state = folding.state()
-            if _settled(state, rollback_id):
-                break
+    state = await fold_until(log, tenant, session_id, lambda state: _settled(state, rollback_id))
     return state.rollbacks[rollback_id], state
 
 

@@ -209,6 +209,25 @@ async def watch(
     on_change: Callable[[SessionState], None],
 ) -> SessionState:
     """Follow the session until it ends or waits for a person; the state it stopped at."""
+    return await fold_until(
+        log,
+        tenant,
+        session_id,
+        lambda state: state.is_terminal or needs_a_person(state),
+        on_change=on_change,
+    )
+
+
+async def fold_until(
+    log: EventLog,
+    tenant: str,
+    session_id: str,
+    reached: Callable[[SessionState], bool],
+    *,
+    on_change: Callable[[SessionState], None] = lambda state: None,
+) -> SessionState:
+    """Fold the session's log, then follow it as it grows, until `reached` holds; the state
+    then. `on_change` sees the state after the log so far and after each new event."""
     folding = SessionFold()
     last_seq = 0
     for stored in await log.store.read_all(tenant, session_id):
@@ -216,8 +235,16 @@ async def watch(
         last_seq = stored.seq
     state = folding.state()
     on_change(state)
-    if state.is_terminal or needs_a_person(state):
+    if reached(state):
         return state
+    async with following(log.js, tenant, session_id, after_seq=last_seq) as events:
+        async for stored in events:
+            folding.apply(stored.event)
+            state = folding.state()
+            on_change(state)
+            if reached(state):
+                break
+    return state
     async with following(log.js, tenant, session_id, after_seq=last_seq) as events:
         async for stored in events:
             folding.apply(stored.event)
