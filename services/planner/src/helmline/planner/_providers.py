@@ -15,6 +15,7 @@ import json
 import random
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -81,7 +82,7 @@ class _ToolNames:
         return self.from_wire.get(wire, wire)
 
 
-class ModelClient:
+class ModelClient(ABC):
     """One provider's client: request mapping, retries, streaming. Subclasses map the wire."""
 
     provider = ""
@@ -151,21 +152,25 @@ class ModelClient:
             return _Retry(reason, _retry_after(response.headers))
         return ModelRefused(f"{self.provider} refused the request at {self._url}: {reason}")
 
+    @abstractmethod
     def headers(self) -> dict[str, str]:
-        raise NotImplementedError
+        """The provider's authentication and version headers."""
 
+    @abstractmethod
     def body(
         self, request: ModelRequestRecord, tools: Sequence[ToolSpec], names: _ToolNames
     ) -> dict[str, Any]:
-        raise NotImplementedError
+        """The request body in the provider's wire format."""
 
+    @abstractmethod
     def read(self, answer: dict[str, Any], names: _ToolNames) -> ModelReply:
-        raise NotImplementedError
+        """The reply of a whole (not streamed) answer."""
 
+    @abstractmethod
     async def read_stream(
         self, events: AsyncIterator[tuple[str, dict[str, Any]]], names: _ToolNames
     ) -> ModelReply:
-        raise NotImplementedError
+        """The reply assembled from a streamed answer's server-sent events."""
 
 
 class _Retry(Exception):
