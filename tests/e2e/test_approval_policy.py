@@ -4,7 +4,8 @@ requests that expire while the approval service is down."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,28 @@ class PolicyStack:
             if name == "approval":
                 patch.setenv("HELMLINE_POLICY", str(self.policy))
             self.processes.start(name)
+
+    @asynccontextmanager
+    async def policy_in_force(self, text: str) -> AsyncIterator[None]:
+        """The approval service decides by `text` in the block, by the test's policy after."""
+        original = self.policy.read_text()
+        await self.edit_policy(text)
+        try:
+            yield
+        finally:
+            await self.edit_policy(original)
+
+    async def edit_policy(self, text: str) -> None:
+        """Write the policy file and wait until the approval service has reloaded it."""
+        log = self.processes.data_dir / "approval.log"
+        in_force = policy_hash(text.encode())
+        loaded_before = log.read_text().count(in_force)
+        self.policy.write_text(text)
+        await eventually(
+            lambda: log.read_text().count(in_force) > loaded_before,
+            timeout_s=10,
+            what="the reload",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -269,16 +292,12 @@ async def test_an_edited_policy_file_decides_the_next_call_and_an_invalid_edit_c
     stack: PolicyStack, store: EventStore, tenant: str
 ) -> None:
     log = stack.processes.data_dir / "approval.log"
-    original = stack.policy.read_text()
     edited = (
         "rules:\n  - name: no-echo\n    tool: run_command\n    arguments:\n"
         "      command: {regex: '^echo '}\n    effect: deny\n    reason: not today\n"
         "  - name: the-rest\n    effect: allow\n"
     )
-    try:
-        stack.policy.write_text(edited)
-        in_force = policy_hash(edited.encode())
-        await eventually(lambda: in_force in log.read_text(), timeout_s=10, what="the reload")
+    async with stack.policy_in_force(edited):
         stack.policy.write_text("rules: [{name: broken}]\n")
         await eventually(
             lambda: "invalid; keeping" in log.read_text(), timeout_s=10, what="the refusal"
@@ -291,20 +310,13 @@ async def test_an_edited_policy_file_decides_the_next_call_and_an_invalid_edit_c
         assert (denied.rule, denied.reason) == ("no-echo", "not today")
         assert denied.policy_hash == policy_hash(edited.encode())
         assert state.status == "failed"
-    finally:
-        stack.policy.write_text(original)
 
 
 async def test_a_plan_approved_once_runs_its_risky_steps_without_asking_again(
     stack: PolicyStack, store: EventStore, tenant: str
 ) -> None:
-    log = stack.processes.data_dir / "approval.log"
-    original = stack.policy.read_text()
-    reviewed = original.replace("rules:", "plan_approval: {roles: [approver]}\nrules:", 1)
-    try:
-        stack.policy.write_text(reviewed)
-        in_force = policy_hash(reviewed.encode())
-        await eventually(lambda: in_force in log.read_text(), what="the reload")
+    reviewed = POLICY.replace("rules:", "plan_approval: {roles: [approver]}\nrules:", 1)
+    async with stack.policy_in_force(reviewed):
         playbook = Playbook(
             goal="two listings",
             steps=(
@@ -338,25 +350,18 @@ async def test_a_plan_approved_once_runs_its_risky_steps_without_asking_again(
         assert authorized["a"].approval_request_id == "plan-1"
         assert authorized["b"].approval_request_id == "plan-1"
         assert authorized["c"].approval_request_id is None
-    finally:
-        stack.policy.write_text(original)
 
 
 async def test_an_unanswered_request_escalates_to_another_role_which_may_then_decide(
     stack: PolicyStack, store: EventStore, tenant: str
 ) -> None:
-    log = stack.processes.data_dir / "approval.log"
-    original = stack.policy.read_text()
     escalating = (
         "rules:\n  - name: listing-escalates\n    tool: run_command\n    arguments:\n"
         "      command: {regex: '^ls'}\n    effect: require_approval\n    approval:\n"
         "      roles: [approver]\n      expires_in: 1m\n      escalate_after: 2s\n"
         "      escalate_to: [sre-lead]\n  - name: the-rest\n    effect: allow\n"
     )
-    try:
-        stack.policy.write_text(escalating)
-        in_force = policy_hash(escalating.encode())
-        await eventually(lambda: in_force in log.read_text(), what="the reload")
+    async with stack.policy_in_force(escalating):
         session_id, started = await _start(store, tenant, "ls")
         waiting = await _until(store, tenant, session_id, "waiting")
         (request,) = waiting.pending_approvals
@@ -375,5 +380,3 @@ async def test_an_unanswered_request_escalates_to_another_role_which_may_then_de
         await store.append(started.derive(vote, source="test"))
         state = await _until(store, tenant, session_id, "completed", "failed")
         assert state.status == "completed", state.outcome
-    finally:
-        stack.policy.write_text(original)
