@@ -114,7 +114,7 @@ async def run() -> list[dict[str, Any]]:
             ),
             ServerConfig.model_validate({"id": "http", "http": {"url": url}}),
         ]
-        federation = Federation(js, configs)
+        federation = Federation(EventStore(js), configs)
         await federation.start()
         handler = GatewayHandler(
             EventStore(js),

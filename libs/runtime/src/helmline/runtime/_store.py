@@ -120,6 +120,19 @@ class EventStore:
             self._on_append(event, duplicate)
         return Appended(seq=ack.seq, duplicate=duplicate)
 
+    async def publish(self, subject: str, event: Event) -> Appended:
+        """Store an event that belongs to no session's log (the tool registry, a breaker's
+        change, a stream warning) on its own subject, de-duplicated by its id; `on_append` is
+        told of it like of an appended one."""
+        body = encode_event(event)
+        ack = await self._js.publish(
+            subject, body, timeout=self._timeout_s, headers={Headers.MSG_ID: str(event.id)}
+        )
+        duplicate = bool(ack.duplicate)
+        if self._on_append is not None:
+            self._on_append(event, duplicate)
+        return Appended(seq=ack.seq, duplicate=duplicate)
+
     async def append_all(
         self, events: Sequence[Event], *, expected_last_seq: int | None = None
     ) -> list[Appended]:

@@ -31,6 +31,7 @@ def setup_state(
         await host.consume(checkpoints, StateHandler(host.store, tools, states))
         watch = RetentionWatch(
             host.js,
+            host.store,
             host.metrics,
             warn_at=settings.retention_warn_at,
             interval_s=settings.retention_check_s,

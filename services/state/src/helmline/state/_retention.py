@@ -15,12 +15,10 @@ from helmline.contracts import (
     OPS_SESSION,
     OPS_TENANT,
     RETENTION_SUBJECT,
-    Headers,
     StreamLimitApproaching,
-    encode_event,
     new_event,
 )
-from helmline.runtime import ServiceMetrics
+from helmline.runtime import EventStore, ServiceMetrics
 
 SOURCE = "helmline/state"
 STEPS = 20
@@ -69,12 +67,14 @@ class RetentionWatch:
     def __init__(
         self,
         js: JetStreamContext,
+        store: EventStore,
         metrics: ServiceMetrics,
         *,
         warn_at: float,
         interval_s: float,
     ) -> None:
         self._js = js
+        self._store = store
         self._metrics = metrics
         self._warn_at = warn_at
         self._interval_s = interval_s
@@ -118,6 +118,4 @@ class RetentionWatch:
                 warning.limit,
             )
             event = new_event(warning, tenant=OPS_TENANT, session_id=OPS_SESSION, source=SOURCE)
-            await self._js.publish(
-                RETENTION_SUBJECT, encode_event(event), headers={Headers.MSG_ID: str(event.id)}
-            )
+            await self._store.publish(RETENTION_SUBJECT, event)

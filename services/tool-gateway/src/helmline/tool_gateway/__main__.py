@@ -19,9 +19,7 @@ def setup_gateway(
     settings = settings or GatewaySettings()
 
     async def setup(host: ServiceHost) -> None:
-        federation = Federation(
-            host.js, servers.servers if servers is not None else (), host.metrics.appended
-        )
+        federation = Federation(host.store, servers.servers if servers is not None else ())
         host.on_shutdown(federation.stop)
         await federation.start()
         handler = GatewayHandler(

@@ -11,10 +11,8 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-
-from nats.js import JetStreamContext
 
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
@@ -22,15 +20,13 @@ from helmline.contracts import (
     TOOL_REGISTRY_SUBJECT,
     TOOLS_SESSION,
     TOOLS_TENANT,
-    Event,
-    Headers,
     Payload,
     ToolCircuitChanged,
     ToolSpec,
     circuit_subject,
-    encode_event,
     new_event,
 )
+from helmline.runtime import EventStore
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._mcp import McpServer
 from helmline.tool_gateway._registry import registry_event
@@ -44,16 +40,8 @@ SOURCE = "helmline/tool-gateway"
 class Federation:
     """The gateway's MCP servers and the tools they and the built-ins offer."""
 
-    def __init__(
-        self,
-        js: JetStreamContext,
-        configs: Iterable[ServerConfig],
-        on_publish: Callable[[Event, bool], None] = lambda event, duplicate: None,
-    ) -> None:
-        self._js = js
-        # Registry and breaker events go to their own stream, past the event store that
-        # feeds the service's metrics; this tells the metrics about them.
-        self._on_publish = on_publish
+    def __init__(self, store: EventStore, configs: Iterable[ServerConfig]) -> None:
+        self._store = store
         self.servers: dict[str, McpServer] = {
             config.id: McpServer(config, self._changed) for config in configs
         }
@@ -136,7 +124,4 @@ class Federation:
         event = new_event(
             data, tenant=TOOLS_TENANT, session_id=TOOLS_SESSION, source=SOURCE, event_id=event_id
         )
-        ack = await self._js.publish(
-            subject, encode_event(event), headers={Headers.MSG_ID: str(event_id)}
-        )
-        self._on_publish(event, bool(ack.duplicate))
+        await self._store.publish(subject, event)
