@@ -3,8 +3,15 @@ the log up to there, whichever stored state it starts from."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
@@ -144,3 +151,121 @@ async def test_a_damaged_stored_state_is_passed_over_for_the_log(
             await bucket.put(key, b"not a folded state")
 
     assert (await states.load(tenant, "damaged")).state == fold(events)
+
+
+async def stored_seqs(js: JetStreamContext, tenant: str, session_id: str) -> list[int]:
+    """The session's index of stored states, as the bucket holds it."""
+    bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
+    (key,) = [key for key in await bucket.keys() if key.endswith(f".{tenant}.{session_id}.index")]
+    seqs: list[int] = json.loads((await bucket.get(key)).value or b"[]")
+    return seqs
+
+
+@asynccontextmanager
+async def index_reads(nc: NATS, tenant: str, session_id: str) -> AsyncIterator[list[str]]:
+    """Every request reading the session's index, as the server receives them."""
+    reads: list[str] = []
+    key = f".{tenant}.{session_id}.index"
+
+    async def seen(message: Msg) -> None:
+        # A get names the key in its subject (direct) or in its body.
+        if SESSION_STATES_BUCKET.bucket in message.subject and (
+            key in message.subject or key in message.data.decode()
+        ):
+            reads.append(message.subject)
+
+    subscription = await nc.subscribe("$JS.API.>", cb=seen)
+    await nc.flush()
+    try:
+        yield reads
+    finally:
+        await nc.flush()  # Every request sent before has reached this subscription too.
+        await subscription.unsubscribe()
+
+
+async def append_and_keep_up(
+    store: EventStore, writers: list[FoldedStates], events: list[Event]
+) -> tuple[list[int], list[int]]:
+    """Append the events, handing each sequence to the next writer in turn (replicas sharing
+    a consumer); the sequences and those a state was stored at."""
+    seqs: list[int] = []
+    stored: list[int] = []
+    for index, event in enumerate(events):
+        seqs.append((await store.append(event)).seq)
+        writer = writers[index % len(writers)]
+        if await writer.keep_up(event.tenant, event.session_id, seqs[-1]):
+            stored.append(seqs[-1])
+    return seqs, stored
+
+
+async def assert_time_travel_folds(
+    states: FoldedStates, events: list[Event], seqs: list[int]
+) -> None:
+    for index, seq in enumerate(seqs):
+        snapshot = await states.load(events[0].tenant, events[0].session_id, up_to_seq=seq)
+        assert snapshot.state == fold(events[: index + 1]), f"at sequence {seq}"
+
+
+async def test_a_writer_stores_a_state_every_few_sequences_and_reads_the_index_once(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "cadence")
+    states = FoldedStates(js, store, every=20)
+    async with index_reads(nc, tenant, "cadence") as reads:
+        seqs, stored = await append_and_keep_up(store, [states], events)
+
+    assert len(reads) == 1  # Known from then on: a call that stores nothing asks nothing.
+    assert stored[0] - seqs[0] < 20
+    assert {b - a for a, b in itertools.pairwise(stored)} == {20}
+    assert seqs[-1] - stored[-1] < 20
+    assert await stored_seqs(js, tenant, "cadence") == stored
+
+
+async def test_writers_sharing_a_session_keep_every_state_either_stored(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "shared")
+    replicas = [FoldedStates(js, store, every=20) for _ in range(2)]
+    half = len(events) // 2
+    seqs, stored = await append_and_keep_up(store, replicas, events[:half])
+    # Both at once, as replicas handed two events of the session together.
+    more = [(await store.append(event)).seq for event in events[half : half + 40]]
+    seqs += more
+    both = await asyncio.gather(
+        replicas[0].keep_up(tenant, "shared", more[19]),
+        replicas[1].keep_up(tenant, "shared", more[39]),
+    )
+    assert all(both)
+    stored += [more[19], more[39]]
+    rest, stored_after = await append_and_keep_up(store, replicas, events[half + 40 :])
+
+    assert await stored_seqs(js, tenant, "shared") == stored + stored_after
+    await assert_time_travel_folds(FoldedStates(js, store), events, seqs + rest)
+
+
+async def test_a_restarted_writer_keeps_the_cadence_and_the_index(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "restart")
+    _, before = await append_and_keep_up(store, [FoldedStates(js, store, every=20)], events[:90])
+    _, after = await append_and_keep_up(store, [FoldedStates(js, store, every=20)], events[90:])
+
+    assert after[0] - before[-1] == 20
+    assert await stored_seqs(js, tenant, "restart") == before + after
+
+
+async def test_a_writer_whose_stored_states_were_dropped_indexes_only_what_is_stored(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "dropped")
+    states = FoldedStates(js, store, every=20)
+    seqs, _ = await append_and_keep_up(store, [states], events[:100])
+    bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
+    for key in await bucket.keys():
+        if f".{tenant}.dropped." in key:
+            await bucket.purge(key)  # The cache dropped; the writer still remembers it.
+    more, stored = await append_and_keep_up(store, [states], events[100:])
+
+    assert stored
+    assert await stored_seqs(js, tenant, "dropped") == stored
+    await assert_time_travel_folds(states, events, seqs + more)

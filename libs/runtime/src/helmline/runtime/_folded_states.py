@@ -12,11 +12,12 @@ import json
 import logging
 import zlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import cache
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter, ValidationError
 
@@ -30,7 +31,10 @@ EVERY = 100
 sessions' events lie between): the longest tail a time travel folds."""
 
 _REMEMBERED = 1_000
-"""Sessions whose latest stored state a writer keeps in memory, to fold on from it."""
+"""Sessions whose index (and latest stored state, to fold on from) a writer keeps in memory."""
+
+_INDEX_WRITES = 5
+"""Attempts to write a session's index while other writers keep changing it."""
 
 
 @cache
@@ -47,25 +51,35 @@ def _version() -> str:
 
 
 class FoldedStates:
-    """Sessions' states at some of their sequences, in a JetStream key-value bucket."""
+    """Sessions' states at some of their sequences, in a JetStream key-value bucket.
+
+    A writer (`keep_up`) remembers each session's index as it last read or wrote it, so a
+    call that stores nothing costs no request. That memory may lag behind the bucket (another
+    replica stored a state of the session, or the bucket was dropped); the only harm is a
+    state stored earlier than needed, because the index is written only over the revision it
+    was read at, and rebuilt from the bucket when that revision is no longer the latest.
+    Readers (`load`) always read the bucket's index.
+    """
 
     def __init__(self, js: JetStreamContext, store: EventStore, *, every: int = EVERY) -> None:
         self._js = js
         self._store = store
         self._every = every
         self._bucket: KeyValue | None = None
-        self._latest: OrderedDict[tuple[str, str], SessionSnapshot] = OrderedDict()
+        self._known: OrderedDict[tuple[str, str], _Index] = OrderedDict()
 
     async def load(
         self, tenant: str, session_id: str, *, up_to_seq: int | None = None
     ) -> SessionSnapshot:
         """The session's state after `up_to_seq` (or now): the same as folding its log."""
-        nearest = await self._nearest(tenant, session_id, up_to_seq)
+        index = await self._read_index(tenant, session_id)
+        nearest = await self._nearest(tenant, session_id, index.seqs, up_to_seq)
         return await self._store.load(tenant, session_id, up_to_seq=up_to_seq, start=nearest)
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         """Store the session's state at `seq` if `every` sequences passed since the last one
-        stored; whether it did. Calls for one session must not overlap.
+        stored; whether it did. Calls for one session must not overlap within a process
+        (replicas may overlap: see the class).
 
         Only a cache of the log: when NATS does not answer, nothing is stored and a later
         call tries again.
@@ -77,32 +91,55 @@ class FoldedStates:
             return False
 
     async def _keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
-        stored = await self._stored_seqs(tenant, session_id)
-        last = max(stored, default=0)
+        session = (tenant, session_id)
+        index = self._known.pop(session, None) or await self._read_index(tenant, session_id)
+        self._remember(session, index)
+        last = max(index.seqs, default=0)
         if seq - last < self._every:
             return False
-        known = self._latest.pop((tenant, session_id), None)
-        if known is None or known.last_seq != last:
-            known = await self._nearest(tenant, session_id, seq)
-        snapshot = await self._store.load(tenant, session_id, up_to_seq=seq, start=known)
-        if snapshot.last_seq in stored or snapshot.last_seq == 0:
+        bucket = await self._kv()  # On a stack without the bucket, fails before replaying.
+        start = index.latest
+        if start is None or start.last_seq != last:
+            start = await self._nearest(tenant, session_id, index.seqs, seq)
+        snapshot = await self._store.load(tenant, session_id, up_to_seq=seq, start=start)
+        if snapshot.last_seq in index.seqs or snapshot.last_seq == 0:
             return False
-        bucket = await self._kv()
         encoded = zlib.compress(_states().dump_json(snapshot.state), 1)
         # The state first, then the index that points to it: a crash between leaves an
         # unreferenced state, never a reference to nothing.
         await bucket.put(self._key(tenant, session_id, str(snapshot.last_seq)), encoded)
-        index = sorted({*stored, snapshot.last_seq})
-        await bucket.put(self._key(tenant, session_id, "index"), json.dumps(index).encode())
-        self._latest[(tenant, session_id)] = snapshot
-        while len(self._latest) > _REMEMBERED:
-            self._latest.popitem(last=False)
-        return True
+        for _ in range(_INDEX_WRITES):
+            seqs = tuple(sorted({*index.seqs, snapshot.last_seq}))
+            try:
+                revision = await bucket.update(
+                    self._key(tenant, session_id, "index"),
+                    json.dumps(seqs).encode(),
+                    last=index.revision,
+                )
+            except KeyWrongLastSequenceError:
+                # Written since it was read here (by another replica): keep what it added.
+                index = await self._read_index(tenant, session_id)
+                continue
+            self._remember(session, _Index(seqs, revision, snapshot))
+            return True
+        logger.warning(
+            "could not index the state of %s/%s at %d: its index kept changing",
+            tenant,
+            session_id,
+            snapshot.last_seq,
+        )
+        self._known.pop(session, None)
+        return False
+
+    def _remember(self, session: tuple[str, str], index: _Index) -> None:
+        self._known[session] = index
+        self._known.move_to_end(session)
+        while len(self._known) > _REMEMBERED:
+            self._known.popitem(last=False)
 
     async def _nearest(
-        self, tenant: str, session_id: str, up_to_seq: int | None
+        self, tenant: str, session_id: str, stored: tuple[int, ...], up_to_seq: int | None
     ) -> SessionSnapshot | None:
-        stored = await self._stored_seqs(tenant, session_id)
         usable = [seq for seq in stored if up_to_seq is None or seq <= up_to_seq]
         if not usable:
             return None
@@ -117,16 +154,21 @@ class FoldedStates:
             return None
         return SessionSnapshot(state=state, last_seq=seq)
 
-    async def _stored_seqs(self, tenant: str, session_id: str) -> list[int]:
+    async def _read_index(self, tenant: str, session_id: str) -> _Index:
         try:
             entry = await (await self._kv()).get(self._key(tenant, session_id, "index"))
-        except (KeyNotFoundError, BucketNotFoundError):
-            return []  # Nothing stored yet, or a stack provisioned before states were kept.
+        except BucketNotFoundError:
+            return _Index((), 0, None)  # A stack provisioned before states were kept.
+        except KeyNotFoundError as error:
+            # Nothing stored yet, or the index was deleted (its tombstone's revision is the
+            # one to write over).
+            tombstone = error.entry.revision if error.entry is not None else None
+            return _Index((), tombstone or 0, None)
         try:
             seqs = json.loads(entry.value or b"[]")
         except ValueError:
-            return []
-        return [seq for seq in seqs if isinstance(seq, int)]
+            seqs = []
+        return _Index(tuple(seq for seq in seqs if isinstance(seq, int)), entry.revision or 0, None)
 
     async def _kv(self) -> KeyValue:
         if self._bucket is None:
@@ -136,3 +178,15 @@ class FoldedStates:
     @staticmethod
     def _key(tenant: str, session_id: str, name: str) -> str:
         return f"{_version()}.{tenant}.{session_id}.{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """A session's index of stored states, as a writer last read or wrote it."""
+
+    seqs: tuple[int, ...]
+    """Sequences at which states are stored, in order."""
+    revision: int
+    """The index key's revision then; 0 when there was none."""
+    latest: SessionSnapshot | None
+    """The state this writer stored last, to fold on from."""
