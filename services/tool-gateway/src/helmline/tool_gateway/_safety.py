@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pydantic import JsonValue
 
@@ -27,27 +28,68 @@ def _luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
+class _Rule(NamedTuple):
+    """A pattern, and the clues that let most text skip it: every match of the pattern
+    contains one of them, compared with the text as `_folded` gives it. A text with none of
+    them is not searched (a search costs milliseconds on a large output; `in` is cheap)."""
+
+    pattern: re.Pattern[str]
+    clues: tuple[str, ...] = ()
+    """Lower-case; none means the pattern is always searched."""
+
+
+def _may_match(clues: tuple[str, ...], clue_text: str) -> bool:
+    return not clues or any(clue in clue_text for clue in clues)
+
+
+_CLUES_FROM = 16
+"""Shorter texts are searched by every pattern: that costs less than looking for clues."""
+
+
+def _clue_text(text: str) -> str | None:
+    """Where to look for clues: the folded text, or None if the text is too short to bother."""
+    return _folded(text) if len(text) >= _CLUES_FROM else None
+
+
+def _folded(text: str) -> str:
+    """The text in lower case, as `re.IGNORECASE` sees it: besides case, that flag also
+    equates the dotted capital I and the dotless i with i, and the long s with s (and the
+    Kelvin sign with k, which `lower` does too)."""
+    return text.replace("\u0130", "i").lower().replace("\u0131", "i").replace("\u017f", "s")
+
+
 # Each pattern's secret is the whole match, or the group named `secret` where the context
-# around it (a key name, a URL's user) is worth keeping.
-_SECRETS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(pattern)
-    for pattern in (
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
-        r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
-        r"\bgh[pousr]_[A-Za-z0-9]{30,}\b",
-        r"\bgithub_pat_[A-Za-z0-9_]{22,}\b",
-        r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}",
-        r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
-        r"\bAIza[0-9A-Za-z_-]{35}\b",
-        r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
-        r"(?i)\bbearer\s+(?P<secret>(?!\[REDACTED\])[A-Za-z0-9._~+/-]{12,}=*)",
-        r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|auth[_-]?token|"
-        r"access[_-]?token|client[_-]?secret)[\"']?\s*[:=]\s*[\"']?"
-        r"(?P<secret>(?!\[REDACTED\])[^\s\"',;&]{4,})",
-        r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<secret>[^/\s@]+)@",
-    )
+# around it (a key name, a URL's user) is worth keeping. A pattern that would begin with
+# `\b` begins with its literal instead, the boundary checked by a lookbehind just after it:
+# `re` finds a leading literal by a fast scan, but tries a leading `\b` at every position.
+_SECRETS: tuple[_Rule, ...] = (
+    _Rule(
+        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")
+    ),
+    _Rule(re.compile(r"A[KS]IA(?<!\wA[KS]IA)[0-9A-Z]{16}\b")),
+    _Rule(re.compile(r"gh(?<!\wgh)[pousr]_[A-Za-z0-9]{30,}\b")),
+    _Rule(re.compile(r"github_pat_(?<!\wgithub_pat_)[A-Za-z0-9_]{22,}\b")),
+    _Rule(re.compile(r"sk-(?<!\wsk-)(?:ant-|proj-)?[A-Za-z0-9_-]{20,}")),
+    _Rule(re.compile(r"xox(?<!\wxox)[abposr]-[A-Za-z0-9-]{10,}")),
+    _Rule(re.compile(r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}\b")),
+    _Rule(re.compile(r"eyJ(?<!\weyJ)[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    _Rule(
+        re.compile(r"(?i)\bbearer\s+(?P<secret>(?!\[REDACTED\])[A-Za-z0-9._~+/-]{12,}=*)"),
+        ("bearer",),
+    ),
+    _Rule(
+        re.compile(
+            r"(?i)\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|auth[_-]?token|"
+            r"access[_-]?token|client[_-]?secret)[\"']?\s*[:=]\s*[\"']?"
+            r"(?P<secret>(?!\[REDACTED\])[^\s\"',;&]{4,})"
+        ),
+        ("pass", "pwd", "secret", "api", "access", "auth"),
+    ),
+    _Rule(re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<secret>[^/\s@]+)@"), ("://",)),
 )
-_CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
+# 13 to 19 digits, single spaces or hyphens between; the first digit matched before the
+# lookbehind that no digit or hyphen precedes it, for the same reason as above.
+_CARD = re.compile(r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])")
 
 # Zero-width, bidirectional overrides, tag characters and C0/C1 controls other than
 # tab and newlines: invisible to a person, read by a model.
@@ -55,17 +97,23 @@ _HIDDEN = re.compile(
     "[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u2069\ufeff\U000e0000-\U000e007f]"
 )
-_ROLE_TOKENS = re.compile(
-    r"<\|[A-Za-z_]{2,24}\|>|\[/?INST\]|<</?SYS>>|</?s>|<\|?(?:system|assistant|user)\|?>",
-    re.IGNORECASE,
+_ROLE_TOKENS = _Rule(
+    re.compile(
+        r"<\|[A-Za-z_]{2,24}\|>|\[/?INST\]|<</?SYS>>|</?s>|<\|?(?:system|assistant|user)\|?>",
+        re.IGNORECASE,
+    ),
+    ("<", "["),
 )
-_INSTRUCTIONS = re.compile(
-    r"(?im)(?:^[ \t#>*]*(?:system|assistant|developer)\s*(?:prompt)?\s*:)"
-    r"|\b(?:ignore|disregard|forget|override)\s+(?:all\s+|any\s+)?(?:of\s+)?(?:the\s+|your\s+)?"
-    r"(?:previous|prior|above|earlier|preceding|system)\s+(?:instructions?|prompts?|messages?|"
-    r"rules?|directions?)"
-    r"|\byou\s+are\s+now\s+(?:a|an|in)\b"
-    r"|\bnew\s+(?:system\s+)?instructions?\s*:"
+_INSTRUCTIONS = _Rule(
+    re.compile(
+        r"(?im)(?:^[ \t#>*]*(?:system|assistant|developer)\s*(?:prompt)?\s*:)"
+        r"|\b(?:ignore|disregard|forget|override)\s+(?:all\s+|any\s+)?(?:of\s+)?"
+        r"(?:the\s+|your\s+)?(?:previous|prior|above|earlier|preceding|system)\s+"
+        r"(?:instructions?|prompts?|messages?|rules?|directions?)"
+        r"|\byou\s+are\s+now\s+(?:a|an|in)\b"
+        r"|\bnew\s+(?:system\s+)?instructions?\s*:"
+    ),
+    ("system", "assistant", "developer", "ignore", "disregard", "forget", "override", "you", "new"),
 )
 
 
@@ -117,8 +165,11 @@ def redact_secrets(text: str) -> tuple[str, int]:
             )
         return REDACTED
 
-    for pattern in _SECRETS:
-        text = pattern.sub(secret, text)
+    # Replacing a secret (by a marker in brackets) adds no clue: the text's clues will do.
+    clue_text = _clue_text(text)
+    for pattern, clues in _SECRETS:
+        if clue_text is None or _may_match(clues, clue_text):
+            text = pattern.sub(secret, text)
 
     def card(match: re.Match[str]) -> str:
         nonlocal count
@@ -135,11 +186,17 @@ def neutralise_instructions(text: str) -> tuple[str, int]:
     """The text with hidden characters removed, model role tokens replaced and phrases that
     address the model marked as quoted data; how many places were changed."""
     text, hidden = _HIDDEN.subn("", text)
-    text, tokens = _ROLE_TOKENS.subn("[role marker removed]", text)
-    text, phrases = _INSTRUCTIONS.subn(
-        lambda match: f"[untrusted tool output, not an instruction: {match.group(0).strip()}]",
-        text,
-    )
+    # After the hidden characters are gone (they may split a word), and before the role
+    # markers' replacement, which adds no clue to instructions.
+    clue_text = _clue_text(text)
+    tokens = phrases = 0
+    if clue_text is None or _may_match(_ROLE_TOKENS.clues, clue_text):
+        text, tokens = _ROLE_TOKENS.pattern.subn("[role marker removed]", text)
+    if clue_text is None or _may_match(_INSTRUCTIONS.clues, clue_text):
+        text, phrases = _INSTRUCTIONS.pattern.subn(
+            lambda match: f"[untrusted tool output, not an instruction: {match.group(0).strip()}]",
+            text,
+        )
     return text, hidden + tokens + phrases
 
 
