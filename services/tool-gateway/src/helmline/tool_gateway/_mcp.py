@@ -87,11 +87,12 @@ class McpServer:
         if client is None:
             raise ServerUnavailable(self.view.error or "not connected")
         try:
+            # One deadline over the whole call, sending included; the SDK's own read timeout
+            # would start later, so it could never fire first and is not armed.
             with anyio.fail_after(timeout_s):
                 return await client.call_tool(
                     remote_name,
                     arguments,
-                    read_timeout_seconds=timeout_s,
                     meta=cast(RequestParamsMeta, {"helmline/idempotency-key": key}),
                 )
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError) as error:
