@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,21 +72,33 @@ class _TimedServer:
         server.call = timed  # type: ignore[method-assign]
 
 
-async def _measure(
-    federation: Federation, handler: GatewayHandler, server_id: str
-) -> tuple[list[float], list[float], list[float]]:
+@dataclass
+class _Samples:
+    """Per call: wall times direct and through the gateway, the gateway's overhead, and the
+    CPU time of this process (all in ms)."""
+
+    direct: list[float] = field(default_factory=list[float])
+    through: list[float] = field(default_factory=list[float])
+    overhead: list[float] = field(default_factory=list[float])
+    direct_cpu: list[float] = field(default_factory=list[float])
+    through_cpu: list[float] = field(default_factory=list[float])
+
+
+async def _measure(federation: Federation, handler: GatewayHandler, server_id: str) -> _Samples:
     server = federation.servers[server_id]
     assert await server.wait_connected(30), server.view.error
     timed = _TimedServer(server)
     client = server._client  # the gateway's own connection, for the direct figure
     assert client is not None
-    direct, through, overhead = [], [], []
+    samples = _Samples()
     session = uuid.uuid4().hex
     for block in range(0, CALLS + WARM_UP, BLOCK):
         for i in range(block, block + BLOCK):
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.thread_time()
             await client.call_tool("echo", {"message": f"m{i}"})
-            direct.append((time.perf_counter() - began) * 1000)
+            if i >= WARM_UP:
+                samples.direct.append((time.perf_counter() - began) * 1000)
+                samples.direct_cpu.append((time.thread_time() - began_cpu) * 1000)
         # The block's first gateway call runs the last direct call's leftovers: not counted.
         for i in [-block - 1, *range(block, block + BLOCK)]:
             event = new_event(
@@ -100,13 +113,14 @@ async def _measure(
                 session_id=session,
                 source="bench",
             )
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.thread_time()
             await handler(Delivery(event, 0, 1))
             total = (time.perf_counter() - began) * 1000
-            if i >= 0:
-                through.append(total)
-                overhead.append(total - timed.last_ms)
-    return direct[WARM_UP:], through[WARM_UP:], overhead[WARM_UP:]
+            if i >= WARM_UP:
+                samples.through.append(total)
+                samples.overhead.append(total - timed.last_ms)
+                samples.through_cpu.append((time.thread_time() - began_cpu) * 1000)
+    return samples
 
 
 async def run() -> list[dict[str, Any]]:
@@ -136,16 +150,32 @@ async def run() -> list[dict[str, Any]]:
         )
         try:
             for transport in ("stdio", "http"):
-                direct, through, overhead = await _measure(federation, handler, transport)
+                samples = await _measure(federation, handler, transport)
                 figures += [
-                    _figure(f"mcp_echo_{transport}_direct_ms", direct, "for comparison"),
-                    _figure(f"mcp_echo_{transport}_through_gateway_ms", through, "for comparison"),
+                    _figure(f"mcp_echo_{transport}_direct_ms", samples.direct, "for comparison"),
+                    _figure(
+                        f"mcp_echo_{transport}_through_gateway_ms",
+                        samples.through,
+                        "for comparison",
+                    ),
                     _figure(
                         f"gateway_overhead_{transport}_ms",
-                        overhead,
+                        samples.overhead,
                         "p50 <= 1 ms",
                         includes="validation, breaker, two JetStream appends, output safety",
                     ),
+                    {
+                        "figure": f"gateway_cpu_{transport}_ms",
+                        "calls": len(samples.through_cpu),
+                        "value": round(
+                            statistics.mean(samples.through_cpu)
+                            - statistics.mean(samples.direct_cpu),
+                            3,
+                        ),
+                        "target": "for comparison",
+                        "means": "CPU time of the gateway's process per call through it, less "
+                        "per direct call (the MCP client's work, wherever it runs, cancels out)",
+                    },
                 ]
         finally:
             await federation.stop()
