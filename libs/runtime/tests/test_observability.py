@@ -5,21 +5,36 @@ from __future__ import annotations
 import json
 import logging
 
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helmline.contracts import (
+    EVENTS_STREAM,
     EXAMPLE_PAYLOADS,
     PLANNER_CONSUMER,
     Actor,
+    ConsumerSpec,
+    Event,
     SessionCompleted,
     SessionStarted,
+    ThoughtRecorded,
     example_event,
     new_event,
+    tenant_filter,
 )
-from helmline.runtime import EventStore, JsonFormatter, ServiceMetrics, log_context
+from helmline.runtime import (
+    Delivery,
+    EventConsumer,
+    EventStore,
+    JsonFormatter,
+    ServiceMetrics,
+    log_context,
+)
+from helmline.runtime.testing import eventually
 
 
 def _samples(metrics: ServiceMetrics) -> dict[str, float]:
@@ -101,3 +116,54 @@ async def test_an_event_appended_inside_a_span_carries_that_span(
     assert stored[1].traceparent is not None
     assert stored[1].traceparent.startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
     assert not trace.get_current_span().get_span_context().is_valid
+
+
+async def test_with_tracing_off_a_handler_still_continues_the_trace_it_handles(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    formatter = JsonFormatter("test")
+    lines: list[dict[str, object]] = []
+
+    async def think(delivery: Delivery) -> None:
+        if not isinstance(delivery.event.data, SessionStarted):
+            return
+        record = logging.LogRecord("t", logging.INFO, __file__, 1, "thinking", (), None)
+        lines.append(json.loads(formatter.format(record)))
+        # Appended as a new event, not derived: the trace comes from the handling alone.
+        thought = new_event(
+            ThoughtRecorded(kind="reasoning", text="t"),
+            tenant=tenant,
+            session_id="s",
+            source="test",
+        )
+        await store.append(thought)
+
+    spec = ConsumerSpec(
+        durable=f"trace-{tenant}",
+        stream=EVENTS_STREAM.name,
+        filter_subjects=(tenant_filter(tenant),),
+        description="test consumer",
+    )
+    consumer = EventConsumer(nc, js, spec, think)  # no tracer: tracing is off
+    await consumer.start()
+    try:
+        started = new_event(
+            SessionStarted(goal="g", requested_by=Actor(id="ana")),
+            tenant=tenant,
+            session_id="s",
+            source="test",
+        )
+        await store.append(started)
+        await eventually(lambda: len(lines) == 1, what="the session start handled")
+
+        async def both_stored() -> list[Event] | None:
+            events = [item.event for item in await store.read_all(tenant, "s")]
+            return events if len(events) == 2 else None
+
+        stored = await eventually(both_stored, what="the thought appended")
+    finally:
+        await consumer.stop(grace_s=1)
+    assert started.traceparent is not None
+    _, trace_id, span_id, _ = started.traceparent.split("-")
+    assert (lines[0]["trace_id"], lines[0]["span_id"]) == (trace_id, span_id)
+    assert stored[1].traceparent == started.traceparent

@@ -71,6 +71,23 @@ async def test_the_same_event_appended_twice_is_stored_once(store: EventStore, t
     assert [item.event for item in stored] == [started]
 
 
+async def test_pipelined_events_are_stored_in_the_order_given_and_once(
+    store: EventStore, tenant: str
+) -> None:
+    started = _started(tenant)
+    await store.append(started)
+    thoughts = [_thought(started, str(index)) for index in range(50)]
+
+    first = await store.append_pipelined(thoughts[:30])
+    again = await store.append_pipelined(thoughts)
+
+    assert [a.seq for a in first] == sorted(a.seq for a in first)
+    assert [a.duplicate for a in again] == [True] * 30 + [False] * 20
+    assert [a.seq for a in again[:30]] == [a.seq for a in first]
+    stored = [item.event for item in await store.read_all(tenant, "s1")]
+    assert stored == [started, *thoughts]
+
+
 async def test_other_sessions_do_not_move_a_session_sequence(
     store: EventStore, tenant: str
 ) -> None:

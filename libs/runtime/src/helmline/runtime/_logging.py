@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Literal
 
-from opentelemetry import trace
+from helmline.runtime._tracing import current_trace_ids
 
 LogFormat = Literal["json", "text"]
 
@@ -42,7 +42,7 @@ class JsonFormatter(logging.Formatter):
         self._service = service
 
     def format(self, record: logging.LogRecord) -> str:
-        span = trace.get_current_span().get_span_context()
+        trace_id, span_id = current_trace_ids()
         line: dict[str, object] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
@@ -51,8 +51,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "tenant": None,
             "session_id": None,
-            "trace_id": format(span.trace_id, "032x") if span.is_valid else None,
-            "span_id": format(span.span_id, "016x") if span.is_valid else None,
+            "trace_id": trace_id,
+            "span_id": span_id,
             **(_context.get() or {}),
         }
         if record.exc_info:

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.errors import APIError, NotFoundError
 
 from helmline.contracts import (
@@ -59,6 +59,34 @@ class Appended:
 
 
 @dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """An event ready to be published to the session's subject."""
+
+    event: Event
+    subject: str
+    body: bytes
+    headers: dict[str, str]
+
+    @staticmethod
+    def of(event: Event, expected_last_seq: int | None) -> _Outgoing:
+        """The event with the current trace context, encoded, with the headers JetStream
+        de-duplicates and (given `expected_last_seq`) checks concurrency by."""
+        traceparent = traceparent_for(event)
+        if traceparent != event.traceparent:
+            event = event.model_copy(update={"traceparent": traceparent})
+        headers = {Headers.MSG_ID: str(event.id), Headers.EVENT_TYPE: event.type}
+        if event.traceparent is not None:
+            headers[Headers.TRACEPARENT] = event.traceparent
+        if expected_last_seq is not None:
+            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_seq)
+            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = session_filter(
+                event.tenant, event.session_id
+            )
+        subject = event_subject(event.tenant, event.session_id, event.type)
+        return _Outgoing(event, subject, encode_event(event), headers)
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSnapshot:
     """A session's state and the sequence of the last event folded into it."""
 
@@ -93,31 +121,45 @@ class EventStore:
         appending the same event twice within the duplicate window stores it once.
         The event carries the current trace context (see `traceparent_for`).
         """
-        traceparent = traceparent_for(event)
-        if traceparent != event.traceparent:
-            event = event.model_copy(update={"traceparent": traceparent})
-        headers = {Headers.MSG_ID: str(event.id), Headers.EVENT_TYPE: event.type}
-        if event.traceparent is not None:
-            headers[Headers.TRACEPARENT] = event.traceparent
-        if expected_last_seq is not None:
-            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_seq)
-            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = session_filter(
-                event.tenant, event.session_id
-            )
-        subject = event_subject(event.tenant, event.session_id, event.type)
-        body = encode_event(event)
+        outgoing = _Outgoing.of(event, expected_last_seq)
         try:
-            ack = await self._js.publish(subject, body, timeout=self._timeout_s, headers=headers)
+            ack = await self._js.publish(
+                outgoing.subject, outgoing.body, timeout=self._timeout_s, headers=outgoing.headers
+            )
         except APIError as error:
             if error.err_code == WRONG_LAST_SEQUENCE and expected_last_seq is not None:
                 raise ConcurrencyConflict(
                     event.tenant, event.session_id, expected_last_seq
                 ) from error
             raise
+        return self._appended(outgoing, ack)
+
+    async def append_pipelined(self, events: Sequence[Event]) -> list[Appended]:
+        """Append events in the order given, sending each without waiting for the one before
+        to be acknowledged: one round trip for them all rather than one each.
+
+        JetStream stores the messages of one connection in the order they were sent. Should
+        one fail, the ones after it may be stored all the same: the error is raised once
+        every acknowledgement is in, the caller's handler fails, and its redelivery appends
+        the same events again, which stores only the missing one (ids de-duplicate), after
+        the others. So use it for events whose readers do not need them in order when one
+        comes late: decisions taken together, not a chain of facts.
+        """
+        outgoing = [_Outgoing.of(event, None) for event in events]
+        pending = [
+            # Awaiting each send (not its acknowledgement) keeps them in order.
+            await self._js.publish_async(item.subject, item.body, headers=item.headers)
+            for item in outgoing
+        ]
+        async with asyncio.timeout(self._timeout_s):
+            acks = await asyncio.gather(*pending)
+        return [self._appended(item, ack) for item, ack in zip(outgoing, acks, strict=True)]
+
+    def _appended(self, outgoing: _Outgoing, ack: PubAck) -> Appended:
         duplicate = bool(ack.duplicate)
-        record_appended(event, len(body), duplicate)
+        record_appended(outgoing.event, len(outgoing.body), duplicate)
         if self._on_append is not None:
-            self._on_append(event, duplicate)
+            self._on_append(outgoing.event, duplicate)
         return Appended(seq=ack.seq, duplicate=duplicate)
 
     async def publish(self, subject: str, event: Event) -> Appended:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -85,21 +86,30 @@ def context_of(traceparent: str | None) -> Context:
     return _PROPAGATOR.extract({Headers.TRACEPARENT: traceparent})
 
 
+_handled_traceparent: ContextVar[str | None] = ContextVar("helmline_handled_trace", default=None)
+"""With tracing off, the trace context of the event being handled: what the events a
+handler appends continue, and what its log lines name. (With tracing on, the handler's span
+is current and says so itself.)"""
+
+
 @contextmanager
 def handling_span(
     tracer: trace.Tracer, consumer: str, event: Event, traceparent: str | None
 ) -> Iterator[trace.Span]:
     """A span for handling `event`, continuing the trace `traceparent` names (the event's
     own, or its session's), current while the handler runs."""
-    context = context_of(traceparent)
     if isinstance(tracer, trace.NoOpTracer):
-        # Tracing off: only the event's context is made current (for logs and new events).
-        with trace.use_span(trace.get_current_span(context), end_on_exit=False) as span:
-            yield span
+        # Tracing off: making a span current would cost tens of microseconds an event for
+        # a span nobody records; the context is only noted, for new events and log lines.
+        token = _handled_traceparent.set(traceparent)
+        try:
+            yield trace.INVALID_SPAN
+        finally:
+            _handled_traceparent.reset(token)
         return
     with tracer.start_as_current_span(
         f"{event.type} handle",
-        context=context,
+        context=context_of(traceparent),
         kind=SpanKind.CONSUMER,
         attributes={"helmline.consumer": consumer, **span_attributes(event)},
         record_exception=True,
@@ -127,12 +137,23 @@ def span_attributes(event: Event) -> dict[str, str | int | float | bool]:
 
 def traceparent_for(event: Event) -> str | None:
     """The trace context to store with an event about to be appended: inside a span (a
-    handler), that span's context; otherwise the one the event carries."""
+    handler), that span's context; inside a handler with tracing off, the handled event's;
+    otherwise the one the event carries."""
     if not trace.get_current_span().get_span_context().is_valid:
-        return event.traceparent
+        return _handled_traceparent.get() or event.traceparent
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
     return carrier.get(Headers.TRACEPARENT, event.traceparent)
+
+
+def current_trace_ids() -> tuple[str | None, str | None]:
+    """The trace and span ids (hex) a log line written now belongs to, if any."""
+    span = trace.get_current_span().get_span_context()
+    if span.is_valid:
+        return format(span.trace_id, "032x"), format(span.span_id, "016x")
+    # A session's trace may come from a message header, which no schema checked.
+    parts = (_handled_traceparent.get() or "").split("-")
+    return (parts[1], parts[2]) if len(parts) == 4 else (None, None)
 
 
 def record_appended(event: Event, size_bytes: int, duplicate: bool) -> None:

@@ -33,13 +33,14 @@ class PlannerHandler:
             self._sessions.forget(event.tenant, event.session_id)
             return
         decisions = decide(state, delivery.event)
-        appended = []
-        for index, decision in enumerate(decisions):
-            event = delivery.event.derive(
+        appended = [
+            delivery.event.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
             )
-            await self._store.append(event)
-            appended.append(event)
+            for index, decision in enumerate(decisions)
+        ]
+        # Steps that became ready together are scheduled with one round trip.
+        await self._store.append_pipelined(appended)
         self._sessions.record(state, appended)
 
     async def _append(self, event: Event) -> None:
