@@ -214,6 +214,11 @@ class AutoApprover:
         else:
             await self._grant(requested)
 
+    @property
+    def held_back(self) -> int:
+        """Requests received while holding and not granted yet."""
+        return len(self._held)
+
     async def release(self) -> None:
         """Grant what was held back, and every request from now on."""
         self.holding = False
