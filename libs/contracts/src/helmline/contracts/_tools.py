@@ -85,8 +85,10 @@ class ToolSpec(Contract):
     remote_name: str | None = None
     """Its name on its MCP server (the registry calls it `<server>__<remote_name>`)."""
     required_permission: str | None = None
-    """A permission the caller must hold, by name, as the server's configuration declares it
-    (policy rules can match it); None when the tool asks for none."""
+    """A permission, by name, as the server's configuration declares it, that the session's
+    requester must hold as one of their roles: the approval service denies any other call
+    of the tool before policy rules are tried (rules can match it with `permission:`).
+    None when the tool asks for none."""
     timeout_s: float = Field(default=30.0, gt=0)
     """Default wall-clock limit of a call."""
     inverse: ToolInverse | None = None

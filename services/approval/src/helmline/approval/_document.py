@@ -127,6 +127,10 @@ class RuleDocument(_Strict):
     """Globs of tool names."""
     server: Patterns | None = None
     """Globs of the server a tool lives on (`builtin` for the built-in tools)."""
+    permission: Patterns | None = None
+    """Globs of the permission the tool requires (its `required_permission` in the MCP
+    servers file); a tool that requires none does not match. Only calls whose requester
+    holds that permission reach the rules at all."""
     risk: Risks | None = None
     """Risk levels of the call (the tool's own risk, raised by the plan if it says so)."""
     arguments: dict[str, ArgumentCondition] = Field(default_factory=dict)
@@ -141,6 +145,14 @@ class RuleDocument(_Strict):
     """Sandbox profile the call runs under, when it runs."""
     network: bool = False
     """Whether the call may use the network, when it runs."""
+
+    @field_validator("permission")
+    @classmethod
+    def _names_a_permission(cls, patterns: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        # A blank glob matches no permission: the rule would never apply, silently.
+        if patterns is not None and any(not pattern.strip() for pattern in patterns):
+            raise ValueError("a permission glob must not be blank")
+        return patterns
 
     @model_validator(mode="after")
     def _fits_its_effect(self) -> RuleDocument:

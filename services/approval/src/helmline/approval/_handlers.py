@@ -53,7 +53,7 @@ class ApprovalHandler:
         # replaying the session: it is on the path from a person's click to the tool.
         self._sessions = SessionCache(store)
         # Who started a session never changes, so it is looked up once per session, and
-        # only when some rule asks about the requester.
+        # only when some rule asks about the requester or a tool requires a permission.
         self._requesters: dict[tuple[str, str], Actor | None] = {}
 
     async def __call__(self, delivery: Delivery) -> None:
@@ -65,7 +65,10 @@ class ApprovalHandler:
                 if policy.document.plan_approval is None:
                     await self._append(event, judge_plan(data, policy))
                     return
-                requester = await self._requester(event) if policy.uses_requester else None
+                # A step whose tool requires a permission the requester lacks is refused
+                # when scheduled: people are not asked about it with the plan.
+                needs_requester = any(policy.needs_requester(step.tool) for step in data.steps)
+                requester = await self._requester(event) if needs_requester else None
                 decisions = judge_plan(
                     data, policy, tenant=event.tenant, requester=requester, now=datetime.now(UTC)
                 )
@@ -74,7 +77,9 @@ class ApprovalHandler:
                 if delivery.deliveries > 1 and await self._already_judged(event, data):
                     return
                 now = datetime.now(UTC)
-                requester = await self._requester(event) if policy.uses_requester else None
+                requester = (
+                    await self._requester(event) if policy.needs_requester(data.tool) else None
+                )
                 decisions = judge_step(
                     data, policy, tenant=event.tenant, requester=requester, now=now
                 )

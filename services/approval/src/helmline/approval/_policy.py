@@ -72,7 +72,8 @@ def judge_plan(
 ) -> list[Decision]:
     """Plans are approved, and each step judged when it is scheduled; unless the policy asks
     for plan approval and some steps would need a person: then the plan is asked about once,
-    with those steps listed."""
+    with those steps listed (not those denied, such as a tool whose permission `requester`
+    lacks: approving the plan could not let them run)."""
     approved = [
         Decision(
             PlanApproved(revision=proposed.revision, approved_by=POLICY, policy_hash=policy.hash),
@@ -126,7 +127,8 @@ def judge_step(
     session: SessionState | None = None,
     approved_plan: PlanProposed | None = None,
 ) -> list[Decision]:
-    """Allow, deny or ask a person, as the first matching rule says.
+    """Allow, deny or ask a person, as the first matching rule says; a tool that requires a
+    permission the requester lacks (or an unknown requester) is denied before any rule.
 
     Given the session, a call that would be sent to approval runs at once under a standing
     "approve similar calls" grant of the same rule and tool that has uses and time left, or
@@ -260,7 +262,8 @@ def judge_vote(
     person, and only grants of the very same arguments (and "approve similar" scope) count
     together, so the quorum is of people who approved exactly what runs. Modified arguments
     must fit the tool's schema and still be allowed, or need approval under the same rule,
-    by the policy in force.
+    by the policy in force; so a grant never runs a tool whose permission the session's
+    requester lacks.
     """
     request = state.approvals.get(vote.request_id)
     voter = vote.decided_by
@@ -304,7 +307,8 @@ def judge_vote(
             return _refuse(
                 vote,
                 f"the policy in force no longer lets a person approve this call "
-                f"({verdict.effect} by rule {verdict.rule}); deny it or let it expire",
+                f"({verdict.effect} by rule {verdict.rule}: {verdict.reason}); "
+                "deny it or let it expire",
             )
         authorized = ToolCallAuthorized(
             call_id=request.call_id,

@@ -23,6 +23,8 @@ from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
 
 RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
 UNKNOWN_TOOL_RULE = "unknown-tool"
+MISSING_PERMISSION_RULE = "required-permission"
+"""The rule named by the refusal of a call whose requester lacks the tool's permission."""
 NO_RULE_MATCHED = "no-rule-matched"
 _CANDIDATE_CACHE_LIMIT = 4096
 _SCREENED_BLOCK_MIN = 4
@@ -42,6 +44,9 @@ class CallFacts:
     arguments: Mapping[str, JsonValue]
     requester: Actor | None
     """Who started the session, with their roles; None when unknown."""
+    permission: str | None = None
+    """The permission the tool requires (its `required_permission`); None when it asks for
+    none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +176,18 @@ class _RoleIs:
 
 
 @dataclass(frozen=True, slots=True)
+class _PermissionIs:
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return facts.permission is not None and self.regex.match(facts.permission) is not None
+
+    def describe(self) -> str:
+        return f"the tool requires a permission matching {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
 class _RiskIs:
     risks: frozenset[str]
 
@@ -235,7 +252,8 @@ class _Rule:
     static: tuple[_Condition, ...]
     """Conditions on tenant, tool and server: the same for every call of one tool."""
     dynamic: tuple[_Condition, ...]
-    """Conditions on the requester, the risk and the arguments."""
+    """Conditions on the requester, the risk, the tool's permission and the arguments (a
+    published registry may change a tool's permission, so it is not cached per tool)."""
 
     def matches_call(self, facts: CallFacts) -> bool:
         # A plain loop: this runs for every candidate rule of every call, and all() over a
@@ -291,6 +309,8 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
         dynamic.append(_UserIs(rule.user, _glob_regex(rule.user)))
     if rule.role is not None:
         dynamic.append(_RoleIs(frozenset(rule.role)))
+    if rule.permission is not None:
+        dynamic.append(_PermissionIs(rule.permission, _glob_regex(rule.permission)))
     for name, condition in rule.arguments.items():
         if condition.glob is not None:
             dynamic.append(
@@ -336,13 +356,22 @@ class Policy:
             for rule in self._rules
             for condition in rule.dynamic
         )
-        """Whether any rule looks at who started the session (else it need not be looked up)."""
+        """Whether any rule looks at who started the session (else it need not be looked up,
+        unless the tool requires a permission: see `needs_requester`)."""
         # Screens are compiled here, once: the blocks of a call's candidates are cut from them.
         self._blocks = _blocks(self._rules)
         self._candidates: dict[tuple[str, str, str], tuple[_Block, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._rules)
+
+    def needs_requester(self, tool: str) -> bool:
+        """Whether judging a call of `tool` needs who started the session: some rule looks
+        at them, or the tool requires a permission they must hold."""
+        if self.uses_requester:
+            return True
+        spec = self.tools.get(tool)
+        return spec is not None and spec.required_permission is not None
 
     def approval_terms(self, rule: str | None) -> Approval | None:
         """The approval terms of a require_approval rule, by name."""
@@ -363,7 +392,9 @@ class Policy:
             return None
         # A plan may raise a step's risk, never lower it below the tool's own.
         risk = max(spec.risk, declared_risk or spec.risk, key=RISK_ORDER.index)
-        return CallFacts(tenant, tool, spec.server, risk, arguments, requester)
+        return CallFacts(
+            tenant, tool, spec.server, risk, arguments, requester, spec.required_permission
+        )
 
     def judge(
         self,
@@ -387,7 +418,10 @@ class Policy:
         return self.evaluate(facts)
 
     def evaluate(self, facts: CallFacts) -> Verdict:
-        """The first matching rule's verdict; a call no rule matches is denied."""
+        """The first matching rule's verdict; a call no rule matches is denied, and so is a
+        call whose requester lacks the tool's permission, before any rule is tried."""
+        if facts.permission is not None and not _holds_permission(facts):
+            return _missing_permission_verdict(facts)
         for block in self._candidates_for(facts):
             rule = block.first_match(facts)
             if rule is not None:
@@ -400,7 +434,10 @@ class Policy:
         )
 
     def explain(self, facts: CallFacts) -> tuple[tuple[RuleCheck, ...], Verdict]:
-        """Every rule tried, in order, up to the one that matched; and the verdict."""
+        """Every rule tried, in order, up to the one that matched; and the verdict (no rule
+        is tried for a requester who lacks the tool's permission)."""
+        if facts.permission is not None and not _holds_permission(facts):
+            return (), _missing_permission_verdict(facts)
         checks = []
         for rule in self._rules:
             check = rule.check(facts)
@@ -501,6 +538,25 @@ def _blocks(rules: tuple[_Rule, ...]) -> tuple[_Block, ...]:
         else:
             blocks.append(_Block(group))
     return tuple(blocks)
+
+
+def _holds_permission(facts: CallFacts) -> bool:
+    # A permission is held as a role of the same name by the person who started the session.
+    return facts.requester is not None and facts.permission in facts.requester.roles
+
+
+def _missing_permission_verdict(facts: CallFacts) -> Verdict:
+    """Least privilege: a tool that requires a permission runs only for a requester holding
+    it, whatever the rules say (no rule and no person can grant what the requester lacks)."""
+    requester = facts.requester
+    needed = f"tool {facts.tool!r} requires the permission {facts.permission!r}"
+    reason = (
+        f"{needed}, which the requester {requester.id} (roles: "
+        f"{', '.join(requester.roles) or 'none'}) does not hold"
+        if requester is not None
+        else f"{needed}, and who started the session is unknown"
+    )
+    return Verdict(effect="deny", rule=MISSING_PERMISSION_RULE, reason=reason, risk=facts.risk)
 
 
 def unknown_tool_verdict(tool: str, declared_risk: Risk | None) -> Verdict:
