@@ -14,6 +14,10 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import TOOL_OUTPUTS_BUCKET, ToolCallCompleted
 from helmline.tool_gateway._safety import (
+    _CARD,
+    _INSTRUCTIONS,
+    _ROLE_TOKENS,
+    _SECRETS,
     REDACTED,
     _folded,
     make_safe,
@@ -140,6 +144,14 @@ def test_a_large_output_is_searched_throughout() -> None:
     assert (safe.redactions, safe.neutralised) == (1, 1)
     assert isinstance(safe.output, str)
     assert "hunter2hunter" not in safe.output
+
+
+def test_each_pattern_knows_its_shortest_match() -> None:
+    """A text shorter than a pattern's shortest match is not searched, so that length must be
+    the one `re` itself works out."""
+    for rule in (*_SECRETS, _CARD, _ROLE_TOKENS, _INSTRUCTIONS):
+        parsed = re._parser.parse(rule.pattern.pattern, rule.pattern.flags)  # type: ignore[attr-defined]
+        assert rule.shortest == parsed.getwidth()[0], rule.pattern.pattern
 
 
 def test_folding_equates_every_character_that_ignorecase_equates_with_a_letter() -> None:

@@ -29,17 +29,22 @@ def _luhn_valid(digits: str) -> bool:
 
 
 class _Rule(NamedTuple):
-    """A pattern, and the clues that let most text skip it: every match of the pattern
-    contains one of them, compared with the text as `_folded` gives it. A text with none of
-    them is not searched (a search costs milliseconds on a large output; `in` is cheap)."""
+    """A pattern, and what lets most text skip it: a text shorter than its shortest match,
+    or one with none of its clues (every match contains one of them, compared with the text
+    as `_folded` gives it). A search costs milliseconds on a large output, and microseconds
+    on each of the many short strings of a structured one; these checks cost less."""
 
     pattern: re.Pattern[str]
+    shortest: int
+    """The length of the pattern's shortest match."""
     clues: tuple[str, ...] = ()
-    """Lower-case; none means the pattern is always searched."""
+    """Lower-case; none means every text long enough is searched."""
 
 
-def _may_match(clues: tuple[str, ...], clue_text: str) -> bool:
-    return not clues or any(clue in clue_text for clue in clues)
+def _may_match(rule: _Rule, text: str, clue_text: str | None) -> bool:
+    if len(text) < rule.shortest:
+        return False
+    return clue_text is None or not rule.clues or any(clue in clue_text for clue in rule.clues)
 
 
 _CLUES_FROM = 16
@@ -64,17 +69,19 @@ def _folded(text: str) -> str:
 # `re` finds a leading literal by a fast scan, but tries a leading `\b` at every position.
 _SECRETS: tuple[_Rule, ...] = (
     _Rule(
-        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")
+        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
+        52,
     ),
-    _Rule(re.compile(r"A[KS]IA(?<!\wA[KS]IA)[0-9A-Z]{16}\b")),
-    _Rule(re.compile(r"gh(?<!\wgh)[pousr]_[A-Za-z0-9]{30,}\b")),
-    _Rule(re.compile(r"github_pat_(?<!\wgithub_pat_)[A-Za-z0-9_]{22,}\b")),
-    _Rule(re.compile(r"sk-(?<!\wsk-)(?:ant-|proj-)?[A-Za-z0-9_-]{20,}")),
-    _Rule(re.compile(r"xox(?<!\wxox)[abposr]-[A-Za-z0-9-]{10,}")),
-    _Rule(re.compile(r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}\b")),
-    _Rule(re.compile(r"eyJ(?<!\weyJ)[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    _Rule(re.compile(r"A[KS]IA(?<!\wA[KS]IA)[0-9A-Z]{16}\b"), 20),
+    _Rule(re.compile(r"gh(?<!\wgh)[pousr]_[A-Za-z0-9]{30,}\b"), 34),
+    _Rule(re.compile(r"github_pat_(?<!\wgithub_pat_)[A-Za-z0-9_]{22,}\b"), 33),
+    _Rule(re.compile(r"sk-(?<!\wsk-)(?:ant-|proj-)?[A-Za-z0-9_-]{20,}"), 23),
+    _Rule(re.compile(r"xox(?<!\wxox)[abposr]-[A-Za-z0-9-]{10,}"), 15),
+    _Rule(re.compile(r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}\b"), 39),
+    _Rule(re.compile(r"eyJ(?<!\weyJ)[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), 29),
     _Rule(
         re.compile(r"(?i)\bbearer\s+(?P<secret>(?!\[REDACTED\])[A-Za-z0-9._~+/-]{12,}=*)"),
+        19,
         ("bearer",),
     ),
     _Rule(
@@ -83,13 +90,15 @@ _SECRETS: tuple[_Rule, ...] = (
             r"access[_-]?token|client[_-]?secret)[\"']?\s*[:=]\s*[\"']?"
             r"(?P<secret>(?!\[REDACTED\])[^\s\"',;&]{4,})"
         ),
+        8,
         ("pass", "pwd", "secret", "api", "access", "auth"),
     ),
-    _Rule(re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<secret>[^/\s@]+)@"), ("://",)),
+    _Rule(re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<secret>[^/\s@]+)@"), 8, ("://",)),
 )
 # 13 to 19 digits, single spaces or hyphens between; the first digit matched before the
 # lookbehind that no digit or hyphen precedes it, for the same reason as above.
-_CARD = re.compile(r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])")
+_CARD = _Rule(re.compile(r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])"), 13)
+_SHORTEST_SECRET = min(rule.shortest for rule in (*_SECRETS, _CARD))
 
 # Zero-width, bidirectional overrides, tag characters and C0/C1 controls other than
 # tab and newlines: invisible to a person, read by a model.
@@ -102,6 +111,7 @@ _ROLE_TOKENS = _Rule(
         r"<\|[A-Za-z_]{2,24}\|>|\[/?INST\]|<</?SYS>>|</?s>|<\|?(?:system|assistant|user)\|?>",
         re.IGNORECASE,
     ),
+    3,
     ("<", "["),
 )
 _INSTRUCTIONS = _Rule(
@@ -113,6 +123,7 @@ _INSTRUCTIONS = _Rule(
         r"|\byou\s+are\s+now\s+(?:a|an|in)\b"
         r"|\bnew\s+(?:system\s+)?instructions?\s*:"
     ),
+    7,
     ("system", "assistant", "developer", "ignore", "disregard", "forget", "override", "you", "new"),
 )
 
@@ -150,6 +161,8 @@ def make_safe(output: JsonValue, *, max_bytes: int) -> SafeOutput:
 
 def redact_secrets(text: str) -> tuple[str, int]:
     """The text with keys, tokens, credentials and card numbers replaced; how many."""
+    if len(text) < _SHORTEST_SECRET:
+        return text, 0
     count = 0
 
     def secret(match: re.Match[str]) -> str:
@@ -167,9 +180,9 @@ def redact_secrets(text: str) -> tuple[str, int]:
 
     # Replacing a secret (by a marker in brackets) adds no clue: the text's clues will do.
     clue_text = _clue_text(text)
-    for pattern, clues in _SECRETS:
-        if clue_text is None or _may_match(clues, clue_text):
-            text = pattern.sub(secret, text)
+    for rule in _SECRETS:
+        if _may_match(rule, text, clue_text):
+            text = rule.pattern.sub(secret, text)
 
     def card(match: re.Match[str]) -> str:
         nonlocal count
@@ -179,7 +192,9 @@ def redact_secrets(text: str) -> tuple[str, int]:
             return REDACTED
         return match.group(0)
 
-    return _CARD.sub(card, text), count
+    if not _may_match(_CARD, text, None):
+        return text, count
+    return _CARD.pattern.sub(card, text), count
 
 
 def neutralise_instructions(text: str) -> tuple[str, int]:
@@ -190,9 +205,9 @@ def neutralise_instructions(text: str) -> tuple[str, int]:
     # markers' replacement, which adds no clue to instructions.
     clue_text = _clue_text(text)
     tokens = phrases = 0
-    if clue_text is None or _may_match(_ROLE_TOKENS.clues, clue_text):
+    if _may_match(_ROLE_TOKENS, text, clue_text):
         text, tokens = _ROLE_TOKENS.pattern.subn("[role marker removed]", text)
-    if clue_text is None or _may_match(_INSTRUCTIONS.clues, clue_text):
+    if _may_match(_INSTRUCTIONS, text, clue_text):
         text, phrases = _INSTRUCTIONS.pattern.subn(
             lambda match: f"[untrusted tool output, not an instruction: {match.group(0).strip()}]",
             text,
