@@ -122,6 +122,25 @@ async def test_replay_from_any_sequence_and_fold(store: EventStore, tenant: str)
     assert now.state.status == "executing"
 
 
+async def test_a_session_longer_than_one_read_is_read_whole_in_order(
+    store: EventStore, tenant: str
+) -> None:
+    started, other = _started(tenant), _started(tenant, "another")
+    thoughts = [_thought(started, str(index)) for index in range(2_345)]
+    # Another session's events in between, which no read of s1 may return.
+    mixed = [e for i, t in enumerate(thoughts) for e in (t, _thought(other, str(i)))]
+    results = await store.append_pipelined([started, *mixed])
+    appended = [results[0], *results[1::2]]
+
+    everything = await store.read_all(tenant, "s1")
+    assert [item.seq for item in everything] == [a.seq for a in appended]
+    assert [item.event for item in everything] == [started, *thoughts]
+    middle = appended[1_500].seq
+    window = await store.read_all(tenant, "s1", after_seq=appended[999].seq, up_to_seq=middle)
+    assert [item.seq for item in window] == [a.seq for a in appended[1_000:1_501]]
+    assert (await store.load(tenant, "s1", up_to_seq=middle)).state.event_count == 1_501
+
+
 async def test_an_unknown_session_is_empty(store: EventStore, tenant: str) -> None:
     missing = f"s{uuid.uuid4().hex[:8]}"
     assert [item async for item in store.read(tenant, missing)] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ from datetime import datetime
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck
+from nats.js.api import ConsumerConfig, DeliverPolicy, Header, PubAck
 from nats.js.errors import APIError, NotFoundError
 
 from helmline.contracts import (
@@ -36,6 +37,12 @@ logger = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071
 V1_ACK_TOKENS = 9
+DIRECT_BATCH = 256
+"""Events of a session read by one batched direct get; the rest stream through a consumer."""
+END_OF_BATCH, NOT_FOUND = "204", "404"
+"""Statuses that end a batched direct get's answer: all sent, or nothing matched."""
+STORED_SEQUENCE = "Nats-Sequence"
+"""Header of a directly got message: its stream sequence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +230,7 @@ class EventStore:
     ) -> list[StoredEvent]:
         """Like `read`, as one list."""
         stored: list[StoredEvent] = []
-        await self._replay(
+        await self._read_session(
             session_filter(tenant, session_id),
             after_seq=after_seq,
             up_to_seq=up_to_seq,
@@ -250,7 +257,7 @@ class EventStore:
             last_seq = item.seq
 
         # Folding each event as it arrives, without keeping it, is the fastest replay.
-        await self._replay(
+        await self._read_session(
             session_filter(tenant, session_id),
             after_seq=last_seq,
             up_to_seq=up_to_seq,
@@ -289,6 +296,65 @@ class EventStore:
             return 0
         return message.seq or 0
 
+    async def _read_session(
+        self,
+        subject_filter: str,
+        *,
+        after_seq: int,
+        up_to_seq: int | None,
+        receive: Callable[[StoredEvent], None],
+    ) -> None:
+        """Hand one session's events after `after_seq`, up to `up_to_seq` or its last event
+        when reading starts, to `receive`, in order.
+
+        Most sessions are short: their events come in one batched direct get, which costs
+        a few times less than creating and deleting the consumer a replay streams through
+        (and every service replays each session it meets once). A longer session's other
+        events stream through such a consumer, which reads long logs faster.
+        """
+        last = await self._last_seq_matching(subject_filter)
+        end = last if up_to_seq is None else min(up_to_seq, last)
+        if end <= after_seq:
+            return
+        position = after_seq
+        with bulk_allocation():
+            for seq, data in await self._direct_batch(subject_filter, after_seq + 1):
+                if seq > end:
+                    return
+                _deliver_stored(seq, data, subject_filter, receive)
+                position = seq
+        if position < end:
+            await self._replay(subject_filter, after_seq=position, up_to_seq=end, receive=receive)
+
+    async def _direct_batch(self, subject_filter: str, from_seq: int) -> list[tuple[int, bytes]]:
+        """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on, with
+        their sequences."""
+        nc = self._js._nc  # nats-py offers batched direct gets on no public API yet
+        inbox = nc.new_inbox()
+        batch: list[tuple[int, bytes]] = []
+        ended = asyncio.get_running_loop().create_future()
+
+        async def collect(message: Msg) -> None:
+            headers = message.headers or {}
+            status = headers.get(Header.STATUS)
+            if status is None:
+                batch.append((int(headers[STORED_SEQUENCE]), message.data))
+            elif not ended.done():
+                ended.set_result(status)
+
+        subscription = await nc.subscribe(inbox, cb=collect)
+        try:
+            request = {"seq": from_seq, "next_by_subj": subject_filter, "batch": DIRECT_BATCH}
+            await nc.publish(
+                f"$JS.API.DIRECT.GET.{self._stream}", json.dumps(request).encode(), reply=inbox
+            )
+            status = await asyncio.wait_for(ended, timeout=self._timeout_s)
+        finally:
+            await subscription.unsubscribe()
+        if status not in (END_OF_BATCH, NOT_FOUND):
+            raise RuntimeError(f"direct get of {subject_filter} from {from_seq}: status {status}")
+        return batch
+
     async def _replay(
         self,
         subject_filter: str,
@@ -311,14 +377,7 @@ class EventStore:
                 return
             seq, pending = _position(message.reply)
             if seq <= end:
-                try:
-                    receive(StoredEvent(seq=seq, event=decode_event(message.data)))
-                except UndecodableEvent as error:
-                    # Not an event of this catalogue (a foreign publisher, a newer build):
-                    # consumers dead-letter it; a replay leaves it out rather than stall.
-                    logger.warning(
-                        "skipping undecodable message %d of %s: %s", seq, message.subject, error
-                    )
+                _deliver_stored(seq, message.data, message.subject, receive)
             if seq >= end or pending == 0:
                 finished.set_result(None)
 
@@ -351,6 +410,19 @@ class EventStore:
                 # API that replays many sessions a second must not leave them behind.
                 with contextlib.suppress(NotFoundError):
                     await self._js.delete_consumer(subscription._stream, subscription._consumer)
+
+
+def _deliver_stored(
+    seq: int, data: bytes, subject: str, receive: Callable[[StoredEvent], None]
+) -> None:
+    try:
+        event = decode_event(data)
+    except UndecodableEvent as error:
+        # Not an event of this catalogue (a foreign publisher, a newer build): consumers
+        # dead-letter it; a replay leaves it out rather than stall.
+        logger.warning("skipping undecodable message %d of %s: %s", seq, subject, error)
+        return
+    receive(StoredEvent(seq=seq, event=event))
 
 
 def _position(ack_subject: str) -> tuple[int, int]:
