@@ -12,12 +12,18 @@ from typer.testing import CliRunner
 from helmline.approval import default_policy, parse_policy
 from helmline.cli._app import app
 from helmline.contracts import (
+    BUILTIN_TOOLS,
+    TOOL_REGISTRY_SUBJECT,
+    TOOLS_SESSION,
+    TOOLS_TENANT,
     Actor,
     ApprovalRequested,
     PlanProposed,
     PlanStep,
     SessionStarted,
     StepScheduled,
+    ToolRegistryPublished,
+    ToolSpec,
     new_event,
 )
 from helmline.runtime import EventStore
@@ -153,6 +159,58 @@ async def test_explain_names_the_steps_when_the_step_is_unknown(
     )
     assert result.exit_code == 1
     assert "has no step 'nope' (steps: wipe)" in result.stderr
+
+
+async def test_explain_judges_a_federated_tool_as_the_published_registry_declares_it(
+    store: EventStore, nats_url: str, tenant: str
+) -> None:
+    close = ToolSpec(
+        name="tickets__close",
+        description="Close a ticket.",
+        parameters={"type": "object", "properties": {"id": {"type": "string"}}},
+        risk="medium",
+        executor="mcp",
+        server="tickets",
+        remote_name="close",
+    )
+    registry = ToolRegistryPublished(tools=(*BUILTIN_TOOLS, close))
+    await store.publish(
+        TOOL_REGISTRY_SUBJECT,
+        new_event(registry, tenant=TOOLS_TENANT, session_id=TOOLS_SESSION, source="test"),
+    )
+    session_id = uuid.uuid4().hex
+    started = new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+    step = PlanStep(id="close", tool="tickets__close", arguments={"id": "T-1"})
+    for event in (
+        started,
+        started.derive(PlanProposed(revision=1, steps=(step,)), source="test"),
+        started.derive(
+            StepScheduled(
+                step_id="close", call_id="close.1", tool=step.tool, arguments=step.arguments
+            ),
+            source="test",
+        ),
+    ):
+        await store.append(event)
+
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["policy", "explain", session_id, "close", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url, "HELMLINE_POLICY": None},
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "(risk medium)" in result.stdout.splitlines()[0]
+    assert any(
+        line.startswith("  1. allow-low-and-medium-risk: MATCHED")
+        for line in result.stdout.splitlines()
+    ), result.stdout
 
 
 def test_up_refuses_an_invalid_policy_before_starting_anything(tmp_path: Path) -> None:

@@ -58,6 +58,11 @@ def test_a_valid_file_loads_with_transports_and_overrides(tmp_path: Path) -> Non
             "servers:\n  - id: a\n    stdio: {command: x}\n  - id: a\n    stdio: {command: y}\n",
             "server id 'a' is used twice",
         ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n    tools:\n"
+            "      t: {required_permission: ' '}\n",
+            ":5: servers[0].tools.t.required_permission:",
+        ),
         ("servers: [\n", ":2: invalid YAML"),
     ],
 )

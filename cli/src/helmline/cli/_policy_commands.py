@@ -6,6 +6,7 @@ a file the service accepts, and `explain` reasons exactly as the service decides
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,7 +18,8 @@ from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, 
 
 if TYPE_CHECKING:
     from helmline.approval import Policy
-    from helmline.contracts import Event, SessionState
+    from helmline.contracts import Event, SessionState, ToolSpec
+    from helmline.runtime import ToolCatalogue
 
 INVALID_POLICY = 2
 """Exit status of `check` for a file a person must fix."""
@@ -63,36 +65,47 @@ def explain(
     from helmline.cli._intents import check_identifiers
     from helmline.cli._policy_explain import explain_step, explanation_lines
     from helmline.contracts import fold
+    from helmline.runtime import ToolCatalogue, latest_tool_registry
 
-    policy = _attempt(lambda: active_policy(policy_file))
+    _attempt(lambda: active_policy(policy_file))  # A broken file fails before connecting.
     _attempt(lambda: check_identifiers(tenant, session))
     url = _nats_url(data_dir)
 
-    async def load() -> tuple[SessionState, list[Event]]:
+    async def load() -> tuple[SessionState, list[Event], ToolCatalogue]:
         async with connect(url) as log:
             events = [stored.event for stored in await log.store.read_all(tenant, session)]
+            # The service judges MCP tools by the registry the gateways publish.
+            tools = ToolCatalogue()
+            registry = await latest_tool_registry(log.js)
         if not events:
             raise CliError(f"no session {session} in tenant {tenant!r}")
-        return fold(events), events
+        if registry is not None:
+            tools.apply(registry)
+        return fold(events), events, tools
 
-    state, events = _run_async(load())
+    state, events, tools = _run_async(load())
+    policy = _attempt(lambda: active_policy(policy_file, tools))
     explanation = _attempt(lambda: explain_step(state, events, step, policy))
     for line in explanation_lines(explanation):
         stdout().print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def load_policy_file(path: Path) -> Policy:
-    """The policy in a file, or `CliError` listing each problem by line."""
+def load_policy_file(path: Path, tools: Mapping[str, ToolSpec] | None = None) -> Policy:
+    """The policy in a file (over `tools`, else the built-in ones), or `CliError` listing
+    each problem by line."""
     from helmline.approval import PolicyFileError, load_policy
+    from helmline.contracts import BUILTIN_TOOLS_BY_NAME
 
     try:
-        return load_policy(path)
+        return load_policy(path, tools or BUILTIN_TOOLS_BY_NAME)
     except PolicyFileError as error:
         raise CliError(str(error), exit_code=INVALID_POLICY) from error
 
 
-def active_policy(path: Path | None) -> Policy:
-    """The policy of a file, or the built-in one."""
+def active_policy(path: Path | None, tools: Mapping[str, ToolSpec] | None = None) -> Policy:
+    """The policy of a file, or the built-in one, over `tools` (else the built-in ones)."""
     from helmline.approval import default_policy
+    from helmline.contracts import BUILTIN_TOOLS_BY_NAME
 
-    return load_policy_file(path) if path is not None else default_policy()
+    tools = tools or BUILTIN_TOOLS_BY_NAME
+    return load_policy_file(path, tools) if path is not None else default_policy(tools)

@@ -78,6 +78,7 @@ def known_tools(data_dir: Path | None) -> Mapping[str, ToolSpec]:
     when no stack can be reached (its MCP tools are then unknown)."""
     from helmline.cli._connection import stack_nats_url
     from helmline.cli._settings import load_settings
+    from helmline.runtime import ToolCatalogue
 
     try:
         url = stack_nats_url(load_settings(data_dir=data_dir))
@@ -86,7 +87,9 @@ def known_tools(data_dir: Path | None) -> Mapping[str, ToolSpec]:
         return BUILTIN_TOOLS_BY_NAME
     if registry is None:
         return BUILTIN_TOOLS_BY_NAME
-    return {**BUILTIN_TOOLS_BY_NAME, **{tool.name: tool for tool in registry.tools}}
+    catalogue = ToolCatalogue()
+    catalogue.apply(registry)
+    return catalogue
 
 
 async def _registry(url: str) -> ToolRegistryPublished | None:

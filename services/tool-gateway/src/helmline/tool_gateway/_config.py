@@ -79,7 +79,8 @@ class ToolOverride(_Strict):
 
     risk: Risk | None = None
     timeout_s: float | None = Field(default=None, gt=0)
-    required_permission: str | None = None
+    # Blank, it would be a permission nobody can hold: refused rather than lock the tool.
+    required_permission: str | None = Field(default=None, min_length=1, pattern=r"\S")
     idempotent: bool | None = None
     inverse: ToolInverse | None = None
     effect: ToolEffect | None = None
