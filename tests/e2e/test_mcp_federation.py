@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +17,11 @@ from helmline.contracts import (
     Actor,
     PlanStep,
     Playbook,
-    SessionStarted,
     ToolCallCompleted,
     ToolRegistryPublished,
-    new_event,
 )
 from helmline.runtime import EventStore, latest_tool_registry
-from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
 from .mcp_servers import everything, git_repository
 
@@ -120,20 +117,7 @@ async def test_a_playbook_calls_tools_of_real_mcp_servers_over_stdio_and_http(
             for step, (tool, arguments) in steps.items()
         ),
     )
-    session_id = uuid.uuid4().hex
-    await store.append(
-        new_event(
-            SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=PERSON),
-            tenant=tenant,
-            session_id=session_id,
-            source="test",
-        )
-    )
-
-    async def ended() -> bool:
-        return (await store.load(tenant, session_id)).state.is_terminal
-
-    await eventually(ended, timeout_s=60, what="the session to end")
+    session_id = await run_playbook(store, tenant, playbook, PERSON)
     state = (await store.load(tenant, session_id)).state
     assert state.status == "completed", state.outcome
     completed = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +18,14 @@ from helmline.contracts import (
     Payload,
     PlanStep,
     Playbook,
-    SessionStarted,
     SessionState,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallStarted,
     fold,
-    new_event,
 )
 from helmline.runtime import EventStore, latest_tool_registry
-from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
 from .mcp_servers import git_repository
 
@@ -94,20 +91,7 @@ async def _branch_session(
             ),
         ),
     )
-    session_id = uuid.uuid4().hex
-    await store.append(
-        new_event(
-            SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=requester),
-            tenant=tenant,
-            session_id=session_id,
-            source="test",
-        )
-    )
-
-    async def ended() -> bool:
-        return (await store.load(tenant, session_id)).state.is_terminal
-
-    await eventually(ended, timeout_s=60, what="the session to end")
+    session_id = await run_playbook(store, tenant, playbook, requester)
     events = [stored.event for stored in await store.read_all(tenant, session_id)]
     return fold(events), [event.data for event in events]
 

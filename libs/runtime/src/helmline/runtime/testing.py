@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -27,8 +28,11 @@ from helmline.contracts import (
     ApprovalDecisionSubmitted,
     ApprovalRequested,
     Event,
+    Playbook,
+    SessionStarted,
     decode_event,
     event_type_filter,
+    new_event,
 )
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._store import EventStore
@@ -194,6 +198,21 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not hold within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+async def run_playbook(
+    store: EventStore, tenant: str, playbook: Playbook, requester: Actor, *, timeout_s: float = 60
+) -> str:
+    """Start a playbook session and wait until it has ended; its id."""
+    session_id = uuid.uuid4().hex
+    started = SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=requester)
+    await store.append(new_event(started, tenant=tenant, session_id=session_id, source="test"))
+
+    async def ended() -> bool:
+        return (await store.load(tenant, session_id)).state.is_terminal
+
+    await eventually(ended, timeout_s=timeout_s, what=f"session {session_id} to end")
+    return session_id
 
 
 class AutoApprover:
