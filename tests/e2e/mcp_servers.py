@@ -8,10 +8,33 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import yaml
+
+from helmline.runtime.testing import ServiceProcesses
 from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, server_everything
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
+
+
+@contextmanager
+def federating_stack(
+    nats_url: str, folder: Path, servers: list[dict[str, Any]]
+) -> Iterator[ServiceProcesses]:
+    """Every service as a process of its own (data under `folder`), the tool gateway
+    federating `servers`: the entries of an MCP servers file."""
+    config = folder / "mcp-servers.yaml"
+    config.write_text(yaml.safe_dump({"servers": servers}))
+    running = ServiceProcesses(nats_url, folder)
+    try:
+        for name in SERVICES:
+            env = {"HELMLINE_MCP_SERVERS": str(config)} if name == "tool_gateway" else None
+            running.start(name, env)
+        yield running
+    finally:
+        running.stop_all()
 
 
 @contextmanager

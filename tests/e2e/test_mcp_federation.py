@@ -8,9 +8,9 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
@@ -23,9 +23,8 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
-from .mcp_servers import everything, git_repository
+from .mcp_servers import everything, federating_stack, git_repository
 
-SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 PERSON = Actor(id="ana")
 SERVERS = ("time", "clock", "git", "everything")
 
@@ -42,44 +41,31 @@ def everything_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def servers_file(
-    tmp_path_factory: pytest.TempPathFactory, repository: Path, everything_url: str
-) -> Path:
+def servers(repository: Path, everything_url: str) -> list[dict[str, Any]]:
     python = sys.executable
     time_server = {"command": python, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
-    document = {
-        "servers": [
-            {"id": "time", "stdio": time_server, "risk": "low"},
-            # The same tools again under another id: both stay callable by their prefix.
-            {"id": "clock", "stdio": time_server, "risk": "low"},
-            {
-                "id": "git",
-                "stdio": {
-                    "command": python,
-                    "args": ["-m", "mcp_server_git", "--repository", str(repository)],
-                },
-                "risk": "low",
+    return [
+        {"id": "time", "stdio": time_server, "risk": "low"},
+        # The same tools again under another id: both stay callable by their prefix.
+        {"id": "clock", "stdio": time_server, "risk": "low"},
+        {
+            "id": "git",
+            "stdio": {
+                "command": python,
+                "args": ["-m", "mcp_server_git", "--repository", str(repository)],
             },
-            {"id": "everything", "http": {"url": everything_url}, "risk": "low"},
-        ]
-    }
-    path = tmp_path_factory.mktemp("config") / "mcp-servers.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
+            "risk": "low",
+        },
+        {"id": "everything", "http": {"url": everything_url}, "risk": "low"},
+    ]
 
 
 @pytest.fixture(scope="module")
 def stack(
-    nats_url: str, tmp_path_factory: pytest.TempPathFactory, servers_file: Path
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory, servers: list[dict[str, Any]]
 ) -> Iterator[ServiceProcesses]:
-    running = ServiceProcesses(nats_url, tmp_path_factory.mktemp("stack"))
-    try:
-        for name in SERVICES:
-            env = {"HELMLINE_MCP_SERVERS": str(servers_file)} if name == "tool_gateway" else None
-            running.start(name, env)
+    with federating_stack(nats_url, tmp_path_factory.mktemp("stack"), servers) as running:
         yield running
-    finally:
-        running.stop_all()
 
 
 async def _federated(js: JetStreamContext) -> ToolRegistryPublished:

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -35,8 +34,9 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, auto_approver, eventually
 
+from .mcp_servers import federating_stack
+
 APPROVER = Actor(id="robot", roles=("operator", "approver"))
-SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 TICKETS_SERVER = Path(__file__).with_name("tickets_mcp_server.py")
 
 Helmline = Callable[..., Awaitable[tuple[int, str, str]]]
@@ -57,30 +57,20 @@ def stack(
     """Every service as a process; the gateway federates the tickets server, whose
     `open_ticket` declares `close_ticket` (by the id it returned) as its inverse."""
     inverse = {"tool": "tickets__close_ticket", "arguments": {"id": "/result/id"}}
-    servers = {
-        "servers": [
-            {
-                "id": "tickets",
-                "stdio": {"command": sys.executable, "args": [str(TICKETS_SERVER), str(ledger)]},
-                "risk": "low",
-                "tools": {
-                    "open_ticket": {"inverse": inverse},
-                    # Closing needs a person: a rollback then waits, and can be cut there.
-                    "close_ticket": {"risk": "high"},
-                },
-            }
-        ]
-    }
-    config = tmp_path_factory.mktemp("config") / "mcp-servers.yaml"
-    config.write_text(yaml.safe_dump(servers))
-    running = ServiceProcesses(nats_url, tmp_path_factory.mktemp("stack"))
-    try:
-        for name in SERVICES:
-            env = {"HELMLINE_MCP_SERVERS": str(config)} if name == "tool_gateway" else None
-            running.start(name, env)
+    servers = [
+        {
+            "id": "tickets",
+            "stdio": {"command": sys.executable, "args": [str(TICKETS_SERVER), str(ledger)]},
+            "risk": "low",
+            "tools": {
+                "open_ticket": {"inverse": inverse},
+                # Closing needs a person: a rollback then waits, and can be cut there.
+                "close_ticket": {"risk": "high"},
+            },
+        }
+    ]
+    with federating_stack(nats_url, tmp_path_factory.mktemp("stack"), servers) as running:
         yield running
-    finally:
-        running.stop_all()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
@@ -27,9 +26,8 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
-from .mcp_servers import git_repository
+from .mcp_servers import federating_stack, git_repository
 
-SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 CREATE_BRANCH = "git__git_create_branch"
 WRITER = Actor(id="wes", roles=("operator", "repo.write"))
 READER = Actor(id="rita", roles=("operator",))
@@ -55,16 +53,8 @@ def stack(
         "risk": "low",
         "tools": {"git_create_branch": {"required_permission": "repo.write"}},
     }
-    servers = tmp_path_factory.mktemp("config") / "mcp-servers.yaml"
-    servers.write_text(yaml.safe_dump({"servers": [git]}))
-    running = ServiceProcesses(nats_url, tmp_path_factory.mktemp("stack"))
-    try:
-        for name in SERVICES:
-            env = {"HELMLINE_MCP_SERVERS": str(servers)} if name == "tool_gateway" else None
-            running.start(name, env)
+    with federating_stack(nats_url, tmp_path_factory.mktemp("stack"), [git]) as running:
         yield running
-    finally:
-        running.stop_all()
 
 
 async def _git_federated(js: JetStreamContext) -> None:

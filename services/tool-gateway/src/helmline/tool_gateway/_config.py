@@ -80,7 +80,7 @@ class ToolOverride(_Strict):
     risk: Risk | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     # Blank, it would be a permission nobody can hold: refused rather than lock the tool.
-    required_permission: str | None = Field(default=None, min_length=1, pattern=r"\S")
+    required_permission: str | None = Field(default=None, pattern=r"\S")
     idempotent: bool | None = None
     inverse: ToolInverse | None = None
     effect: ToolEffect | None = None
