@@ -221,6 +221,27 @@ async def test_a_writer_stores_a_state_every_few_sequences_and_reads_the_index_o
     assert await stored_seqs(js, tenant, "cadence") == stored
 
 
+async def test_a_session_among_busy_ones_is_stored_every_few_of_its_own_events(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "among")
+    others = [fifty_steps(tenant, f"busy{n}") for n in range(3)]
+    states = FoldedStates(js, store, every=20)
+    stored_at: list[int] = []  # Positions in the session's own events.
+    seqs: list[int] = []
+    for position, (event, *theirs) in enumerate(zip(events, *others, strict=True)):
+        seqs.append((await store.append(event)).seq)
+        for their in theirs:
+            await store.append(their)
+        if await states.keep_up(tenant, "among", seqs[-1]):
+            stored_at.append(position)
+
+    assert stored_at[0] == 19
+    assert {b - a for a, b in itertools.pairwise(stored_at)} == {20}
+    assert len(stored_at) == len(events) // 20
+    await assert_time_travel_folds(states, events, seqs)
+
+
 async def test_writers_sharing_a_session_keep_every_state_either_stored(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:

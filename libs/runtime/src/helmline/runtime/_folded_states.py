@@ -12,7 +12,7 @@ import json
 import logging
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from nats.errors import Error as NatsError
@@ -27,11 +27,12 @@ from helmline.runtime._store import EventStore, SessionSnapshot
 logger = logging.getLogger(__name__)
 
 EVERY = 100
-"""Stream sequences between two stored states of a session (fewer events when other
-sessions' events lie between): the longest tail a time travel folds."""
+"""Events of a session between two of its stored states: about the longest tail a time travel
+folds. Counted in the session's own events, not in stream sequences, so that a session among
+many busy ones is not stored at every step."""
 
 _REMEMBERED = 1_000
-"""Sessions whose index (and latest stored state, to fold on from) a writer keeps in memory."""
+"""Sessions whose index (and latest folded state, to fold on from) a writer keeps in memory."""
 
 _INDEX_WRITES = 5
 """Attempts to write a session's index while other writers keep changing it."""
@@ -53,11 +54,13 @@ def _version() -> str:
 class FoldedStates:
     """Sessions' states at some of their sequences, in a JetStream key-value bucket.
 
-    A writer (`keep_up`) remembers each session's index as it last read or wrote it, so a
-    call that stores nothing costs no request. That memory may lag behind the bucket (another
-    replica stored a state of the session, or the bucket was dropped); the only harm is a
-    state stored earlier than needed, because the index is written only over the revision it
-    was read at, and rebuilt from the bucket when that revision is no longer the latest.
+    A writer (`keep_up`) remembers each session's index as it last read or wrote it, and the
+    state it folded last: a call reads only the events since that fold, and only once enough
+    sequences passed for them to be worth storing. That memory may lag
+    behind the bucket (another replica stored a state of the session, or the bucket was
+    dropped); the only harm is a state stored earlier than needed, because the index is
+    written only over the revision it was read at, and rebuilt from the bucket when that
+    revision is no longer the latest.
     Readers (`load`) always read the bucket's index.
     """
 
@@ -77,7 +80,7 @@ class FoldedStates:
         return await self._store.load(tenant, session_id, up_to_seq=up_to_seq, start=nearest)
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
-        """Store the session's state at `seq` if `every` sequences passed since the last one
+        """Store the session's state at `seq` if it has `every` events more than the last one
         stored; whether it did. Calls for one session must not overlap within a process
         (replicas may overlap: see the class).
 
@@ -94,15 +97,19 @@ class FoldedStates:
         session = (tenant, session_id)
         index = self._known.pop(session, None) or await self._read_index(tenant, session_id)
         self._remember(session, index)
-        last = max(index.seqs, default=0)
-        if seq - last < self._every:
+        folded_to = index.latest.last_seq if index.latest else max(index.seqs, default=0)
+        # The session has at most one event per sequence since the last fold: until enough
+        # sequences passed for `every` unstored events, there is nothing to read.
+        if seq - folded_to < self._every - index.unstored_events:
             return False
         bucket = await self._kv()  # On a stack without the bucket, fails before replaying.
-        start = index.latest
-        if start is None or start.last_seq != last:
-            start = await self._nearest(tenant, session_id, index.seqs, seq)
+        start = index.latest or await self._nearest(tenant, session_id, index.seqs, seq)
+        stored_events = index.stored_events if index.latest else _events_in(start)
         snapshot = await self._store.load(tenant, session_id, up_to_seq=seq, start=start)
-        if snapshot.last_seq in index.seqs or snapshot.last_seq == 0:
+        unstored = _events_in(snapshot) - stored_events
+        if snapshot.last_seq in index.seqs or snapshot.last_seq == 0 or unstored < self._every:
+            # Other sessions' events lay between: fold on from here next time.
+            self._remember(session, replace(index, latest=snapshot, stored_events=stored_events))
             return False
         encoded = zlib.compress(_states().dump_json(snapshot.state), 1)
         # The state first, then the index that points to it: a crash between leaves an
@@ -120,7 +127,7 @@ class FoldedStates:
                 # Written since it was read here (by another replica): keep what it added.
                 index = await self._read_index(tenant, session_id)
                 continue
-            self._remember(session, _Index(seqs, revision, snapshot))
+            self._remember(session, _Index(seqs, revision, snapshot, _events_in(snapshot)))
             return True
         logger.warning(
             "could not index the state of %s/%s at %d: its index kept changing",
@@ -158,17 +165,17 @@ class FoldedStates:
         try:
             entry = await (await self._kv()).get(self._key(tenant, session_id, "index"))
         except BucketNotFoundError:
-            return _Index((), 0, None)  # A stack provisioned before states were kept.
+            return _Index((), 0)  # A stack provisioned before states were kept.
         except KeyNotFoundError as error:
             # Nothing stored yet, or the index was deleted (its tombstone's revision is the
             # one to write over).
             tombstone = error.entry.revision if error.entry is not None else None
-            return _Index((), tombstone or 0, None)
+            return _Index((), tombstone or 0)
         try:
             seqs = json.loads(entry.value or b"[]")
         except ValueError:
             seqs = []
-        return _Index(tuple(seq for seq in seqs if isinstance(seq, int)), entry.revision or 0, None)
+        return _Index(tuple(seq for seq in seqs if isinstance(seq, int)), entry.revision or 0)
 
     async def _kv(self) -> KeyValue:
         if self._bucket is None:
@@ -188,5 +195,16 @@ class _Index:
     """Sequences at which states are stored, in order."""
     revision: int
     """The index key's revision then; 0 when there was none."""
-    latest: SessionSnapshot | None
-    """The state this writer stored last, to fold on from."""
+    latest: SessionSnapshot | None = None
+    """The state this writer folded last, stored or not, to fold on from."""
+    stored_events: int = 0
+    """Events in the newest stored state this writer knows of."""
+
+    @property
+    def unstored_events(self) -> int:
+        """Events folded here since the newest stored state."""
+        return _events_in(self.latest) - self.stored_events if self.latest else 0
+
+
+def _events_in(snapshot: SessionSnapshot | None) -> int:
+    return snapshot.state.event_count if snapshot else 0

@@ -43,6 +43,8 @@ END_OF_BATCH, NOT_FOUND = "204", "404"
 """Statuses that end a batched direct get's answer: all sent, or nothing matched."""
 STORED_SEQUENCE = "Nats-Sequence"
 """Header of a directly got message: its stream sequence."""
+PENDING_AFTER_BATCH = "Nats-Num-Pending"
+"""Header of a batched direct get's end: matching messages stored after the batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,42 +307,42 @@ class EventStore:
         receive: Callable[[StoredEvent], None],
     ) -> None:
         """Hand one session's events after `after_seq`, up to `up_to_seq` or its last event
-        when reading starts, to `receive`, in order.
+        when reading ends, to `receive`, in order.
 
         Most sessions are short: their events come in one batched direct get, which costs
         a few times less than creating and deleting the consumer a replay streams through
         (and every service replays each session it meets once). A longer session's other
         events stream through such a consumer, which reads long logs faster.
         """
-        last = await self._last_seq_matching(subject_filter)
-        end = last if up_to_seq is None else min(up_to_seq, last)
-        if end <= after_seq:
-            return
         position = after_seq
         with bulk_allocation():
-            for seq, data in await self._direct_batch(subject_filter, after_seq + 1):
-                if seq > end:
+            batch, more = await self._direct_batch(subject_filter, after_seq + 1)
+            for seq, data in batch:
+                if up_to_seq is not None and seq > up_to_seq:
                     return
                 _deliver_stored(seq, data, subject_filter, receive)
                 position = seq
-        if position < end:
-            await self._replay(subject_filter, after_seq=position, up_to_seq=end, receive=receive)
+        if more and (up_to_seq is None or position < up_to_seq):
+            await self._replay(
+                subject_filter, after_seq=position, up_to_seq=up_to_seq, receive=receive
+            )
 
-    async def _direct_batch(self, subject_filter: str, from_seq: int) -> list[tuple[int, bytes]]:
+    async def _direct_batch(
+        self, subject_filter: str, from_seq: int
+    ) -> tuple[list[tuple[int, bytes]], bool]:
         """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on, with
-        their sequences."""
+        their sequences; and whether more were stored after them."""
         nc = self._js._nc  # nats-py offers batched direct gets on no public API yet
         inbox = nc.new_inbox()
         batch: list[tuple[int, bytes]] = []
-        ended = asyncio.get_running_loop().create_future()
+        ended: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
 
         async def collect(message: Msg) -> None:
             headers = message.headers or {}
-            status = headers.get(Header.STATUS)
-            if status is None:
+            if Header.STATUS not in headers:
                 batch.append((int(headers[STORED_SEQUENCE]), message.data))
             elif not ended.done():
-                ended.set_result(status)
+                ended.set_result(headers)
 
         subscription = await nc.subscribe(inbox, cb=collect)
         try:
@@ -348,12 +350,17 @@ class EventStore:
             await nc.publish(
                 f"$JS.API.DIRECT.GET.{self._stream}", json.dumps(request).encode(), reply=inbox
             )
-            status = await asyncio.wait_for(ended, timeout=self._timeout_s)
+            end = await asyncio.wait_for(ended, timeout=self._timeout_s)
         finally:
             await subscription.unsubscribe()
-        if status not in (END_OF_BATCH, NOT_FOUND):
+        status = end[Header.STATUS]
+        if status == NOT_FOUND:
+            return batch, False
+        if status != END_OF_BATCH:
             raise RuntimeError(f"direct get of {subject_filter} from {from_seq}: status {status}")
-        return batch
+        # The end of a batch tells how many matching messages it left out.
+        pending = end.get(PENDING_AFTER_BATCH)
+        return batch, int(pending) > 0 if pending is not None else len(batch) == DIRECT_BATCH
 
     async def _replay(
         self,
