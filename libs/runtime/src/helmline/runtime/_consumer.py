@@ -50,6 +50,7 @@ from helmline.runtime._tracing import handling_span
 
 logger = logging.getLogger(__name__)
 
+V1_ACK_TOKENS = 9
 REDELIVERY_DELAYS_S = (0.1, 0.5, 2.0, 5.0, 15.0)
 SESSION_TRACES_KEPT = 10_000
 """Sessions whose trace a consumer remembers for intents that carry none."""
@@ -167,7 +168,9 @@ class EventConsumer:
         # each session's messages on the task of the one before.
         key = _ordering_key(message.subject) if self._spec.in_session_order else message.reply
         previous = self._tails.get(key)
-        task = asyncio.create_task(self._handle_after(previous, message))
+        task = asyncio.create_task(
+            self._handle(message) if previous is None else self._handle_after(previous, message)
+        )
         self._tails[key] = task
         self._in_flight[task] = message
         task.add_done_callback(lambda done: self._forget(key, done))
@@ -188,8 +191,7 @@ class EventConsumer:
         await self._handle(message)
 
     async def _handle(self, message: Msg) -> None:
-        metadata = message.metadata
-        deliveries = metadata.num_delivered or 1
+        seq, deliveries, _ = ack_position(message.reply)
         try:
             event = decode_event(message.data, self._upcasters)
         except UndecodableEvent as error:
@@ -197,7 +199,7 @@ class EventConsumer:
             return
         began = time.perf_counter()
         with self._context_of(event, await self._trace_of(event)) as span:
-            outcome = await self._settle(message, event, deliveries)
+            outcome = await self._settle(message, Delivery(event, seq, deliveries))
             seconds = time.perf_counter() - began
             if outcome != "ok":
                 span.set_status(Status(StatusCode.ERROR, outcome))
@@ -236,10 +238,11 @@ class EventConsumer:
             self._session_traces[key] = traceparent
         return self._session_traces[key]
 
-    async def _settle(self, message: Msg, event: Event, deliveries: int) -> str:
+    async def _settle(self, message: Msg, delivery: Delivery) -> str:
         """Run the handler and ack, nak or dead-letter the message; say which."""
+        deliveries = delivery.deliveries
         try:
-            await self._handler(Delivery(event, message.metadata.sequence.stream, deliveries))
+            await self._handler(delivery)
         except PermanentError as error:
             await self._dead_letter(message, "permanent", f"permanent error: {error}", deliveries)
             return "dead_letter"
@@ -322,6 +325,21 @@ class EventConsumer:
             for message in list(self._in_flight.values()):
                 with contextlib.suppress(nats.errors.Error):
                     await message.in_progress()
+
+
+def ack_position(ack_subject: str) -> tuple[int, int, int]:
+    """Stream sequence, deliveries so far and messages still pending, from a delivery's ack
+    subject.
+
+    What `Msg.metadata` parses, without building its objects (a timestamp among them), which
+    cost more than the rest of a delivery's bookkeeping.
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
+    or with `<domain>.<account hash>` after `$JS.ACK` and a token at the end.
+    """
+    tokens = ack_subject.split(".")
+    if len(tokens) == V1_ACK_TOKENS:
+        return int(tokens[5]), int(tokens[4]), int(tokens[8])
+    return int(tokens[7]), int(tokens[6]), int(tokens[10])
 
 
 def _ordering_key(subject: str) -> str:

@@ -30,13 +30,13 @@ from helmline.contracts import (
     event_subject,
     session_filter,
 )
+from helmline.runtime._consumer import ack_position
 from helmline.runtime._errors import ConcurrencyConflict
 from helmline.runtime._tracing import record_appended, traceparent_for
 
 logger = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071
-V1_ACK_TOKENS = 9
 DIRECT_BATCH = 256
 """Events of a session read by one batched direct get; the rest stream through a consumer."""
 END_OF_BATCH, NOT_FOUND = "204", "404"
@@ -382,7 +382,7 @@ class EventStore:
         async def deliver(message: Msg) -> None:
             if finished.done():
                 return
-            seq, pending = _position(message.reply)
+            seq, _, pending = ack_position(message.reply)
             if seq <= end:
                 _deliver_stored(seq, message.data, message.subject, receive)
             if seq >= end or pending == 0:
@@ -430,19 +430,6 @@ def _deliver_stored(
         logger.warning("skipping undecodable message %d of %s: %s", seq, subject, error)
         return
     receive(StoredEvent(seq=seq, event=event))
-
-
-def _position(ack_subject: str) -> tuple[int, int]:
-    """Stream sequence and messages still pending, from a delivery's ack subject.
-
-    What `Msg.metadata` parses, without building its objects: replays need nothing else.
-    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
-    or with `<domain>.<account hash>` after `$JS.ACK` and a token at the end.
-    """
-    tokens = ack_subject.split(".")
-    if len(tokens) == V1_ACK_TOKENS:
-        return int(tokens[5]), int(tokens[8])
-    return int(tokens[7]), int(tokens[10])
 
 
 _gc_pauses = 0
