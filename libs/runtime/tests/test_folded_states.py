@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
+    EVENTS_STREAM,
     SESSION_STATES_BUCKET,
     Actor,
     ApprovalGranted,
@@ -39,6 +40,7 @@ from helmline.contracts import (
     WorkspaceSnapshotted,
     fold,
     new_event,
+    session_filter,
 )
 from helmline.runtime import EventStore, FoldedStates
 
@@ -118,7 +120,7 @@ async def test_the_state_at_every_sequence_of_a_50_step_session_is_the_fold_of_t
 ) -> None:
     events = fifty_steps(tenant, "fifty")
     other = fifty_steps(tenant, "other")
-    states = FoldedStates(js, store, every=40)
+    states = FoldedStates(js, store, every=40, interval_s=0)
     seqs: list[int] = []
     stored = 0
     # Another session's events lie between, as on a busy log.
@@ -141,7 +143,7 @@ async def test_a_damaged_stored_state_is_passed_over_for_the_log(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     events = fifty_steps(tenant, "damaged")[:60]
-    states = FoldedStates(js, store, every=20)
+    states = FoldedStates(js, store, every=20, interval_s=0)
     for event in events:
         seq = (await store.append(event)).seq
         await states.keep_up(tenant, "damaged", seq)
@@ -183,6 +185,24 @@ async def index_reads(nc: NATS, tenant: str, session_id: str) -> AsyncIterator[l
         await subscription.unsubscribe()
 
 
+@asynccontextmanager
+async def session_reads(nc: NATS, tenant: str, session_id: str) -> AsyncIterator[list[str]]:
+    """Every direct get of the session's events, as the server receives them."""
+    reads: list[str] = []
+
+    async def seen(message: Msg) -> None:
+        if session_filter(tenant, session_id) in message.data.decode():
+            reads.append(message.subject)
+
+    subscription = await nc.subscribe(f"$JS.API.DIRECT.GET.{EVENTS_STREAM.name}", cb=seen)
+    await nc.flush()
+    try:
+        yield reads
+    finally:
+        await nc.flush()
+        await subscription.unsubscribe()
+
+
 async def append_and_keep_up(
     store: EventStore, writers: list[FoldedStates], events: list[Event]
 ) -> tuple[list[int], list[int]]:
@@ -210,7 +230,7 @@ async def test_a_writer_stores_a_state_every_few_sequences_and_reads_the_index_o
     nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     events = fifty_steps(tenant, "cadence")
-    states = FoldedStates(js, store, every=20)
+    states = FoldedStates(js, store, every=20, interval_s=0)
     async with index_reads(nc, tenant, "cadence") as reads:
         seqs, stored = await append_and_keep_up(store, [states], events)
 
@@ -226,7 +246,7 @@ async def test_a_session_among_busy_ones_is_stored_every_few_of_its_own_events(
 ) -> None:
     events = fifty_steps(tenant, "among")
     others = [fifty_steps(tenant, f"busy{n}") for n in range(3)]
-    states = FoldedStates(js, store, every=20)
+    states = FoldedStates(js, store, every=20, interval_s=0)
     stored_at: list[int] = []  # Positions in the session's own events.
     seqs: list[int] = []
     for position, (event, *theirs) in enumerate(zip(events, *others, strict=True)):
@@ -242,13 +262,35 @@ async def test_a_session_among_busy_ones_is_stored_every_few_of_its_own_events(
     await assert_time_travel_folds(states, events, seqs)
 
 
-async def test_writers_sharing_a_session_keep_every_state_either_stored(
+async def test_a_busy_session_is_read_once_per_interval_and_stored_every_few_events(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "busy")
+    now = [0.0]
+    states = FoldedStates(js, store, every=20, interval_s=1.0, clock=lambda: now[0])
+    seqs: list[int] = []
+    async with session_reads(nc, tenant, "busy") as reads:
+        for event in events[:100]:
+            seqs.append((await store.append(event)).seq)
+            assert not await states.keep_up(tenant, "busy", seqs[-1])
+        assert len(reads) == 1  # The first call; the rest came within the interval.
+        now[0] = 1.0
+        seqs.append((await store.append(events[100])).seq)
+        assert await states.keep_up(tenant, "busy", seqs[-1])
+        assert len(reads) == 2
+
+    # One read caught up on 100 events, and stored the states their cadence asked for.
+    assert await stored_seqs(js, tenant, "busy") == [seqs[n] for n in (19, 39, 59, 79, 99)]
+    await assert_time_travel_folds(states, events[:101], seqs)
+
+
+async def test_writers_sharing_a_session_index_every_state_due_whichever_stored_it(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     events = fifty_steps(tenant, "shared")
-    replicas = [FoldedStates(js, store, every=20) for _ in range(2)]
+    replicas = [FoldedStates(js, store, every=20, interval_s=0) for _ in range(2)]
     half = len(events) // 2
-    seqs, stored = await append_and_keep_up(store, replicas, events[:half])
+    seqs, _ = await append_and_keep_up(store, replicas, events[:half])
     # Both at once, as replicas handed two events of the session together.
     more = [(await store.append(event)).seq for event in events[half : half + 40]]
     seqs += more
@@ -257,19 +299,25 @@ async def test_writers_sharing_a_session_keep_every_state_either_stored(
         replicas[1].keep_up(tenant, "shared", more[39]),
     )
     assert all(both)
-    stored += [more[19], more[39]]
-    rest, stored_after = await append_and_keep_up(store, replicas, events[half + 40 :])
+    rest, _ = await append_and_keep_up(store, replicas, events[half + 40 :])
+    seqs += rest
 
-    assert await stored_seqs(js, tenant, "shared") == stored + stored_after
-    await assert_time_travel_folds(FoldedStates(js, store), events, seqs + rest)
+    # A state at every 20th event, each indexed once, though each replica knew only of the
+    # states it stored itself.
+    assert await stored_seqs(js, tenant, "shared") == seqs[19::20]
+    await assert_time_travel_folds(FoldedStates(js, store), events, seqs)
 
 
 async def test_a_restarted_writer_keeps_the_cadence_and_the_index(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     events = fifty_steps(tenant, "restart")
-    _, before = await append_and_keep_up(store, [FoldedStates(js, store, every=20)], events[:90])
-    _, after = await append_and_keep_up(store, [FoldedStates(js, store, every=20)], events[90:])
+    _, before = await append_and_keep_up(
+        store, [FoldedStates(js, store, every=20, interval_s=0)], events[:90]
+    )
+    _, after = await append_and_keep_up(
+        store, [FoldedStates(js, store, every=20, interval_s=0)], events[90:]
+    )
 
     assert after[0] - before[-1] == 20
     assert await stored_seqs(js, tenant, "restart") == before + after
@@ -279,7 +327,7 @@ async def test_a_writer_whose_stored_states_were_dropped_indexes_only_what_is_st
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     events = fifty_steps(tenant, "dropped")
-    states = FoldedStates(js, store, every=20)
+    states = FoldedStates(js, store, every=20, interval_s=0)
     seqs, _ = await append_and_keep_up(store, [states], events[:100])
     bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
     for key in await bucket.keys():

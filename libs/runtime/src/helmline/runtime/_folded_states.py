@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -21,7 +23,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter, ValidationError
 
-from helmline.contracts import FOLD_VERSION, SESSION_STATES_BUCKET, SessionState
+from helmline.contracts import FOLD_VERSION, SESSION_STATES_BUCKET, SessionFold, SessionState
 from helmline.runtime._store import EventStore, SessionSnapshot
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,9 @@ EVERY = 100
 """Events of a session between two of its stored states: about the longest tail a time travel
 folds. Counted in the session's own events, not in stream sequences, so that a session among
 many busy ones is not stored at every step."""
+
+INTERVAL_S = 0.5
+"""Least time between two reads of one session's new events by a writer."""
 
 _REMEMBERED = 1_000
 """Sessions whose index (and latest folded state, to fold on from) a writer keeps in memory."""
@@ -64,10 +69,22 @@ class FoldedStates:
     Readers (`load`) always read the bucket's index.
     """
 
-    def __init__(self, js: JetStreamContext, store: EventStore, *, every: int = EVERY) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        store: EventStore,
+        *,
+        every: int = EVERY,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`interval_s`: the least time between two reads of one session by `keep_up`
+        (`clock` tells the time)."""
         self._js = js
         self._store = store
         self._every = every
+        self._interval_s = interval_s
+        self._clock = clock
         self._bucket: KeyValue | None = None
         self._known: OrderedDict[tuple[str, str], _Index] = OrderedDict()
 
@@ -99,24 +116,30 @@ class FoldedStates:
         self._remember(session, index)
         folded_to = index.latest.last_seq if index.latest else max(index.seqs, default=0)
         # The session has at most one event per sequence since the last fold: until enough
-        # sequences passed for `every` unstored events, there is nothing to read.
+        # sequences passed for `every` unstored events, there is nothing to read. Among busy
+        # sessions that says little, so a session is also read at most once per interval:
+        # one read then catches up on many steps, storing a state at each `every` events.
         if seq - folded_to < self._every - index.unstored_events:
+            return False
+        now = self._clock()
+        if index.latest is not None and now - index.folded_at < self._interval_s:
             return False
         bucket = await self._kv()  # On a stack without the bucket, fails before replaying.
         start = index.latest or await self._nearest(tenant, session_id, index.seqs, seq)
         stored_events = index.stored_events if index.latest else _events_in(start)
-        snapshot = await self._store.load(tenant, session_id, up_to_seq=seq, start=start)
-        unstored = _events_in(snapshot) - stored_events
-        if snapshot.last_seq in index.seqs or snapshot.last_seq == 0 or unstored < self._every:
-            # Other sessions' events lay between: fold on from here next time.
-            self._remember(session, replace(index, latest=snapshot, stored_events=stored_events))
+        folded, due = await self._fold_on(tenant, session_id, start, seq, stored_events)
+        due = [snapshot for snapshot in due if snapshot.last_seq not in index.seqs]
+        if not due:
+            folded_here = replace(index, latest=folded, stored_events=stored_events, folded_at=now)
+            self._remember(session, folded_here)
             return False
-        encoded = zlib.compress(_states().dump_json(snapshot.state), 1)
-        # The state first, then the index that points to it: a crash between leaves an
-        # unreferenced state, never a reference to nothing.
-        await bucket.put(self._key(tenant, session_id, str(snapshot.last_seq)), encoded)
+        # The states first, then the index that points to them: a crash between leaves
+        # unreferenced states, never a reference to nothing.
+        for snapshot in due:
+            encoded = zlib.compress(_states().dump_json(snapshot.state), 1)
+            await bucket.put(self._key(tenant, session_id, str(snapshot.last_seq)), encoded)
         for _ in range(_INDEX_WRITES):
-            seqs = tuple(sorted({*index.seqs, snapshot.last_seq}))
+            seqs = tuple(sorted({*index.seqs, *(snapshot.last_seq for snapshot in due)}))
             try:
                 revision = await bucket.update(
                     self._key(tenant, session_id, "index"),
@@ -127,16 +150,44 @@ class FoldedStates:
                 # Written since it was read here (by another replica): keep what it added.
                 index = await self._read_index(tenant, session_id)
                 continue
-            self._remember(session, _Index(seqs, revision, snapshot, _events_in(snapshot)))
+            stored = _events_in(due[-1])
+            self._remember(session, _Index(seqs, revision, folded, stored, folded_at=now))
             return True
         logger.warning(
-            "could not index the state of %s/%s at %d: its index kept changing",
+            "could not index the states of %s/%s up to %d: its index kept changing",
             tenant,
             session_id,
-            snapshot.last_seq,
+            due[-1].last_seq,
         )
         self._known.pop(session, None)
         return False
+
+    async def _fold_on(
+        self,
+        tenant: str,
+        session_id: str,
+        start: SessionSnapshot | None,
+        up_to_seq: int,
+        stored_events: int,
+    ) -> tuple[SessionSnapshot, list[SessionSnapshot]]:
+        """The session's state at `up_to_seq` folded on from `start`, and the states passed
+        on the way that are due to be stored: one at each `every` events after the
+        `stored_events`-th."""
+        folding = SessionFold(start.state if start is not None else None)
+        last_seq = start.last_seq if start is not None else 0
+        events = _events_in(start)
+        due: list[SessionSnapshot] = []
+        after = await self._store.read_all(
+            tenant, session_id, after_seq=last_seq, up_to_seq=up_to_seq
+        )
+        for item in after:
+            folding.apply(item.event)
+            last_seq, events = item.seq, events + 1
+            if (events - stored_events) % self._every == 0 and events > stored_events:
+                due.append(SessionSnapshot(folding.state(), last_seq))
+        if due and due[-1].last_seq == last_seq:
+            return due[-1], due
+        return SessionSnapshot(folding.state(), last_seq), due
 
     def _remember(self, session: tuple[str, str], index: _Index) -> None:
         self._known[session] = index
@@ -199,6 +250,8 @@ class _Index:
     """The state this writer folded last, stored or not, to fold on from."""
     stored_events: int = 0
     """Events in the newest stored state this writer knows of."""
+    folded_at: float = 0.0
+    """When this writer folded `latest` (its clock's time)."""
 
     @property
     def unstored_events(self) -> int:
