@@ -61,11 +61,10 @@ class FoldedStates:
 
     A writer (`keep_up`) remembers each session's index as it last read or wrote it, and the
     state it folded last: a call reads only the events since that fold, and only once enough
-    sequences passed for them to be worth storing. That memory may lag
-    behind the bucket (another replica stored a state of the session, or the bucket was
-    dropped); the only harm is a state stored earlier than needed, because the index is
-    written only over the revision it was read at, and rebuilt from the bucket when that
-    revision is no longer the latest.
+    of them may have accrued. That memory may lag behind the bucket (another replica stored a
+    state of the session, or the bucket was dropped); the only harm is a state stored twice,
+    because the index is written only over the revision it was read at, and rebuilt from the
+    bucket when that revision is no longer the latest.
     Readers (`load`) always read the bucket's index.
     """
 
@@ -97,9 +96,9 @@ class FoldedStates:
         return await self._store.load(tenant, session_id, up_to_seq=up_to_seq, start=nearest)
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
-        """Store the session's state at `seq` if it has `every` events more than the last one
-        stored; whether it did. Calls for one session must not overlap within a process
-        (replicas may overlap: see the class).
+        """Store the session's states due up to `seq`, one at each `every` of its events
+        (reading the session at most once per interval); whether it stored any. Calls for
+        one session must not overlap within a process (replicas may overlap: see the class).
 
         Only a cache of the log: when NATS does not answer, nothing is stored and a later
         call tries again.
