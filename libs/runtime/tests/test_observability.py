@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 
+import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry import trace
@@ -32,8 +34,10 @@ from helmline.runtime import (
     EventStore,
     JsonFormatter,
     ServiceMetrics,
+    configure_logging,
     log_context,
 )
+from helmline.runtime._logging import CHATTY_HTTP_CLIENTS
 from helmline.runtime.testing import eventually
 
 
@@ -167,3 +171,28 @@ async def test_with_tracing_off_a_handler_still_continues_the_trace_it_handles(
     _, trace_id, span_id, _ = started.traceparent.split("-")
     assert (lines[0]["trace_id"], lines[0]["span_id"]) == (trace_id, span_id)
     assert stored[1].traceparent == started.traceparent
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    clients = {name: logging.getLogger(name).level for name in CHATTY_HTTP_CLIENTS}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, client_level in clients.items():
+        logging.getLogger(name).setLevel(client_level)
+
+
+@pytest.mark.parametrize(("level", "shown"), [("info", False), ("debug", True)])
+@pytest.mark.usefixtures("restored_logging")
+def test_http_clients_log_each_request_only_at_debug(
+    capsys: pytest.CaptureFixture[str], level: str, shown: bool
+) -> None:
+    configure_logging("test", level, "text")
+    logging.getLogger("httpx2").info('HTTP Request: POST http://mcp/ "HTTP/1.1 200 OK"')
+    logging.getLogger("helmline.test").info("the service's own line")
+    logged = capsys.readouterr().err
+    assert "the service's own line" in logged
+    assert ("HTTP Request" in logged) is shown

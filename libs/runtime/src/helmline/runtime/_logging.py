@@ -60,6 +60,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+CHATTY_HTTP_CLIENTS = ("httpx", "httpx2")
+"""Loggers of HTTP clients (the MCP SDK's, the model providers') that log every request at
+INFO."""
+
+
 def configure_logging(service: str, level: str, log_format: LogFormat) -> None:
     """Send the process's log records to stderr as JSON lines (or text, for people)."""
     handler = logging.StreamHandler()
@@ -70,3 +75,8 @@ def configure_logging(service: str, level: str, log_format: LogFormat) -> None:
             logging.Formatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
         )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # The HTTP clients log a line per request at INFO: every MCP call over HTTP, every
+    # model call. That drowns the service's own lines, so they show from DEBUG on only.
+    quiet = logging.NOTSET if logging.getLogger().level <= logging.DEBUG else logging.WARNING
+    for client in CHATTY_HTTP_CLIENTS:
+        logging.getLogger(client).setLevel(quiet)
