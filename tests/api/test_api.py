@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
+from nats.js import JetStreamContext
+from pydantic import ValidationError
 
+from helmline.api import new_api_key, store_api_key
 from helmline.contracts import SessionStarted
 from helmline.runtime import EventStore
 from helmline.runtime.testing import eventually
@@ -321,6 +325,33 @@ async def test_a_goal_starts_a_planned_session(
     assert isinstance(started.event.data, SessionStarted)
     assert (started.event.data.goal, started.event.data.mode) == ("tidy up", "plan")
     assert started.event.data.requested_by.id.startswith("key:")
+
+
+async def test_a_keys_permissions_reach_its_sessions_and_grant_no_api_right(
+    client: httpx.AsyncClient, js: JetStreamContext, tenant: str, store: EventStore
+) -> None:
+    async def key_of(*roles: str) -> dict[str, str]:
+        key, record = new_api_key(tenant, roles, name="ci", permissions=("repo.write",))
+        await store_api_key(js, record)
+        return {"Authorization": f"Bearer {key}"}
+
+    viewer = await key_of("viewer")
+    me = await client.get("/me", headers=viewer)
+    assert me.json()["roles"] == ["repo.write", "viewer"]
+    assert_problem(
+        await client.post("/sessions", json={"goal": "x"}, headers=viewer), 403, "operator"
+    )
+
+    response = await client.post("/sessions", json={"goal": "x"}, headers=await key_of("operator"))
+    assert response.status_code == 201
+    (started,) = await store.read_all(
+        tenant, response.json()["session_id"], up_to_seq=response.json()["seq"]
+    )
+    assert isinstance(started.event.data, SessionStarted)
+    assert "repo.write" in started.event.data.requested_by.roles
+    # A permission named like a role would grant that role's rights.
+    with pytest.raises(ValidationError, match="permissions"):
+        new_api_key(tenant, ("viewer",), permissions=("admin",))
 
 
 async def test_oidc_tokens_signed_by_the_issuer_carry_tenant_and_roles(

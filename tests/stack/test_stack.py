@@ -203,14 +203,19 @@ def check_api_keys(stack: Stack, printed: str) -> str:
         return [s["status"] for s in sessions] == ["waiting"]
 
     eventually(sample_listed)
-    made = stack.run("keys", "create", "--tenant", "acme", "--role", "viewer", "--json")
+    made = stack.run(
+        "keys", "create", "--tenant", "acme", "--role", "viewer", "-p", "repo.write", "--json"
+    )
     assert made.returncode == 0, made.stderr
     key = json.loads(made.stdout)["key"]
     me = httpx.get(f"{api_url}/me", headers={"Authorization": f"Bearer {key}"}).json()
-    assert (me["tenant"], me["roles"]) == ("acme", ["viewer"])
+    assert (me["tenant"], me["roles"]) == ("acme", ["repo.write", "viewer"])
     refused = stack.run("keys", "create", "--tenant", "Bad Tenant", "--role", "viewer")
     assert refused.returncode == 2
     assert "tenant" in refused.stderr
+    not_a_permission = stack.run("keys", "create", "-t", "acme", "-r", "viewer", "-p", "admin")
+    assert not_a_permission.returncode == 2
+    assert "permissions" in not_a_permission.stderr
     return dev_key
 
 

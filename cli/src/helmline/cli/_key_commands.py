@@ -41,6 +41,15 @@ def create(
     tenant: Annotated[str, typer.Option("--tenant", "-t", help="The tenant the key acts in.")],
     role: Annotated[list[RoleName], typer.Option("--role", "-r", help="Repeat for several.")],
     name: Annotated[str, typer.Option(help="Who or what holds it, for the record.")] = "",
+    permission: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--permission",
+            "-p",
+            help="A permission a tool may require (required_permission in the MCP servers "
+            "file), held by the sessions the key starts. Repeat for several.",
+        ),
+    ] = None,
     as_json: Json = False,
     data_dir: DataDir = None,
 ) -> None:
@@ -50,7 +59,9 @@ def create(
     from helmline.api import new_api_key
 
     try:
-        key, record = new_api_key(tenant, tuple(r.value for r in role), name=name)
+        key, record = new_api_key(
+            tenant, tuple(r.value for r in role), name=name, permissions=permission or ()
+        )
     except ValidationError as error:
         problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in error.errors())
         _fail(CliError(f"invalid key: {problems}", exit_code=2))

@@ -73,9 +73,10 @@ class Authenticator:
         record = await find_api_key(self._js, key_id)
         if record is None or not secret_matches(record, secret):
             raise unauthorized("the API key is not known (or was mistyped)")
-        return Principal(
-            id=f"key:{record.name or key_id}", tenant=record.tenant, roles=frozenset(record.roles)
-        )
+        # Permissions travel with the roles into the sessions the key starts, where the
+        # approval service checks tools' required permissions; they grant no API right.
+        held = frozenset(record.roles) | frozenset(record.permissions)
+        return Principal(id=f"key:{record.name or key_id}", tenant=record.tenant, roles=held)
 
     async def _from_token(self, token: str) -> Principal:
         if self._jwks is None:

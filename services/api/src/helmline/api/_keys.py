@@ -14,11 +14,11 @@ import hmac
 import secrets
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from helmline.contracts import API_KEYS_BUCKET, TenantId
 
@@ -27,6 +27,17 @@ Role = Literal["viewer", "operator", "approver", "admin"]
 sessions; approvers also decide approval requests; admins may do all of it."""
 
 ROLES: tuple[Role, ...] = ("viewer", "operator", "approver", "admin")
+
+
+def _not_a_role(name: str) -> str:
+    if name in ROLES:
+        raise ValueError(f"{name!r} is one of the API's roles, not a permission: use --role")
+    return name
+
+
+Permission = Annotated[str, Field(pattern=r"^\S+$", max_length=100), AfterValidator(_not_a_role)]
+"""A permission a tool may require (`required_permission` in the MCP servers file), held
+beside the roles: it grants none of the API's rights, only calls of such tools."""
 
 KEY_PREFIX = "hlk"
 KEY_ID_BYTES = 8
@@ -41,15 +52,19 @@ class ApiKeyRecord(BaseModel):
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
     tenant: TenantId
     roles: tuple[Role, ...] = Field(min_length=1)
+    permissions: tuple[Permission, ...] = ()
     name: str = Field(default="", max_length=200)
     secret_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     created_at: datetime
 
 
-def new_api_key(tenant: str, roles: Iterable[str], *, name: str = "") -> tuple[str, ApiKeyRecord]:
+def new_api_key(
+    tenant: str, roles: Iterable[str], *, name: str = "", permissions: Iterable[str] = ()
+) -> tuple[str, ApiKeyRecord]:
     """A fresh key (to hand to its holder once) and the record to store for it.
 
-    Raises pydantic's ValidationError, naming the field, for a bad tenant, role or name.
+    Raises pydantic's ValidationError, naming the field, for a bad tenant, role, permission
+    or name.
     """
     key_id = secrets.token_hex(KEY_ID_BYTES)
     secret = secrets.token_urlsafe(SECRET_BYTES)
@@ -58,6 +73,7 @@ def new_api_key(tenant: str, roles: Iterable[str], *, name: str = "") -> tuple[s
             "key_id": key_id,
             "tenant": tenant,
             "roles": tuple(dict.fromkeys(roles)),
+            "permissions": tuple(dict.fromkeys(permissions)),
             "name": name,
             "secret_sha256": _digest(secret),
             "created_at": datetime.now(UTC),
