@@ -69,6 +69,10 @@ def _problems(text: str) -> list[str]:
             "4: rules[1].name: rule name 'a' is used twice",
         ),
         (
+            "rules:\n  - name: a\n    effect: deny\n  - name: unknown-tool\n    effect: allow\n",
+            "4: rules[1].name: rule name 'unknown-tool' is reserved",
+        ),
+        (
             "rules:\n  - name: a\n    effect: allow\n    risk: extreme\n",
             "4: rules[0].risk[0]: Input",
         ),

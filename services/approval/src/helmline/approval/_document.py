@@ -110,6 +110,21 @@ class ApprovalTerms(_Strict):
         return self
 
 
+UNKNOWN_TOOL_RULE = "unknown-tool"
+"""The rule named by the refusal of a call of a tool nobody describes."""
+MISSING_PERMISSION_RULE = "required-permission"
+"""The rule named by the refusal of a call whose requester lacks the tool's permission."""
+NO_RULE_MATCHED = "no-rule-matched"
+"""The rule named by a decision no rule of the policy made."""
+PLAN_APPROVAL_RULE = "plan-approval"
+"""The rule named by the calls of a plan approved as a whole."""
+RESERVED_RULE_NAMES = frozenset(
+    (UNKNOWN_TOOL_RULE, MISSING_PERMISSION_RULE, NO_RULE_MATCHED, PLAN_APPROVAL_RULE)
+)
+"""Names decisions give when no rule of the policy decided: a rule of that name would make
+them ambiguous in the log and in `helmline policy explain`."""
+
+
 class RuleDocument(_Strict):
     """One rule: conditions on the call, and the effect when they all hold."""
 
@@ -161,6 +176,13 @@ class RuleDocument(_Strict):
         if self.effect == "deny" and (self.sandbox_profile is not None or self.network):
             raise ValueError("a deny rule grants nothing: drop sandbox_profile and network")
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in RESERVED_RULE_NAMES:
+            raise ValueError(f"rule name {name!r} is reserved for decisions no rule makes")
+        return name
 
 
 class WebhookDocument(_Strict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from helmline.approval._document import DEFAULT_APPROVER_ROLES
+from helmline.approval._document import DEFAULT_APPROVER_ROLES, PLAN_APPROVAL_RULE
 from helmline.approval._rules import RISK_ORDER, Policy, Verdict
 from helmline.contracts import (
     Actor,
@@ -43,9 +43,6 @@ class Decision:
 
     payload: Payload
     identity: str | None = None
-
-
-PLAN_APPROVAL_RULE = "plan-approval"
 
 
 def plan_request_id(revision: int) -> str:

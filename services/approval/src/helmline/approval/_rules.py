@@ -18,14 +18,18 @@ from typing import Protocol
 
 from pydantic import JsonValue
 
-from helmline.approval._document import ApprovalTerms, Effect, PolicyDocument, RuleDocument
+from helmline.approval._document import (
+    MISSING_PERMISSION_RULE,
+    NO_RULE_MATCHED,
+    UNKNOWN_TOOL_RULE,
+    ApprovalTerms,
+    Effect,
+    PolicyDocument,
+    RuleDocument,
+)
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
 
 RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
-UNKNOWN_TOOL_RULE = "unknown-tool"
-MISSING_PERMISSION_RULE = "required-permission"
-"""The rule named by the refusal of a call whose requester lacks the tool's permission."""
-NO_RULE_MATCHED = "no-rule-matched"
 _CANDIDATE_CACHE_LIMIT = 4096
 _SCREENED_BLOCK_MIN = 4
 """Fewer consecutive rules than this are cheaper to test one by one than to screen."""
