@@ -27,9 +27,9 @@ Helmline = Callable[..., Awaitable[tuple[int, str, str]]]
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "playbooks" / "hello.yaml"
 
 
-async def run_playbook(helmline: Helmline, tenant: str, playbook: Path) -> str:
+async def run_playbook(helmline: Helmline, tenant: str, playbook: Path, *more: str) -> str:
     code, out, err = await helmline(
-        "run", "--playbook", str(playbook), "--tenant", tenant, "--json"
+        "run", "--playbook", str(playbook), "--tenant", tenant, "--json", *more
     )
     assert code == 0, err
     session_id: str = json.loads(out)["session_id"]
@@ -98,12 +98,16 @@ async def test_a_denied_command_never_runs_and_the_session_fails(
             "    arguments: {command: touch proof}\n"
         ),
     )
-    session_id = await run_playbook(helmline, tenant, playbook)
+    # Started as someone else, holding a permission a tool might require.
+    session_id = await run_playbook(
+        helmline, tenant, playbook, "--as", "rita", "--role", "operator", "--role", "repo.write"
+    )
     await until(store, tenant, session_id, "waiting")
     code, _, err = await helmline("deny", session_id, "--tenant", tenant, "--comment", "no marks")
     assert code == 0, err
     state = await until(store, tenant, session_id, "failed")
     assert "no marks" in state.outcome
+    assert state.requested_by == Actor(id="rita", roles=("operator", "repo.write"))
     proof = services.data_dir / "workspaces" / tenant / session_id / "proof"
     assert not await asyncio.to_thread(proof.exists)
 

@@ -37,6 +37,20 @@ Request = Annotated[
 Every = Annotated[bool, typer.Option("--all", help="Decide every pending request.")]
 
 
+Acting = Annotated[
+    str | None,
+    typer.Option("--as", help="Who acts [default: your login name].", show_default=False),
+]
+Roles = Annotated[
+    list[str],
+    typer.Option(
+        "--role",
+        help="A role you act in, or a permission a tool requires; repeat it "
+        "[default: operator and approver].",
+    ),
+]
+
+
 def run(
     goal: Annotated[
         str | None,
@@ -67,6 +81,8 @@ def run(
             "1 failed, 2 cancelled, 3 waiting for approval.",
         ),
     ] = False,
+    acting: Acting = None,
+    roles: Roles = [],  # noqa: B006 - Typer reads the default; it is never mutated
     as_json: Json = False,
     data_dir: DataDir = None,
 ) -> None:
@@ -78,7 +94,7 @@ def run(
     """
     from helmline.cli._connection import connect
     from helmline.cli._display import stderr, stdout
-    from helmline.cli._intents import Goal, check_identifiers
+    from helmline.cli._intents import Goal, check_identifiers, current_actor
     from helmline.cli._playbook_file import load_playbook
     from helmline.cli._session_view import decide_command
     from helmline.cli._sessions import EXIT_CODES, needs_a_person, start_session, watch
@@ -97,11 +113,12 @@ def run(
         else Goal(text=goal or "", mode=mode)
     )
     _attempt(lambda: check_identifiers(tenant, "check"))
+    requester = _attempt(lambda: current_actor(acting, tuple(roles)))
     url = _nats_url(data_dir)
 
     async def start_and_follow() -> tuple[str, SessionState | None]:
         async with connect(url) as log:
-            session_id, _ = await start_session(log, loaded, tenant=tenant)
+            session_id, _ = await start_session(log, loaded, tenant=tenant, actor=requester)
             if not wait:
                 return session_id, None
             if not as_json:
@@ -249,16 +266,6 @@ def events(
     _run_async(print_events(), interrupted="")
 
 
-Acting = Annotated[
-    str | None,
-    typer.Option("--as", help="Who decides [default: your login name].", show_default=False),
-]
-Roles = Annotated[
-    list[str],
-    typer.Option(
-        "--role", help="A role you decide in (repeat it) [default: operator and approver]."
-    ),
-]
 Answer = Annotated[
     bool,
     typer.Option(

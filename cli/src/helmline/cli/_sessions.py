@@ -45,10 +45,14 @@ EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "cancelled": 2, "wait
 CONCURRENT_LOADS = 8
 
 
-async def start_session(log: EventLog, plan: Playbook | Goal, *, tenant: str) -> tuple[str, int]:
-    """Append `session.started` for a new session; its id and the event's sequence."""
+async def start_session(
+    log: EventLog, plan: Playbook | Goal, *, tenant: str, actor: Actor | None = None
+) -> tuple[str, int]:
+    """Append `session.started` for a new session, requested by `actor` (or the person at
+    the terminal); its id and the event's sequence."""
     session_id = new_session_id()
-    event = session_started(plan, tenant=tenant, session_id=session_id, actor=current_actor())
+    requester = actor or current_actor()
+    event = session_started(plan, tenant=tenant, session_id=session_id, actor=requester)
     # A new id has no events, so expecting none only guards against an id collision.
     appended = await log.store.append(event, expected_last_seq=0)
     return session_id, appended.seq
