@@ -19,7 +19,6 @@ from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, 
 if TYPE_CHECKING:
     from helmline.approval import Policy
     from helmline.contracts import Event, SessionState, ToolSpec
-    from helmline.runtime import ToolCatalogue
 
 INVALID_POLICY = 2
 """Exit status of `check` for a file a person must fix."""
@@ -64,23 +63,21 @@ def explain(
     from helmline.cli._display import stdout
     from helmline.cli._intents import check_identifiers
     from helmline.cli._policy_explain import explain_step, explanation_lines
+    from helmline.cli._tool_commands import tools_of
     from helmline.contracts import fold
-    from helmline.runtime import ToolCatalogue, latest_tool_registry
+    from helmline.runtime import latest_tool_registry
 
     _attempt(lambda: active_policy(policy_file))  # A broken file fails before connecting.
     _attempt(lambda: check_identifiers(tenant, session))
     url = _nats_url(data_dir)
 
-    async def load() -> tuple[SessionState, list[Event], ToolCatalogue]:
+    async def load() -> tuple[SessionState, list[Event], Mapping[str, ToolSpec]]:
         async with connect(url) as log:
             events = [stored.event for stored in await log.store.read_all(tenant, session)]
             # The service judges MCP tools by the registry the gateways publish.
-            tools = ToolCatalogue()
-            registry = await latest_tool_registry(log.js)
+            tools = tools_of(await latest_tool_registry(log.js))
         if not events:
             raise CliError(f"no session {session} in tenant {tenant!r}")
-        if registry is not None:
-            tools.apply(registry)
         return fold(events), events, tools
 
     state, events, tools = _run_async(load())
