@@ -42,7 +42,8 @@ from helmline.contracts import (
     new_event,
     session_filter,
 )
-from helmline.runtime import EventStore, FoldedStates
+from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime._store import DIRECT_BATCH
 
 ANA = Actor(id="ana", roles=("approver",))
 STEPS = 50
@@ -148,17 +149,25 @@ async def test_a_damaged_stored_state_is_passed_over_for_the_log(
         seq = (await store.append(event)).seq
         await states.keep_up(tenant, "damaged", seq)
     bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
-    for key in await bucket.keys():
+    for key in await state_keys(js):
         if f".{tenant}.damaged." in key and not key.endswith(".index"):
             await bucket.put(key, b"not a folded state")
 
     assert (await states.load(tenant, "damaged")).state == fold(events)
 
 
+async def state_keys(js: JetStreamContext) -> list[str]:
+    """Every key the bucket has held, off its stream's subjects (nats-py's `keys()` may
+    answer none at all: nats-io/nats.py#842)."""
+    info = await js.stream_info(f"KV_{SESSION_STATES_BUCKET.bucket}", subjects_filter=">")
+    prefix = f"$KV.{SESSION_STATES_BUCKET.bucket}."
+    return [subject.removeprefix(prefix) for subject in info.state.subjects or {}]
+
+
 async def stored_seqs(js: JetStreamContext, tenant: str, session_id: str) -> list[int]:
     """The session's index of stored states, as the bucket holds it."""
     bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
-    (key,) = [key for key in await bucket.keys() if key.endswith(f".{tenant}.{session_id}.index")]
+    (key,) = [key for key in await state_keys(js) if key.endswith(f".{tenant}.{session_id}.index")]
     seqs: list[int] = json.loads((await bucket.get(key)).value or b"[]")
     return seqs
 
@@ -330,7 +339,7 @@ async def test_a_writer_whose_stored_states_were_dropped_indexes_only_what_is_st
     states = FoldedStates(js, store, every=20, interval_s=0)
     seqs, _ = await append_and_keep_up(store, [states], events[:100])
     bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
-    for key in await bucket.keys():
+    for key in await state_keys(js):
         if f".{tenant}.dropped." in key:
             await bucket.purge(key)  # The cache dropped; the writer still remembers it.
     more, stored = await append_and_keep_up(store, [states], events[100:])
@@ -338,3 +347,84 @@ async def test_a_writer_whose_stored_states_were_dropped_indexes_only_what_is_st
     assert stored
     assert await stored_seqs(js, tenant, "dropped") == stored
     await assert_time_travel_folds(states, events, seqs + more)
+
+
+@asynccontextmanager
+async def replays(nc: NATS) -> AsyncIterator[list[str]]:
+    """Every consumer created on the events stream (a replay streams through one)."""
+    created: list[str] = []
+
+    async def seen(message: Msg) -> None:
+        created.append(message.subject)
+
+    subscription = await nc.subscribe(f"$JS.API.CONSUMER.CREATE.{EVENTS_STREAM.name}.>", cb=seen)
+    await nc.flush()
+    try:
+        yield created
+    finally:
+        await nc.flush()
+        await subscription.unsubscribe()
+
+
+async def test_a_long_session_folds_on_from_its_nearest_stored_state_not_from_its_start(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "long")
+    assert len(events) > DIRECT_BATCH  # Longer than one read of the log.
+    states = FoldedStates(js, store, every=20, interval_s=0)
+    seqs, stored = await append_and_keep_up(store, [states], events)
+
+    reader = FoldedStates(js, store)
+    async with replays(nc) as created, session_reads(nc, tenant, "long") as reads:
+        latest = await reader.load(tenant, "long", log_first=True)
+        middle = await reader.load(tenant, "long", up_to_seq=seqs[300], log_first=True)
+        travelled = await reader.load(tenant, "long", up_to_seq=seqs[300])
+
+    assert latest.state == fold(events)
+    assert middle.state == travelled.state == fold(events[:301])
+    # Each: its first events (not when travelling in time: the stored states come first),
+    # then only those after its nearest stored state (fewer than 20, one request), never
+    # a replay of the rest through a consumer.
+    assert created == []
+    assert len(reads) == 2 + 2 + 1
+    assert seqs[-1] - stored[-1] < 20
+
+
+async def test_a_short_session_is_read_in_one_request_without_its_stored_states(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "short")[:120]
+    seqs, stored = await append_and_keep_up(
+        store, [FoldedStates(js, store, every=20, interval_s=0)], events
+    )
+    assert len(stored) == 6
+
+    async with (
+        index_reads(nc, tenant, "short") as asked,
+        session_reads(nc, tenant, "short") as reads,
+    ):
+        snapshot = await FoldedStates(js, store).load(
+            tenant, "short", up_to_seq=seqs[100], log_first=True
+        )
+
+    assert snapshot.state == fold(events[:101])
+    assert asked == []
+    assert len(reads) == 1
+
+
+async def test_a_cache_miss_on_a_long_session_folds_on_from_its_stored_state(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "missed")
+    seqs, _ = await append_and_keep_up(
+        store, [FoldedStates(js, store, every=20, interval_s=0)], events
+    )
+    # A service meets the session for the first time (a restart) late in its life.
+    sessions = SessionCache(FoldedStates(js, store))
+
+    async with replays(nc) as created:
+        state = await sessions.advance(Delivery(events[-1], seqs[-1], deliveries=1))
+        redelivered = await sessions.advance(Delivery(events[-1], seqs[-1], deliveries=2))
+
+    assert state == redelivered == fold(events)
+    assert created == []

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from nats.js import JetStreamContext
 
 from helmline.approval._handlers import ApprovalHandler
 from helmline.approval._policy_source import PolicySource
@@ -24,7 +25,7 @@ from helmline.contracts import (
     decode_event,
     new_event,
 )
-from helmline.runtime import Delivery, EventStore
+from helmline.runtime import Delivery, EventStore, FoldedStates
 from helmline.runtime.testing import eventually
 
 SECRET = "s3cret"
@@ -77,7 +78,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 async def test_each_request_is_announced_signed_and_retried_after_a_failure(
-    receiver: Receiver, store: EventStore, tenant: str, tmp_path: Path
+    receiver: Receiver, js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(
@@ -87,7 +88,7 @@ async def test_each_request_is_announced_signed_and_retried_after_a_failure(
         f"  - {{tenant: other, url: '{receiver.url}', secret: team}}\n"
     )
     notifier = WebhookNotifier({"team": SECRET}, retry_delays_s=(0.05, 0.05))
-    handler = ApprovalHandler(store, PolicySource(policy), notifier)
+    handler = ApprovalHandler(store, FoldedStates(js, store), PolicySource(policy), notifier)
     requests = []
     try:
         for number in range(2):

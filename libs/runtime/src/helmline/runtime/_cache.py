@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from helmline.contracts import Event, SessionState, evolve
 from helmline.runtime._consumer import Delivery
-from helmline.runtime._store import EventStore
+from helmline.runtime._folded_states import FoldedStates
 
 
 class SessionCache:
@@ -16,12 +16,13 @@ class SessionCache:
 
     A service consumes only the event types it reacts to, so a cached state is the fold of
     the whole log up to the first event it saw, then of those events and of what the service
-    appended itself. On a miss (a new session, or after a restart) the session is replayed
-    from the log; afterwards each event costs one `evolve`.
+    appended itself. On a miss (a new session, or after a restart) the session is folded
+    from the log, a long one from its nearest stored state on; afterwards each event costs
+    one `evolve`.
     """
 
-    def __init__(self, store: EventStore, capacity: int = 10_000) -> None:
-        self._store = store
+    def __init__(self, states: FoldedStates, capacity: int = 10_000) -> None:
+        self._states = states
         self._capacity = capacity
         self._sessions: dict[tuple[str, str], _Entry] = {}
 
@@ -36,11 +37,11 @@ class SessionCache:
         key = (event.tenant, event.session_id)
         entry = self._sessions.get(key)
         if delivery.deliveries > 1:
-            snapshot = await self._store.load(event.tenant, event.session_id)
+            snapshot = await self._states.load(event.tenant, event.session_id, log_first=True)
             entry = _Entry(snapshot.state, snapshot.last_seq)
         elif entry is None:
-            snapshot = await self._store.load(
-                event.tenant, event.session_id, up_to_seq=delivery.seq
+            snapshot = await self._states.load(
+                event.tenant, event.session_id, up_to_seq=delivery.seq, log_first=True
             )
             entry = _Entry(snapshot.state, snapshot.last_seq)
         elif event.id in entry.own:

@@ -88,12 +88,40 @@ class FoldedStates:
         self._known: OrderedDict[tuple[str, str], _Index] = OrderedDict()
 
     async def load(
-        self, tenant: str, session_id: str, *, up_to_seq: int | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        up_to_seq: int | None = None,
+        log_first: bool = False,
     ) -> SessionSnapshot:
-        """The session's state after `up_to_seq` (or now): the same as folding its log."""
-        index = await self._read_index(tenant, session_id)
-        nearest = await self._nearest(tenant, session_id, index.seqs, up_to_seq)
+        """The session's state after `up_to_seq` (or now): the same as folding its log, from
+        the nearest stored state on (or from the log when stored states cannot be read now).
+
+        `log_first` reads the log's first events before asking for stored states, and asks
+        only when the session is longer than that read: one request for a short session,
+        one wasted read for a long one. For a service meeting sessions (most are short);
+        time travel, often into long sessions, asks for the stored states first.
+        """
+        if log_first:
+            return await self._store.load(
+                tenant,
+                session_id,
+                up_to_seq=up_to_seq,
+                nearest_stored=lambda: self._nearest_stored(tenant, session_id, up_to_seq),
+            )
+        nearest = await self._nearest_stored(tenant, session_id, up_to_seq)
         return await self._store.load(tenant, session_id, up_to_seq=up_to_seq, start=nearest)
+
+    async def _nearest_stored(
+        self, tenant: str, session_id: str, up_to_seq: int | None
+    ) -> SessionSnapshot | None:
+        try:
+            index = await self._read_index(tenant, session_id)
+            return await self._nearest(tenant, session_id, index.seqs, up_to_seq)
+        except (NatsError, TimeoutError) as error:
+            logger.warning("folding %s/%s from its log: %s", tenant, session_id, error)
+            return None
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         """Store the session's states due up to `seq`, one at each `every` of its events

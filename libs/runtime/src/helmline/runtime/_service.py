@@ -23,6 +23,7 @@ from starlette.types import ASGIApp
 
 from helmline.contracts import ConsumerSpec
 from helmline.runtime._consumer import EventConsumer, Handler
+from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._logging import configure_logging
 from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._provision import ensure_topology
@@ -74,6 +75,12 @@ class ServiceHost:
     def store(self) -> EventStore:
         """The event store; what it appends shows in this service's metrics."""
         return EventStore(self.js, on_append=self.metrics.appended)
+
+    @property
+    def states(self) -> FoldedStates:
+        """Sessions' folded states stored beside the log, which spare replaying a long
+        session's whole log."""
+        return FoldedStates(self.js, self.store)
 
     @property
     def ready(self) -> bool:

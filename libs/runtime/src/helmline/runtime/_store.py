@@ -7,7 +7,7 @@ import contextlib
 import gc
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +45,10 @@ STORED_SEQUENCE = "Nats-Sequence"
 """Header of a directly got message: its stream sequence."""
 PENDING_AFTER_BATCH = "Nats-Num-Pending"
 """Header of a batched direct get's end: matching messages stored after the batch."""
+
+_Batch = tuple[list[tuple[int, bytes]], bool]
+"""Stored messages with their sequences, as one direct get brings them, and whether more
+were stored after them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,11 +251,26 @@ class EventStore:
         *,
         up_to_seq: int | None = None,
         start: SessionSnapshot | None = None,
+        nearest_stored: Callable[[], Awaitable[SessionSnapshot | None]] | None = None,
     ) -> SessionSnapshot:
         """The session's state folded from its whole log (or up to a sequence); from `start`,
-        the state at an earlier sequence, only the events after it are read."""
+        the state at an earlier sequence, only the events after it are read.
+
+        `nearest_stored` is asked only when the events to fold are more than one read
+        brings: it may offer a state stored further on (see `FoldedStates`), and then only
+        the events after that one are read. A short session is thus read in one request.
+        """
+        subject_filter = session_filter(tenant, session_id)
+        after_seq = start.last_seq if start is not None else 0
+        batch = await self._direct_batch(subject_filter, after_seq + 1)
+        first: _Batch | None = batch
+        if nearest_stored is not None and _reaches_past(batch, up_to_seq):
+            nearer = await nearest_stored()
+            if nearer is not None and nearer.last_seq > after_seq:
+                # Fold on from there, reading anew: the batch read most often ends before it.
+                start, after_seq, first = nearer, nearer.last_seq, None
         folding = SessionFold(start.state if start is not None else None)
-        last_seq = start.last_seq if start is not None else 0
+        last_seq = after_seq
 
         def apply(item: StoredEvent) -> None:
             nonlocal last_seq
@@ -260,10 +279,7 @@ class EventStore:
 
         # Folding each event as it arrives, without keeping it, is the fastest replay.
         await self._read_session(
-            session_filter(tenant, session_id),
-            after_seq=last_seq,
-            up_to_seq=up_to_seq,
-            receive=apply,
+            subject_filter, after_seq=after_seq, up_to_seq=up_to_seq, receive=apply, first=first
         )
         return SessionSnapshot(state=folding.state(), last_seq=last_seq)
 
@@ -305,9 +321,11 @@ class EventStore:
         after_seq: int,
         up_to_seq: int | None,
         receive: Callable[[StoredEvent], None],
+        first: _Batch | None = None,
     ) -> None:
         """Hand one session's events after `after_seq`, up to `up_to_seq` or its last event
-        when reading ends, to `receive`, in order.
+        when reading ends, to `receive`, in order (`first`: the batch from `after_seq` on,
+        when already read).
 
         Most sessions are short: their events come in one batched direct get, which costs
         a few times less than creating and deleting the consumer a replay streams through
@@ -316,7 +334,7 @@ class EventStore:
         """
         position = after_seq
         with bulk_allocation():
-            batch, more = await self._direct_batch(subject_filter, after_seq + 1)
+            batch, more = first or await self._direct_batch(subject_filter, after_seq + 1)
             for seq, data in batch:
                 if up_to_seq is not None and seq > up_to_seq:
                     return
@@ -327,9 +345,7 @@ class EventStore:
                 subject_filter, after_seq=position, up_to_seq=up_to_seq, receive=receive
             )
 
-    async def _direct_batch(
-        self, subject_filter: str, from_seq: int
-    ) -> tuple[list[tuple[int, bytes]], bool]:
+    async def _direct_batch(self, subject_filter: str, from_seq: int) -> _Batch:
         """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on, with
         their sequences; and whether more were stored after them."""
         nc = self._js._nc  # nats-py offers batched direct gets on no public API yet
@@ -417,6 +433,12 @@ class EventStore:
                 # API that replays many sessions a second must not leave them behind.
                 with contextlib.suppress(NotFoundError):
                     await self._js.delete_consumer(subscription._stream, subscription._consumer)
+
+
+def _reaches_past(batch: _Batch, up_to_seq: int | None) -> bool:
+    """Whether events to fold remain after `batch` (they do not when it ends at `up_to_seq`)."""
+    messages, more = batch
+    return more and (up_to_seq is None or not messages or messages[-1][0] < up_to_seq)
 
 
 def _deliver_stored(

@@ -24,7 +24,9 @@ def setup_approval(
             await policies.tools.follow(host.nc, host.js)
             host.on_shutdown(policies.tools.close)
         policies.log_in_force()
-        handler = ApprovalHandler(host.store, policies, WebhookNotifier(settings.webhook_secrets))
+        handler = ApprovalHandler(
+            host.store, host.states, policies, WebhookNotifier(settings.webhook_secrets)
+        )
         watcher = asyncio.create_task(policies.watch())
 
         async def stop_watching() -> None:

@@ -30,7 +30,7 @@ from helmline.contracts import (
     event_type_filter,
     fold,
 )
-from helmline.runtime import Delivery, EventStore, SessionCache
+from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
 
 SOURCE = "helmline/approval"
 REQUESTER_CACHE_LIMIT = 10_000
@@ -42,6 +42,7 @@ class ApprovalHandler:
     def __init__(
         self,
         store: EventStore,
+        states: FoldedStates,
         policies: PolicySource,
         notifier: WebhookNotifier | None = None,
     ) -> None:
@@ -51,7 +52,7 @@ class ApprovalHandler:
         self._timers: dict[str, asyncio.Task[None]] = {}
         # Requests and votes kept folded in memory, so that a decision is judged without
         # replaying the session: it is on the path from a person's click to the tool.
-        self._sessions = SessionCache(store)
+        self._sessions = SessionCache(states)
         # Who started a session never changes, so it is looked up once per session, and
         # only when some rule asks about the requester or a tool requires a permission.
         self._requesters: dict[tuple[str, str], Actor | None] = {}

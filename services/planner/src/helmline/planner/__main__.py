@@ -41,7 +41,7 @@ def setup_planner(
             return tuple(catalogue.values())
 
         goals = GoalEngine(settings, model, registry or newest_registry)
-        await host.consume(consumer, PlannerHandler(host.store, goals))
+        await host.consume(consumer, PlannerHandler(host.store, host.states, goals))
 
     return setup
 

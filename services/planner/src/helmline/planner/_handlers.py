@@ -5,7 +5,7 @@ from __future__ import annotations
 from helmline.contracts import Event, RollbackCompleted, RollbackFailed
 from helmline.planner._domain import decide
 from helmline.planner._engine import SOURCE, GoalEngine
-from helmline.runtime import Delivery, EventStore, SessionCache
+from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
 
 
 class PlannerHandler:
@@ -15,9 +15,9 @@ class PlannerHandler:
     a model call costs far more than the read, and the log holds the conversation.
     """
 
-    def __init__(self, store: EventStore, goals: GoalEngine) -> None:
+    def __init__(self, store: EventStore, states: FoldedStates, goals: GoalEngine) -> None:
         self._store = store
-        self._sessions = SessionCache(store)
+        self._sessions = SessionCache(states)
         self._goals = goals
 
     async def __call__(self, delivery: Delivery) -> None:

@@ -2,7 +2,6 @@
 
 from helmline.contracts import READ_MODEL_CONSUMER, STATE_CONSUMER, ConsumerSpec
 from helmline.runtime import (
-    FoldedStates,
     ServiceHost,
     SessionCache,
     Setup,
@@ -27,7 +26,7 @@ def setup_state(
         tools = ToolCatalogue()
         await tools.follow(host.nc, host.js)
         host.on_shutdown(tools.close)
-        states = FoldedStates(host.js, host.store)
+        states = host.states
         await host.consume(checkpoints, StateHandler(host.store, tools, states))
         watch = RetentionWatch(
             host.js,
@@ -40,7 +39,7 @@ def setup_state(
         if settings.database_url:
             model = ReadModel(settings.database_url)
             host.on_shutdown(model.close)
-            await host.consume(read_model, ProjectionHandler(SessionCache(host.store), model))
+            await host.consume(read_model, ProjectionHandler(SessionCache(states), model))
 
     return setup
 

@@ -36,7 +36,7 @@ class StateHandler:
         self._store = store
         self._tools = tools
         self._states = states
-        self._sessions = SessionCache(store)
+        self._sessions = SessionCache(states)
 
     async def __call__(self, delivery: Delivery) -> None:
         event = delivery.event
