@@ -42,6 +42,9 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
     context = await browser.new_context(viewport={"width": 1280, "height": 1000})
     opened = await context.new_page()
     opened.set_default_timeout(TIMEOUT_MS)
+    # Assertions wait for the stack as long as actions do (their own default is 5 s, which
+    # a session of three sandboxed writes outlasted once on a loaded machine).
+    expect.set_options(timeout=TIMEOUT_MS)
     yield opened
     await context.close()
 
