@@ -155,6 +155,9 @@ def test_lifecycle_of_one_stack(new_stack: Callable[[], Stack]) -> None:
     code, status = stack.status()
     assert code == 0, status
     assert states(status) == dict.fromkeys(COMPONENTS, "healthy")
+    # The API is listed where people reach it, not at its health port.
+    (api,) = [c for c in status["components"] if c["name"] == "api"]
+    assert api["address"] == status["api_url"] != f"http://127.0.0.1:{api['health_port']}"
     first = stack.processes()
     dev_key = check_api_keys(stack, started.stdout)
     assert all(p.alive() for p in first)

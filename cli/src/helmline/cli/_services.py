@@ -19,7 +19,10 @@ def start_service(
     log: Path,
     env: Mapping[str, str],
     cwd: Path,
+    address: str | None = None,
 ) -> ComponentRecord:
+    """Launch a service; `address` is what people reach it at (the API's), else its health
+    and metrics endpoint."""
     # The same interpreter as this command, so the service runs from the same environment
     # whatever PATH holds.
     argv = [sys.executable, "-m", "helmline.cli", "serve", service.value]
@@ -29,7 +32,7 @@ def start_service(
     return ComponentRecord(
         name=service.value,
         kind="service",
-        address=f"http://127.0.0.1:{health_port}",
+        address=address or f"http://127.0.0.1:{health_port}",
         process=process,
         health_port=health_port,
         log=log,

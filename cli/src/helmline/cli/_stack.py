@@ -209,6 +209,7 @@ def _start(
                     log=logs / f"{service.value}.log",
                     env={**env, **api, **own},
                     cwd=data_dir,
+                    address=ledger.record.api_url if service is ServiceName.API else None,
                 )
             )
         _wait_for_services(ledger.record, observer, deadline=deadline)
