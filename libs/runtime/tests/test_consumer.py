@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -25,6 +26,7 @@ from helmline.contracts import (
     tenant_filter,
 )
 from helmline.runtime import (
+    Deferred,
     Delivery,
     EventConsumer,
     EventStore,
@@ -151,6 +153,37 @@ async def test_retryable_failures_are_redelivered_then_succeed(
 
     await eventually(lambda: recorder.texts() == ["flaky"], what="flaky handled")
     assert recorder.handled[0].deliveries == 3
+
+
+async def test_a_deferred_message_comes_again_at_its_time_while_the_session_goes_on(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    deferred_at: list[datetime] = []
+    handled: list[tuple[str, int, datetime]] = []
+
+    async def handler(delivery: Delivery) -> None:
+        data = delivery.event.data
+        text = data.text if isinstance(data, ThoughtRecorded) else ""
+        now = datetime.now(UTC)
+        if text == "later" and delivery.deliveries == 1:
+            deferred_at.append(now)
+            raise Deferred(now + timedelta(seconds=1), "not yet")
+        handled.append((text, delivery.deliveries, now))
+
+    # Two deliveries at most: the deferral spends one, the second acts on the message.
+    running = EventConsumer(nc, js, _spec(tenant, max_deliver=2), handler)
+    await running.start()
+    try:
+        started = _started(tenant)
+        await store.append_all([_thought(started, "later"), _thought(started, "next")])
+        await eventually(lambda: len(handled) == 2, timeout_s=10, what="both handled")
+    finally:
+        await running.stop(grace_s=1)
+
+    (first, _, _), (second, deliveries, at) = handled
+    assert (first, second) == ("next", "later")
+    assert deliveries == 2
+    assert at - deferred_at[0] >= timedelta(seconds=0.9)
 
 
 async def test_permanent_failures_and_exhausted_retries_are_dead_lettered(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Literal
+
 from helmline.contracts import (
     Actor,
     Event,
@@ -25,12 +28,13 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    ToolCircuitChanged,
     ToolError,
     WorkspaceRestored,
     fold,
     new_event,
 )
-from helmline.planner._domain import decide
+from helmline.planner._domain import Decision, decide, retry_not_before
 
 ANA = Actor(id="ana")
 
@@ -112,6 +116,30 @@ def test_a_retryable_failure_is_retried_then_fails_the_session() -> None:
     (failed,) = session.happen(ToolCallFailed(call_id="a.3", step_id="a", tool="echo", error=error))
     assert isinstance(failed, SessionFailed)
     assert "step 'a' failed: slow" in failed.reason
+
+
+def test_a_retry_waits_for_an_open_circuit_to_let_a_probe_through() -> None:
+    playbook = Playbook(goal="g", steps=(PlanStep(id="a", tool="srv__t"),))
+    session = Session(playbook)
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    unavailable = ToolError(kind="unavailable", message="circuit open", retryable=True)
+    failed = session.root.derive(
+        ToolCallFailed(call_id="a.1", step_id="a", tool="srv__t", error=unavailable),
+        source="test",
+    )
+    retry = decide(fold([*session.events, failed]), failed)
+    reopens = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def circuit(state: Literal["closed", "open", "half_open"]) -> ToolCircuitChanged:
+        return ToolCircuitChanged(server="srv", state=state, previous="closed", retry_at=reopens)
+
+    assert retry_not_before(retry, circuit("open")) == reopens
+    assert retry_not_before(retry, circuit("half_open")) is None  # A probe may pass now.
+    assert retry_not_before(retry, circuit("closed")) is None
+    assert retry_not_before(retry, None) is None  # Never announced: nothing to wait for.
+    # The last attempt failed: the session fails now, there is no retry to put off.
+    ends = [Decision(SessionFailed(reason="step 'a' failed"))]
+    assert retry_not_before(ends, circuit("open")) is None
 
 
 def test_a_denial_fails_the_session_or_skips_the_step_and_its_dependants() -> None:

@@ -4,6 +4,7 @@ MCP server that misbehaves on purpose (mcp_test_server.py) behind a real gateway
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,10 @@ async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_pr
                 assert outcome.error.kind == "timeout"
                 assert outcome.error.retryable
             await eventually(lambda: [c.state for c in changes] == ["open"], what="breaker open")
+            # Other processes read when a probe may pass as a time of day.
+            reopens = changes[0].retry_at
+            assert reopens is not None
+            assert timedelta(0) < reopens - datetime.now(UTC) <= timedelta(seconds=2.0)
             reached = calls_received(state_dir, "hang")
             assert reached == 3
             # Open: later calls fail at once without reaching the server.

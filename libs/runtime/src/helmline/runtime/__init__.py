@@ -10,6 +10,7 @@ from helmline.runtime._deadletters import DeadLetterBox, ParkedLetter, RetryOutc
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
     ConcurrencyConflict,
+    Deferred,
     HelmlineRuntimeError,
     PermanentError,
     RetryableError,
@@ -35,6 +36,7 @@ __all__ = [
     "ArgumentChecker",
     "ConcurrencyConflict",
     "DeadLetterBox",
+    "Deferred",
     "Delivery",
     "EventConsumer",
     "EventStore",

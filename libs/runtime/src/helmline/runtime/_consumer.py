@@ -4,9 +4,10 @@ Messages are pushed to a deliver subject that every replica subscribes to in one
 group, so a message reaches one replica as soon as it is stored, with no polling. Within a
 replica, events of one session are handled in stream order and sessions run concurrently
 (unless the consumer opts out of session order: then every message runs at once).
-How a message ends is decided by how its handler ends: normally (ack), `RetryableError` or
-an unexpected exception (redelivered after a backoff, at most `max_deliver` times), or
-`PermanentError` / an undecodable body (dead-lettered with the reason, then terminated).
+How a message ends is decided by how its handler ends: normally (ack), `Deferred` (delivered
+again at the time it names), `RetryableError` or an unexpected exception (redelivered after
+a backoff, at most `max_deliver` times), or `PermanentError` / an undecodable body
+(dead-lettered with the reason, then terminated).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from helmline.contracts import (
     retry_subject,
     session_filter,
 )
-from helmline.runtime._errors import PermanentError, RetryableError
+from helmline.runtime._errors import Deferred, PermanentError, RetryableError
 from helmline.runtime._logging import log_context
 from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._tracing import handling_span
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 V1_ACK_TOKENS = 9
 REDELIVERY_DELAYS_S = (0.1, 0.5, 2.0, 5.0, 15.0)
+SETTLED = frozenset({"ok", "deferred"})
+"""Outcomes of a handler that are no error."""
 SESSION_TRACES_KEPT = 10_000
 """Sessions whose trace a consumer remembers for intents that carry none."""
 
@@ -201,7 +204,7 @@ class EventConsumer:
         with self._context_of(event, await self._trace_of(event)) as span:
             outcome = await self._settle(message, Delivery(event, seq, deliveries))
             seconds = time.perf_counter() - began
-            if outcome != "ok":
+            if outcome not in SETTLED:
                 span.set_status(Status(StatusCode.ERROR, outcome))
             logger.debug("handled %s: %s in %.1f ms", event.type, outcome, seconds * 1000)
         if self._metrics is not None:
@@ -246,6 +249,11 @@ class EventConsumer:
         except PermanentError as error:
             await self._dead_letter(message, "permanent", f"permanent error: {error}", deliveries)
             return "dead_letter"
+        except Deferred as deferral:
+            delay = max(0.0, (deferral.until - datetime.now(UTC)).total_seconds())
+            logger.info("deferring %s by %.1f s: %s", message.subject, delay, deferral)
+            await message.nak(delay=delay)
+            return "deferred"
         except asyncio.CancelledError:
             raise
         except Exception as error:  # Any failure decides redelivery; none is skipped.

@@ -1,6 +1,8 @@
-"""Errors of the runtime, and the two that decide what happens to a message."""
+"""Errors of the runtime, and those that decide what happens to a message."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 
 class HelmlineRuntimeError(Exception):
@@ -23,3 +25,13 @@ class RetryableError(HelmlineRuntimeError):
 
 class PermanentError(HelmlineRuntimeError):
     """Handling can never succeed; the message is dead-lettered with this error as reason."""
+
+
+class Deferred(HelmlineRuntimeError):
+    """Not a failure: the message cannot be acted on before `until`, so JetStream delivers it
+    again then (durably, whatever happens to this process meanwhile). It spends one
+    delivery: a handler defers a message on its first delivery only."""
+
+    def __init__(self, until: datetime, reason: str) -> None:
+        super().__init__(f"until {until.isoformat()}: {reason}")
+        self.until = until

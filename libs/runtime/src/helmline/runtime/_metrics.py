@@ -236,7 +236,8 @@ class ServiceMetrics:
             observe(self, event)
 
     def handled(self, consumer: ConsumerSpec, event: Event, outcome: str, seconds: float) -> None:
-        """A consumer's handler ended (`ok`, `retry` or `dead_letter`) after `seconds`."""
+        """A consumer's handler ended (`ok`, `deferred`, `retry` or `dead_letter`) after
+        `seconds`."""
         self.events_handled.labels(consumer.durable, event.type, outcome).inc()
         self.handler_seconds.labels(consumer.durable).observe(seconds)
         observe = _ON_HANDLE.get(type(event.data))

@@ -4,6 +4,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from helmline.contracts import PLANNER_CONSUMER, ConsumerSpec, ToolSpec
+from helmline.planner._circuits import CircuitWatch
 from helmline.planner._engine import GoalEngine
 from helmline.planner._handlers import PlannerHandler
 from helmline.planner._providers import model_client
@@ -41,7 +42,12 @@ def setup_planner(
             return tuple(catalogue.values())
 
         goals = GoalEngine(settings, model, registry or newest_registry)
-        await host.consume(consumer, PlannerHandler(host.store, host.states, goals))
+        # A step whose server's circuit is open is retried when a probe may pass.
+        circuits = CircuitWatch()
+        await circuits.follow(host.js)
+        host.on_shutdown(circuits.close)
+        handler = PlannerHandler(host.store, host.states, goals, catalogue, circuits)
+        await host.consume(consumer, handler)
 
     return setup
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from helmline.contracts import (
     Event,
@@ -27,6 +28,7 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    ToolCircuitChanged,
     WorkspaceRestored,
 )
 
@@ -189,6 +191,20 @@ def _after_failure(state: SessionState, failed: ToolCallFailed) -> list[Decision
         return [_schedule(step, attempt=step.attempts + 1)]
     reason = f"step {step.id!r} failed: {failed.error.message}"
     return [Decision(SessionFailed(reason=reason, step_id=step.id), _once(state, "end"))]
+
+
+def retry_not_before(
+    decisions: Iterable[Decision], circuit: ToolCircuitChanged | None
+) -> datetime | None:
+    """When to schedule the retry among `decisions`, taken on a failed call to a server whose
+    circuit `circuit` last announced: once an open breaker lets a probe through. Sooner, the
+    call would fail at once without reaching the server, spending one of the step's
+    attempts for nothing. None: at once (or there is no retry).
+    """
+    retries = any(isinstance(d.payload, StepScheduled) and d.payload.attempt > 1 for d in decisions)
+    if not retries or circuit is None or circuit.state != "open":
+        return None
+    return circuit.retry_at
 
 
 def _after_denial(state: SessionState, denied: ToolCallDenied) -> list[Decision]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from helmline.contracts import Event, RollbackCompleted, RollbackFailed
-from helmline.planner._domain import decide
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from helmline.contracts import Event, RollbackCompleted, RollbackFailed, ToolCallFailed, ToolSpec
+from helmline.planner._circuits import CircuitWatch
+from helmline.planner._domain import Decision, decide, retry_not_before
 from helmline.planner._engine import SOURCE, GoalEngine
-from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime import Deferred, Delivery, EventStore, FoldedStates, SessionCache
 
 
 class PlannerHandler:
@@ -15,10 +19,19 @@ class PlannerHandler:
     a model call costs far more than the read, and the log holds the conversation.
     """
 
-    def __init__(self, store: EventStore, states: FoldedStates, goals: GoalEngine) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        states: FoldedStates,
+        goals: GoalEngine,
+        tools: Mapping[str, ToolSpec],
+        circuits: CircuitWatch,
+    ) -> None:
         self._store = store
         self._sessions = SessionCache(states)
         self._goals = goals
+        self._tools = tools
+        self._circuits = circuits
 
     async def __call__(self, delivery: Delivery) -> None:
         if isinstance(delivery.event.data, RollbackCompleted | RollbackFailed):
@@ -33,6 +46,7 @@ class PlannerHandler:
             self._sessions.forget(event.tenant, event.session_id)
             return
         decisions = decide(state, delivery.event)
+        self._defer_retry_past_open_circuit(delivery, decisions)
         appended = [
             delivery.event.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
@@ -45,3 +59,17 @@ class PlannerHandler:
 
     async def _append(self, event: Event) -> None:
         await self._store.append(event)
+
+    def _defer_retry_past_open_circuit(self, delivery: Delivery, decisions: list[Decision]) -> None:
+        """Raise `Deferred` when the retry of a failed call would meet its server's open
+        circuit: the failure is delivered again once a probe may pass, and the retry
+        scheduled then (once: a second delivery acts whatever the circuit says)."""
+        failed = delivery.event.data
+        if not isinstance(failed, ToolCallFailed) or delivery.deliveries > 1:
+            return
+        tool = self._tools.get(failed.tool)
+        if tool is None:
+            return
+        until = retry_not_before(decisions, self._circuits.of(tool.server))
+        if until is not None and until > datetime.now(UTC):
+            raise Deferred(until, f"the circuit of MCP server {tool.server} is open")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
@@ -88,11 +89,7 @@ class Federation:
             previous=change.previous,
             failures=change.failures,
             reason=change.reason,
-            retry_at=(
-                datetime.fromtimestamp(change.retry_at, UTC)
-                if change.retry_at is not None
-                else None
-            ),
+            retry_at=_wall_clock(change.retry_at) if change.retry_at is not None else None,
         )
         await self._send(circuit_subject(server.config.id), event, uuid.uuid4())
 
@@ -125,3 +122,8 @@ class Federation:
             data, tenant=TOOLS_TENANT, session_id=TOOLS_SESSION, source=SOURCE, event_id=event_id
         )
         await self._store.publish(subject, event)
+
+
+def _wall_clock(monotonic_s: float) -> datetime:
+    """A time of the breakers' monotonic clock as a time of day, for other processes."""
+    return datetime.now(UTC) + timedelta(seconds=monotonic_s - time.monotonic())

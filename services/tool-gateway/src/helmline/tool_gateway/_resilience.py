@@ -24,7 +24,8 @@ class CircuitChange:
     failures: int
     reason: str
     retry_at: float | None
-    """Clock time at which an open breaker lets a probe through."""
+    """When an open breaker lets a probe through, on the clock the breaker is given
+    (`time.monotonic()` in the gateway)."""
 
 
 @dataclass(slots=True)
