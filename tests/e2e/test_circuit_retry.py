@@ -1,16 +1,23 @@
 """A step whose MCP server's circuit breaker opened is retried once a probe may pass, not
-at once: every service a process of its own, a real MCP server that hangs on purpose."""
+at once, also when the planner is killed while it waits: every service a process of its
+own, a real MCP server that hangs on purpose."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
     Actor,
+    Event,
     PlanStep,
     Playbook,
     StepScheduled,
@@ -18,9 +25,10 @@ from helmline.contracts import (
     ToolCircuitChanged,
     circuit_subject,
     decode_event,
+    tenant_filter,
 )
 from helmline.runtime import EventStore, latest_tool_registry
-from helmline.runtime.testing import eventually, run_playbook
+from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
 from .mcp_servers import ROOT, federating_stack
 
@@ -28,54 +36,78 @@ HANGING_SERVER = ROOT / "services" / "tool-gateway" / "tests" / "mcp_test_server
 PERSON = Actor(id="ana")
 
 
-async def test_a_step_failing_on_an_open_circuit_is_retried_when_a_probe_may_pass(
-    nats_url: str, js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
-) -> None:
-    server = f"hangs{uuid.uuid4().hex[:6]}"
-    state = tmp_path / "server-state"
+@dataclass
+class HangingServer:
+    """The test MCP server, federated with a breaker that the first failure opens."""
+
+    id: str
+    state: Path
+    """Where it counts calls; its calls hang while `hang` is there."""
+    stack: ServiceProcesses
+    opened: list[ToolCircuitChanged] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        log = self.state / "calls-hang.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    def playbook(self) -> Playbook:
+        return Playbook(goal="ask", steps=(PlanStep(id="ask", tool=f"{self.id}__hang"),))
+
+
+@asynccontextmanager
+async def hanging_server(
+    nats_url: str, js: JetStreamContext, folder: Path, *, reset_s: float
+) -> AsyncIterator[HangingServer]:
+    """Every service, the gateway federating a server whose calls hang (time out) until its
+    breaker opens; from then on it would answer a probe."""
+    server_id = f"hangs{uuid.uuid4().hex[:6]}"
+    state = folder / "server-state"
+    (folder / "stack").mkdir()
     state.mkdir()
-    (state / "hang").touch()  # Its calls hang until the file goes.
+    (state / "hang").touch()
     config = {
-        "id": server,
+        "id": server_id,
         "stdio": {"command": sys.executable, "args": [str(HANGING_SERVER), str(state)]},
         "risk": "low",
         "retries": 0,
         "timeout_s": 0.5,
-        # The first failure opens the breaker; a probe may pass 3 s later.
-        "circuit": {"failures": 1, "reset_s": 3.0},
+        "circuit": {"failures": 1, "reset_s": reset_s},
     }
-    opened: list[ToolCircuitChanged] = []
+    with federating_stack(nats_url, folder / "stack", [config]) as stack:
+        server = HangingServer(server_id, state, stack)
 
-    async def circuit(message: object) -> None:
-        change = decode_event(message.data).data  # type: ignore[attr-defined]
-        if isinstance(change, ToolCircuitChanged) and change.state == "open":
-            opened.append(change)
-            (state / "hang").unlink(missing_ok=True)  # The server would answer a probe.
+        async def circuit(message: Msg) -> None:
+            change = decode_event(message.data).data
+            if isinstance(change, ToolCircuitChanged) and change.state == "open":
+                server.opened.append(change)
+                (state / "hang").unlink(missing_ok=True)
 
-    subscription = await js._nc.subscribe(circuit_subject(server), cb=circuit)
-    (tmp_path / "stack").mkdir()
-    try:
-        with federating_stack(nats_url, tmp_path / "stack", [config]):
+        subscription = await js._nc.subscribe(circuit_subject(server_id), cb=circuit)
+        try:
 
             async def federated() -> bool:
                 registry = await latest_tool_registry(js)
                 return registry is not None and any(
-                    s.server == server and s.available for s in registry.servers
+                    s.server == server_id and s.available for s in registry.servers
                 )
 
-            await eventually(federated, timeout_s=60, what=f"MCP server {server} federated")
-            playbook = Playbook(goal="ask", steps=(PlanStep(id="ask", tool=f"{server}__hang"),))
-            session_id = await run_playbook(store, tenant, playbook, PERSON)
-    finally:
-        await subscription.unsubscribe()
+            await eventually(federated, timeout_s=60, what=f"MCP server {server_id} federated")
+            yield server
+        finally:
+            await subscription.unsubscribe()
 
-    events = [stored.event for stored in await store.read_all(tenant, session_id)]
-    state_now = (await store.load(tenant, session_id)).state
-    assert state_now.status == "completed", [(e.type, e.time, e.data) for e in events]
-    (change,) = opened
+
+async def assert_retried_past_the_reset_window(
+    store: EventStore, tenant: str, session_id: str, server: HangingServer
+) -> None:
+    events: list[Event] = [stored.event for stored in await store.read_all(tenant, session_id)]
+    state = (await store.load(tenant, session_id)).state
+    assert state.status == "completed", [(e.type, e.time, e.data) for e in events]
+    (change,) = server.opened
     assert change.retry_at is not None
-    # A failure while the breaker was open was not retried before a probe could pass: the
-    # attempt that succeeded is the first one scheduled after the reset window.
+    # No failure was retried before a probe could pass: the attempt that succeeded is the
+    # first one scheduled after the reset window.
     failures = [e for e in events if isinstance(e.data, ToolCallFailed)]
     assert failures
     assert all(f.data.error.retryable for f in failures)
@@ -84,5 +116,34 @@ async def test_a_step_failing_on_an_open_circuit_is_retried_when_a_probe_may_pas
     assert attempts[-1].time >= change.retry_at
     assert all(attempt.time < change.retry_at for attempt in attempts[:-1])
     # The server got the first call, which hung, and the probe; nothing in between.
-    calls = (state / "calls-hang.log").read_text().splitlines()
-    assert len(calls) == 2
+    assert server.calls == 2
+
+
+async def test_a_step_failing_on_an_open_circuit_is_retried_when_a_probe_may_pass(
+    nats_url: str, js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    async with hanging_server(nats_url, js, tmp_path, reset_s=3.0) as server:
+        session_id = await run_playbook(store, tenant, server.playbook(), PERSON)
+
+    await assert_retried_past_the_reset_window(store, tenant, session_id, server)
+
+
+async def test_a_retry_waiting_for_the_circuit_survives_a_planner_killed_meanwhile(
+    nats_url: str, js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    async with hanging_server(nats_url, js, tmp_path, reset_s=10.0) as server:
+        session = asyncio.create_task(run_playbook(store, tenant, server.playbook(), PERSON))
+
+        async def waiting() -> bool:
+            events = [stored.event for stored in await store.read_matching(tenant_filter(tenant))]
+            failed = any(isinstance(e.data, ToolCallFailed) for e in events)
+            return bool(server.opened) and failed
+
+        await eventually(waiting, what="the breaker open and the step failed")
+        # Killed with the failure put off until the breaker lets a probe through (or not
+        # yet handled): either way the step is retried once, after the reset window.
+        await asyncio.to_thread(server.stack.kill, "planner")
+        await asyncio.to_thread(server.stack.start, "planner")
+        session_id = await session
+
+    await assert_retried_past_the_reset_window(store, tenant, session_id, server)
