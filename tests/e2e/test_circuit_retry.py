@@ -20,6 +20,7 @@ from helmline.contracts import (
     Event,
     PlanStep,
     Playbook,
+    StepRetryDeferred,
     StepScheduled,
     ToolCallFailed,
     ToolCircuitChanged,
@@ -30,6 +31,7 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
+from .conftest import Helmline
 from .mcp_servers import ROOT, federating_stack
 
 HANGING_SERVER = ROOT / "services" / "tool-gateway" / "tests" / "mcp_test_server.py"
@@ -115,6 +117,12 @@ async def assert_retried_past_the_reset_window(
     assert len(attempts) == len(failures) + 1 <= 3
     assert attempts[-1].time >= change.retry_at
     assert all(attempt.time < change.retry_at for attempt in attempts[:-1])
+    # The failure before the last attempt was put off, and that wait recorded (an earlier one
+    # may have been retried at once: before the planner heard of the open breaker).
+    waits = [e.data for e in events if isinstance(e.data, StepRetryDeferred)]
+    assert waits
+    assert waits[-1].call_id == failures[-1].data.call_id
+    assert all(w.retry_at == change.retry_at for w in waits)
     # The server got the first call, which hung, and the probe; nothing in between.
     assert server.calls == 2
 
@@ -129,21 +137,34 @@ async def test_a_step_failing_on_an_open_circuit_is_retried_when_a_probe_may_pas
 
 
 async def test_a_retry_waiting_for_the_circuit_survives_a_planner_killed_meanwhile(
-    nats_url: str, js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+    nats_url: str,
+    js: JetStreamContext,
+    store: EventStore,
+    tenant: str,
+    tmp_path: Path,
+    helmline: Helmline,
 ) -> None:
     async with hanging_server(nats_url, js, tmp_path, reset_s=10.0) as server:
         session = asyncio.create_task(run_playbook(store, tenant, server.playbook(), PERSON))
 
-        async def waiting() -> bool:
+        async def deferred() -> Event | None:
             events = [stored.event for stored in await store.read_matching(tenant_filter(tenant))]
-            failed = any(isinstance(e.data, ToolCallFailed) for e in events)
-            return bool(server.opened) and failed
+            return next((e for e in events if isinstance(e.data, StepRetryDeferred)), None)
 
-        await eventually(waiting, what="the breaker open and the step failed")
-        # Killed with the failure put off until the breaker lets a probe through (or not
-        # yet handled): either way the step is retried once, after the reset window.
+        wait: Event = await eventually(deferred, what="the step's retry put off")
+        assert isinstance(wait.data, StepRetryDeferred)
+        (opened,) = server.opened
+        assert wait.data.retry_at == opened.retry_at
+        session_id = wait.session_id
+        # Meanwhile a person sees when the step is tried again, and why it waits.
+        code, shown, _ = await helmline("show", session_id, "--tenant", tenant)
+        assert code == 0
+        assert f"tried again at {wait.data.retry_at.astimezone():%Y-%m-%d %H:%M:%S}" in shown
+        assert "circuit" in shown
+        # Killed while the failure waits for the breaker to let a probe through: the retry
+        # is still scheduled once, after the reset window, by the planner started again.
         await asyncio.to_thread(server.stack.kill, "planner")
         await asyncio.to_thread(server.stack.start, "planner")
-        session_id = await session
+        assert await session == session_id
 
     await assert_retried_past_the_reset_window(store, tenant, session_id, server)

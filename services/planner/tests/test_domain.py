@@ -34,7 +34,7 @@ from helmline.contracts import (
     fold,
     new_event,
 )
-from helmline.planner._domain import Decision, decide, retry_not_before
+from helmline.planner._domain import Decision, decide, retry_deferral
 
 ANA = Actor(id="ana")
 
@@ -123,23 +123,32 @@ def test_a_retry_waits_for_an_open_circuit_to_let_a_probe_through() -> None:
     session = Session(playbook)
     session.happen(PlanApproved(revision=1, approved_by=ANA))
     unavailable = ToolError(kind="unavailable", message="circuit open", retryable=True)
-    failed = session.root.derive(
-        ToolCallFailed(call_id="a.1", step_id="a", tool="srv__t", error=unavailable),
-        source="test",
-    )
-    retry = decide(fold([*session.events, failed]), failed)
+    failed = ToolCallFailed(call_id="a.1", step_id="a", tool="srv__t", error=unavailable)
+    failure = session.root.derive(failed, source="t")
+    (retry,) = decide(fold([*session.events, failure]), failure)
     reopens = datetime(2030, 1, 1, tzinfo=UTC)
 
     def circuit(state: Literal["closed", "open", "half_open"]) -> ToolCircuitChanged:
         return ToolCircuitChanged(server="srv", state=state, previous="closed", retry_at=reopens)
 
-    assert retry_not_before(retry, circuit("open")) == reopens
-    assert retry_not_before(retry, circuit("half_open")) is None  # A probe may pass now.
-    assert retry_not_before(retry, circuit("closed")) is None
-    assert retry_not_before(retry, None) is None  # Never announced: nothing to wait for.
+    deferral = retry_deferral([retry], failed, circuit("open"))
+    assert deferral is not None
+    assert (deferral.step_id, deferral.call_id, deferral.retry_at) == ("a", "a.1", reopens)
+    assert "srv" in deferral.reason
+    assert retry_deferral([retry], failed, circuit("half_open")) is None  # A probe may pass.
+    assert retry_deferral([retry], failed, circuit("closed")) is None
+    assert retry_deferral([retry], failed, None) is None  # Never announced: no reason to wait.
     # The last attempt failed: the session fails now, there is no retry to put off.
     ends = [Decision(SessionFailed(reason="step 'a' failed"))]
-    assert retry_not_before(ends, circuit("open")) is None
+    assert retry_deferral(ends, failed, circuit("open")) is None
+
+    # Recorded, the wait shows on the step until the retry is scheduled.
+    waiting = session.root.derive(deferral, source="t")
+    step = fold([*session.events, failure, waiting]).steps["a"]
+    assert (step.status, step.retry_at, step.reason) == ("failed", reopens, deferral.reason)
+    rescheduled = session.root.derive(retry.payload, source="t", key="retry")
+    step = fold([*session.events, failure, waiting, rescheduled]).steps["a"]
+    assert (step.status, step.retry_at, step.reason) == ("scheduled", None, None)
 
 
 def test_a_denial_fails_the_session_or_skips_the_step_and_its_dependants() -> None:

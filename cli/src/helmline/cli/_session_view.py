@@ -226,6 +226,8 @@ def _step_detail(state: SessionState, step: StepState, *, width: int) -> str:
     match step.status:
         case "succeeded":
             return _brief(step.output, width)
+        case "failed" if step.retry_at is not None:
+            return f"tried again at {_time(step.retry_at)}: {step.reason}"
         case "failed":
             if step.error is None:
                 return ""

@@ -328,6 +328,7 @@ function stepItem(step: Step, open: boolean): string {
       ${step.output !== null ? `<h4>Result</h4><pre>${json(step.output)}</pre>` : ""}
       ${step.error ? `<h4>Error</h4><pre class="error">${esc(step.error.kind)}: ${esc(step.error.message)}</pre>` : ""}
       ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
+      ${step.retry_at ? `<p><small>tried again at ${esc(when(step.retry_at))}</small></p>` : ""}
     </details></li>`;
 }
 

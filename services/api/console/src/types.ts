@@ -31,6 +31,7 @@ export interface Step {
   error: { kind: string; message: string } | null;
   reason: string | null;
   duration_ms: number | null;
+  retry_at: string | null;
 }
 
 export interface Approval {

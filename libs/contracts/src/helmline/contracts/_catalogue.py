@@ -452,6 +452,21 @@ class StepSkipped(Payload):
     """Why it will not run."""
 
 
+class StepRetryDeferred(Payload):
+    """A step whose call failed is tried again later, not at once: its MCP server's circuit
+    breaker is open, so a call now would fail without reaching the server."""
+
+    TYPE = "step.retry_deferred"
+    step_id: StepId
+    """The step."""
+    call_id: str
+    """The call that failed."""
+    retry_at: datetime
+    """When the next attempt is scheduled: when the breaker lets a probe through."""
+    reason: str
+    """Why it waits."""
+
+
 class ToolCallAuthorized(Payload):
     """Policy (and a person where needed) allowed a tool call."""
 
@@ -910,6 +925,7 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     ApprovalExpired,
     StepScheduled,
     StepSkipped,
+    StepRetryDeferred,
     ToolCallAuthorized,
     ToolCallDenied,
     ToolCallStarted,

@@ -41,6 +41,7 @@ from helmline.contracts._catalogue import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepRetryDeferred,
     StepScheduled,
     StepSkipped,
     StreamLimitApproaching,
@@ -186,6 +187,12 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         arguments={"command": "wc -c notes.txt"},
     ),
     StepSkipped(step_id="count", reason="denied: not now"),
+    StepRetryDeferred(
+        step_id="count",
+        call_id="count.1",
+        retry_at=_AT,
+        reason="the circuit of MCP server tickets is open",
+    ),
     ToolCallAuthorized(
         **_CALL,
         arguments={"command": "wc -c notes.txt"},

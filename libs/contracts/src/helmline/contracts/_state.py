@@ -56,6 +56,7 @@ from helmline.contracts._catalogue import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepRetryDeferred,
     StepScheduled,
     StepSkipped,
     StreamLimitApproaching,
@@ -143,6 +144,9 @@ class StepState:
     """When the latest attempt finished."""
     duration_ms: float | None = None
     """How long the latest call ran."""
+    retry_at: datetime | None = None
+    """When the failed step is tried again, if its next attempt waits (its server's circuit
+    breaker is open)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,6 +516,7 @@ class SessionFold:
                     scheduled_at=event.time,
                     finished_at=None,
                     duration_ms=None,
+                    retry_at=None,
                 )
                 self.own("calls")[data.call_id] = data.step_id
                 if v["status"] == "planning":
@@ -596,6 +601,10 @@ class SessionFold:
                 self.update_step(
                     data.step_id, status="skipped", reason=data.reason, finished_at=event.time
                 )
+            case StepRetryDeferred():
+                step = self.steps.get(data.step_id)
+                if step is not None and step.call_id == data.call_id:
+                    self.update_step(data.step_id, retry_at=data.retry_at, reason=data.reason)
             case ThoughtRecorded():
                 self.thoughts += (
                     ThoughtState(

@@ -46,6 +46,7 @@ from helmline.contracts._catalogue import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepRetryDeferred,
     StepScheduled,
     StepSkipped,
     StreamLimitApproaching,
@@ -427,6 +428,7 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     # The state service schedules a rollback's undo calls (`compensation_id` set).
     StepScheduled: (PLANNER, STATE),
     StepSkipped: (PLANNER,),
+    StepRetryDeferred: (PLANNER,),
     PlanApproved: (APPROVAL,),
     PlanRejected: (APPROVAL,),
     ApprovalRequested: (APPROVAL,),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 
 from helmline.contracts import (
     Event,
@@ -22,6 +21,7 @@ from helmline.contracts import (
     SessionResumeRequested,
     SessionStarted,
     SessionState,
+    StepRetryDeferred,
     StepScheduled,
     StepSkipped,
     StepState,
@@ -193,18 +193,23 @@ def _after_failure(state: SessionState, failed: ToolCallFailed) -> list[Decision
     return [Decision(SessionFailed(reason=reason, step_id=step.id), _once(state, "end"))]
 
 
-def retry_not_before(
-    decisions: Iterable[Decision], circuit: ToolCircuitChanged | None
-) -> datetime | None:
-    """When to schedule the retry among `decisions`, taken on a failed call to a server whose
-    circuit `circuit` last announced: once an open breaker lets a probe through. Sooner, the
-    call would fail at once without reaching the server, spending one of the step's
-    attempts for nothing. None: at once (or there is no retry).
+def retry_deferral(
+    decisions: Iterable[Decision], failed: ToolCallFailed, circuit: ToolCircuitChanged | None
+) -> StepRetryDeferred | None:
+    """The retry among `decisions`, taken on `failed`, put off until its server's breaker
+    (as `circuit` last announced it) lets a probe through. Sooner, the call would fail at
+    once without reaching the server, spending one of the step's attempts for nothing.
+    None: retry at once (or there is no retry).
     """
     retries = any(isinstance(d.payload, StepScheduled) and d.payload.attempt > 1 for d in decisions)
-    if not retries or circuit is None or circuit.state != "open":
+    if not retries or circuit is None or circuit.state != "open" or circuit.retry_at is None:
         return None
-    return circuit.retry_at
+    return StepRetryDeferred(
+        step_id=failed.step_id,
+        call_id=failed.call_id,
+        retry_at=circuit.retry_at,
+        reason=f"the circuit of MCP server {circuit.server} is open",
+    )
 
 
 def _after_denial(state: SessionState, denied: ToolCallDenied) -> list[Decision]:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from helmline.contracts import Event, RollbackCompleted, RollbackFailed, ToolCallFailed, ToolSpec
 from helmline.planner._circuits import CircuitWatch
-from helmline.planner._domain import Decision, decide, retry_not_before
+from helmline.planner._domain import Decision, decide, retry_deferral
 from helmline.planner._engine import SOURCE, GoalEngine
 from helmline.runtime import Deferred, Delivery, EventStore, FoldedStates, SessionCache
 
@@ -46,7 +46,7 @@ class PlannerHandler:
             self._sessions.forget(event.tenant, event.session_id)
             return
         decisions = decide(state, delivery.event)
-        self._defer_retry_past_open_circuit(delivery, decisions)
+        await self._defer_retry_past_open_circuit(delivery, decisions)
         appended = [
             delivery.event.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
@@ -60,16 +60,20 @@ class PlannerHandler:
     async def _append(self, event: Event) -> None:
         await self._store.append(event)
 
-    def _defer_retry_past_open_circuit(self, delivery: Delivery, decisions: list[Decision]) -> None:
-        """Raise `Deferred` when the retry of a failed call would meet its server's open
-        circuit: the failure is delivered again once a probe may pass, and the retry
-        scheduled then (once: a second delivery acts whatever the circuit says)."""
+    async def _defer_retry_past_open_circuit(
+        self, delivery: Delivery, decisions: list[Decision]
+    ) -> None:
+        """Record that the retry of a failed call waits for its server's open circuit, and
+        raise `Deferred`: the failure is delivered again once a probe may pass, and the
+        retry scheduled then (once: a second delivery acts whatever the circuit says)."""
         failed = delivery.event.data
         if not isinstance(failed, ToolCallFailed) or delivery.deliveries > 1:
             return
         tool = self._tools.get(failed.tool)
         if tool is None:
             return
-        until = retry_not_before(decisions, self._circuits.of(tool.server))
-        if until is not None and until > datetime.now(UTC):
-            raise Deferred(until, f"the circuit of MCP server {tool.server} is open")
+        deferral = retry_deferral(decisions, failed, self._circuits.of(tool.server))
+        if deferral is None or deferral.retry_at <= datetime.now(UTC):
+            return
+        await self._store.append(delivery.event.derive(deferral, source=SOURCE))
+        raise Deferred(deferral.retry_at, deferral.reason)
