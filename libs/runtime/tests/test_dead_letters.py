@@ -96,6 +96,8 @@ async def test_a_letter_without_its_upcaster_is_handled_after_the_upcaster_arriv
     (delivery,) = received.events
     assert isinstance(delivery.event.data, ThoughtRecorded)
     assert delivery.event.data.alternatives[0].option == "count in Python"
+    # Handed over as a redelivery: handlers check the log before acting again.
+    assert delivery.deliveries == parked.letter.deliveries + 1
     assert await box.letters(durable) == []
 
 

@@ -313,11 +313,16 @@ class EventConsumer:
         this replica has now: a fixed handler, or an upcaster added since.
         """
         try:
-            seq = int(json.loads(request.data)["stream_seq"])
+            asked = json.loads(request.data)
+            seq = int(asked["stream_seq"])
+            # A parked message was delivered before and may have been acted on: it comes as
+            # a redelivery, so that a handler checks the log before acting again (a tool
+            # call already sent is not sent twice).
+            deliveries = int(asked.get("deliveries", 1)) + 1
             stored = await self._js.get_msg(self._spec.stream, seq)
             event = decode_event(stored.data or b"", self._upcasters)
             with self._context_of(event, await self._trace_of(event)):
-                await self._handler(Delivery(event, seq, deliveries=1))
+                await self._handler(Delivery(event, seq, deliveries))
         except Exception as error:  # The operator gets the reason; the letter stays parked.
             outcome = {"ok": False, "reason": f"{type(error).__name__}: {error}"}
         else:

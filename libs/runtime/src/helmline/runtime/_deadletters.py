@@ -75,7 +75,9 @@ class DeadLetterBox:
     async def retry(self, seq: int, timeout_s: float = 30.0) -> RetryOutcome:
         """Ask the consumer that gave up to handle the message again; on success, discard it."""
         parked = await self.letter(seq)
-        request = json.dumps({"stream_seq": parked.letter.stream_seq}).encode()
+        request = json.dumps(
+            {"stream_seq": parked.letter.stream_seq, "deliveries": parked.letter.deliveries}
+        ).encode()
         try:
             reply = await self._nc.request(
                 retry_subject(parked.letter.consumer), request, timeout=timeout_s
