@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client as NATS
@@ -173,43 +173,52 @@ async def stored_seqs(js: JetStreamContext, tenant: str, session_id: str) -> lis
 
 
 @asynccontextmanager
-async def index_reads(nc: NATS, tenant: str, session_id: str) -> AsyncIterator[list[str]]:
-    """Every request reading the session's index, as the server receives them."""
-    reads: list[str] = []
-    key = f".{tenant}.{session_id}.index"
+async def requests_seen(
+    nc: NATS, subject: str, wanted: Callable[[Msg], bool] = lambda _: True
+) -> AsyncIterator[list[str]]:
+    """The subjects of every request on `subject` that `wanted` picks, as the server
+    receives them."""
+    seen: list[str] = []
 
-    async def seen(message: Msg) -> None:
-        # A get names the key in its subject (direct) or in its body.
-        if SESSION_STATES_BUCKET.bucket in message.subject and (
-            key in message.subject or key in message.data.decode()
-        ):
-            reads.append(message.subject)
+    async def received(message: Msg) -> None:
+        if wanted(message):
+            seen.append(message.subject)
 
-    subscription = await nc.subscribe("$JS.API.>", cb=seen)
+    subscription = await nc.subscribe(subject, cb=received)
     await nc.flush()
     try:
-        yield reads
+        yield seen
     finally:
         await nc.flush()  # Every request sent before has reached this subscription too.
         await subscription.unsubscribe()
 
 
-@asynccontextmanager
-async def session_reads(nc: NATS, tenant: str, session_id: str) -> AsyncIterator[list[str]]:
-    """Every direct get of the session's events, as the server receives them."""
-    reads: list[str] = []
+def index_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextManager[list[str]]:
+    """Every request reading the session's index."""
+    key = f".{tenant}.{session_id}.index"
+    # A get names the key in its subject (direct) or in its body.
+    return requests_seen(
+        nc,
+        "$JS.API.>",
+        lambda m: (
+            SESSION_STATES_BUCKET.bucket in m.subject
+            and (key in m.subject or key in m.data.decode())
+        ),
+    )
 
-    async def seen(message: Msg) -> None:
-        if session_filter(tenant, session_id) in message.data.decode():
-            reads.append(message.subject)
 
-    subscription = await nc.subscribe(f"$JS.API.DIRECT.GET.{EVENTS_STREAM.name}", cb=seen)
-    await nc.flush()
-    try:
-        yield reads
-    finally:
-        await nc.flush()
-        await subscription.unsubscribe()
+def session_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextManager[list[str]]:
+    """Every direct get of the session's events."""
+    return requests_seen(
+        nc,
+        f"$JS.API.DIRECT.GET.{EVENTS_STREAM.name}",
+        lambda m: session_filter(tenant, session_id) in m.data.decode(),
+    )
+
+
+def replays(nc: NATS) -> AbstractAsyncContextManager[list[str]]:
+    """Every consumer created on the events stream (a replay streams through one)."""
+    return requests_seen(nc, f"$JS.API.CONSUMER.CREATE.{EVENTS_STREAM.name}.>")
 
 
 async def append_and_keep_up(
@@ -347,23 +356,6 @@ async def test_a_writer_whose_stored_states_were_dropped_indexes_only_what_is_st
     assert stored
     assert await stored_seqs(js, tenant, "dropped") == stored
     await assert_time_travel_folds(states, events, seqs + more)
-
-
-@asynccontextmanager
-async def replays(nc: NATS) -> AsyncIterator[list[str]]:
-    """Every consumer created on the events stream (a replay streams through one)."""
-    created: list[str] = []
-
-    async def seen(message: Msg) -> None:
-        created.append(message.subject)
-
-    subscription = await nc.subscribe(f"$JS.API.CONSUMER.CREATE.{EVENTS_STREAM.name}.>", cb=seen)
-    await nc.flush()
-    try:
-        yield created
-    finally:
-        await nc.flush()
-        await subscription.unsubscribe()
 
 
 async def test_a_long_session_folds_on_from_its_nearest_stored_state_not_from_its_start(
