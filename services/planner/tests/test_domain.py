@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from helmline.contracts import (
@@ -149,6 +149,40 @@ def test_a_retry_waits_for_an_open_circuit_to_let_a_probe_through() -> None:
     rescheduled = session.root.derive(retry.payload, source="t", key="retry")
     step = fold([*session.events, failure, waiting, rescheduled]).steps["a"]
     assert (step.status, step.retry_at, step.reason) == ("scheduled", None, None)
+
+
+def test_a_retry_waits_until_the_failure_says_it_may_succeed() -> None:
+    session = Session(Playbook(goal="g", steps=(PlanStep(id="a", tool="srv__t"),)))
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    limited = ToolError(kind="rate_limited", message="5 calls per 60 s", retryable=True)
+    frees = datetime(2030, 1, 1, tzinfo=UTC)
+    failed = ToolCallFailed(
+        call_id="a.1", step_id="a", tool="srv__t", error=limited, retry_at=frees
+    )
+    failure = session.root.derive(failed, source="t")
+    (retry,) = decide(fold([*session.events, failure]), failure)
+
+    deferral = retry_deferral([retry], failed, None)
+    assert deferral is not None
+    assert (deferral.call_id, deferral.retry_at, deferral.reason) == (
+        "a.1",
+        frees,
+        "5 calls per 60 s",
+    )
+    # With an open circuit too, the later of the two times.
+    for reopens, expected in (
+        (frees + timedelta(seconds=5), "circuit"),
+        (frees - timedelta(seconds=5), "5 calls"),
+    ):
+        circuit = ToolCircuitChanged(
+            server="srv", state="open", previous="closed", retry_at=reopens
+        )
+        both = retry_deferral([retry], failed, circuit)
+        assert both is not None
+        assert both.retry_at == max(frees, reopens)
+        assert expected in both.reason
+    # A failure that names no time is retried at once.
+    assert retry_deferral([retry], failed.model_copy(update={"retry_at": None}), None) is None
 
 
 def test_a_denial_fails_the_session_or_skips_the_step_and_its_dependants() -> None:

@@ -453,8 +453,9 @@ class StepSkipped(Payload):
 
 
 class StepRetryDeferred(Payload):
-    """A step whose call failed is tried again later, not at once: its MCP server's circuit
-    breaker is open, so a call now would fail without reaching the server."""
+    """A step whose call failed is tried again later, not at once: a call now would fail
+    without doing anything (the failure said when a retry may succeed, or its MCP server's
+    circuit breaker is open)."""
 
     TYPE = "step.retry_deferred"
     step_id: StepId
@@ -462,7 +463,7 @@ class StepRetryDeferred(Payload):
     call_id: str
     """The call that failed."""
     retry_at: datetime
-    """When the next attempt is scheduled: when the breaker lets a probe through."""
+    """When the next attempt is scheduled: when a retry may succeed."""
     reason: str
     """Why it waits."""
 
@@ -584,6 +585,10 @@ class ToolCallFailed(Payload):
     """What a sandboxed command used before it failed, where measured."""
     attempts: int = Field(default=1, ge=1)
     """How many times the call was sent (0 sends still count as one attempt)."""
+    retry_at: datetime | None = None
+    """For a retryable error that knows it (a rate limit refused the call: its window frees
+    a slot then), the earliest time trying again may succeed. The planner does not retry
+    before it."""
 
 
 class ToolCallAttemptFailed(Payload):

@@ -11,7 +11,7 @@ from helmline.contracts._deadletters import DeadLetter
 from helmline.contracts._envelope import EVENT_CLASSES
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
-CATALOGUE_VERSION = "1.2.0"
+CATALOGUE_VERSION = "1.2.1"
 """Version of the published catalogue: minor for new types or versions, major never."""
 
 

@@ -196,19 +196,25 @@ def _after_failure(state: SessionState, failed: ToolCallFailed) -> list[Decision
 def retry_deferral(
     decisions: Iterable[Decision], failed: ToolCallFailed, circuit: ToolCircuitChanged | None
 ) -> StepRetryDeferred | None:
-    """The retry among `decisions`, taken on `failed`, put off until its server's breaker
-    (as `circuit` last announced it) lets a probe through. Sooner, the call would fail at
-    once without reaching the server, spending one of the step's attempts for nothing.
-    None: retry at once (or there is no retry).
+    """The retry among `decisions`, taken on `failed`, put off until it may succeed: until
+    the time the failure names (a rate limit's window frees a slot), and until its server's
+    breaker (as `circuit` last announced it) lets a probe through, whichever is later.
+    Sooner, the call would fail at once without doing anything, spending one of the step's
+    attempts for nothing. None: retry at once (or there is no retry).
     """
     retries = any(isinstance(d.payload, StepScheduled) and d.payload.attempt > 1 for d in decisions)
-    if not retries or circuit is None or circuit.state != "open" or circuit.retry_at is None:
+    if not retries:
         return None
+    waits = []
+    if failed.retry_at is not None:
+        waits.append((failed.retry_at, failed.error.message))
+    if circuit is not None and circuit.state == "open" and circuit.retry_at is not None:
+        waits.append((circuit.retry_at, f"the circuit of MCP server {circuit.server} is open"))
+    if not waits:
+        return None
+    retry_at, reason = max(waits)
     return StepRetryDeferred(
-        step_id=failed.step_id,
-        call_id=failed.call_id,
-        retry_at=circuit.retry_at,
-        reason=f"the circuit of MCP server {circuit.server} is open",
+        step_id=failed.step_id, call_id=failed.call_id, retry_at=retry_at, reason=reason
     )
 
 

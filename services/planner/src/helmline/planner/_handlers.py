@@ -46,7 +46,7 @@ class PlannerHandler:
             self._sessions.forget(event.tenant, event.session_id)
             return
         decisions = decide(state, delivery.event)
-        await self._defer_retry_past_open_circuit(delivery, decisions)
+        await self._defer_retry_until_it_may_succeed(delivery, decisions)
         appended = [
             delivery.event.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
@@ -60,19 +60,18 @@ class PlannerHandler:
     async def _append(self, event: Event) -> None:
         await self._store.append(event)
 
-    async def _defer_retry_past_open_circuit(
+    async def _defer_retry_until_it_may_succeed(
         self, delivery: Delivery, decisions: list[Decision]
     ) -> None:
-        """Record that the retry of a failed call waits for its server's open circuit, and
-        raise `Deferred`: the failure is delivered again once a probe may pass, and the
-        retry scheduled then (once: a second delivery acts whatever the circuit says)."""
+        """Record that the retry of a failed call waits (for the time the failure named, or
+        for its server's open circuit), and raise `Deferred`: the failure is delivered again
+        then, and the retry scheduled (once: a second delivery acts whatever the wait)."""
         failed = delivery.event.data
         if not isinstance(failed, ToolCallFailed) or delivery.deliveries > 1:
             return
         tool = self._tools.get(failed.tool)
-        if tool is None:
-            return
-        deferral = retry_deferral(decisions, failed, self._circuits.of(tool.server))
+        circuit = self._circuits.of(tool.server) if tool is not None else None
+        deferral = retry_deferral(decisions, failed, circuit)
         if deferral is None or deferral.retry_at <= datetime.now(UTC):
             return
         await self._store.append(delivery.event.derive(deferral, source=SOURCE))

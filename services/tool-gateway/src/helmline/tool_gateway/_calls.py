@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from helmline.contracts import (
     Payload,
@@ -98,9 +99,15 @@ def _run_pure(call: ToolCallAuthorized) -> Payload:
 
 
 def failed(
-    call: ToolCallAuthorized, error: ToolError, *, attempts: int = 1, duration_ms: float = 0.0
+    call: ToolCallAuthorized,
+    error: ToolError,
+    *,
+    attempts: int = 1,
+    duration_ms: float = 0.0,
+    retry_in_s: float | None = None,
 ) -> ToolCallFailed:
-    """The failure event of a call."""
+    """The failure event of a call; `retry_in_s`: how long until trying again may succeed,
+    where that is known."""
     return ToolCallFailed(
         call_id=call.call_id,
         step_id=call.step_id,
@@ -108,4 +115,5 @@ def failed(
         error=error,
         attempts=attempts,
         duration_ms=duration_ms,
+        retry_at=None if retry_in_s is None else datetime.now(UTC) + timedelta(seconds=retry_in_s),
     )

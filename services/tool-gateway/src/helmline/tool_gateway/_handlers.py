@@ -134,6 +134,7 @@ class GatewayHandler:
                             retryable=True,
                             suggestion=f"try again in {wait_s:.0f} s, or do without this tool",
                         ),
+                        retry_in_s=wait_s,
                     ),
                 )
                 return

@@ -1,6 +1,7 @@
-"""A step whose MCP server's circuit breaker opened is retried once a probe may pass, not
-at once, also when the planner is killed while it waits: every service a process of its
-own, a real MCP server that hangs on purpose."""
+"""A step whose call failed is retried once a retry may succeed, not at once: when its MCP
+server's circuit breaker lets a probe pass (also when the planner is killed while it waits),
+or when a rate limit frees a slot. Every service a process of its own, a real MCP server
+that misbehaves on purpose."""
 
 from __future__ import annotations
 
@@ -168,3 +169,46 @@ async def test_a_retry_waiting_for_the_circuit_survives_a_planner_killed_meanwhi
         assert await session == session_id
 
     await assert_retried_past_the_reset_window(store, tenant, session_id, server)
+
+
+async def test_a_rate_limited_step_is_retried_when_a_slot_frees(
+    nats_url: str, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    server_id = f"limited{uuid.uuid4().hex[:6]}"
+    state = tmp_path / "server-state"
+    state.mkdir()
+    config = {
+        "id": server_id,
+        "stdio": {"command": sys.executable, "args": [str(HANGING_SERVER), str(state)]},
+        "risk": "low",
+        "rate_limit": {"calls": 1, "per_s": 2},
+    }
+    note = f"{server_id}__note"
+    playbook = Playbook(
+        goal="two notes",
+        steps=(
+            PlanStep(id="first", tool=note, arguments={"message": "1"}),
+            PlanStep(id="second", tool=note, arguments={"message": "2"}, depends_on=("first",)),
+        ),
+    )
+    (tmp_path / "stack").mkdir()
+    with federating_stack(nats_url, tmp_path / "stack", [config]):
+        session_id = await run_playbook(store, tenant, playbook, PERSON)
+
+    events = [stored.event for stored in await store.read_all(tenant, session_id)]
+    state_now = (await store.load(tenant, session_id)).state
+    assert state_now.status == "completed", [(e.type, e.data) for e in events]
+    # The second step came within the first one's window: refused, with the time a slot
+    # frees; its retry was put off until then, and then let through.
+    (refused,) = [e for e in events if isinstance(e.data, ToolCallFailed)]
+    assert refused.data.step_id == "second"
+    assert refused.data.error.kind == "rate_limited"
+    assert refused.data.retry_at is not None
+    (wait,) = [e.data for e in events if isinstance(e.data, StepRetryDeferred)]
+    assert (wait.call_id, wait.retry_at) == (refused.data.call_id, refused.data.retry_at)
+    assert "limited to 1 calls per 2 s" in wait.reason
+    second = [e for e in events if isinstance(e.data, StepScheduled) and e.data.step_id == "second"]
+    assert [s.data.attempt for s in second] == [1, 2]
+    assert second[-1].time >= refused.data.retry_at
+    # Two calls reached the server: the refused one never did.
+    assert len((state / "calls-note.log").read_text().splitlines()) == 2
