@@ -4,12 +4,14 @@ session view are kept in test-artifacts/console/."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import start
@@ -144,3 +146,37 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     await expect(page.locator('li[data-step-id="one"] .badge').first).to_have_text("succeeded")
     await expect(page.locator("#rollbacks")).to_contain_text("rollback completed")
     await screenshot(page, "rolled-back")
+
+
+async def test_a_view_left_while_it_loads_does_not_take_over_the_view_opened_next(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    key = admin["Authorization"].removeprefix("Bearer ")
+    session_id = await start(client, admin)
+    # The session list answers late: it is still loading when the person opens the session.
+    slowed = asyncio.Event()
+
+    async def answer_late(route: Route) -> None:
+        slowed.set()
+        await asyncio.sleep(1.0)
+        await route.continue_()
+
+    await page.route(re.compile(r"/sessions$"), answer_late)
+    async with page.expect_response(re.compile(r"/sessions$")):
+        await page.goto(f"{api_url}/#key={key}")
+        await asyncio.wait_for(slowed.wait(), timeout=TIMEOUT_MS / 1000)
+        await page.goto(f"{api_url}/#/sessions/{session_id}")
+        await expect(page.locator("form.approval")).to_contain_text("run_command")
+    # The list's late answer came after the session view went live. The view still follows
+    # the session: a decision made elsewhere shows up, and the list never drew over it.
+    state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
+    (request_id,) = state["approvals"]
+    decided = await client.post(
+        f"/sessions/{session_id}/approvals/{request_id}",
+        json={"decision": "grant", "comment": "from another tab"},
+        headers=admin,
+    )
+    assert decided.status_code == 202, decided.text
+    await expect(page.locator("#summary .badge").first).to_have_text("completed")
+    await expect(page.locator("#session-rows")).to_have_count(0)

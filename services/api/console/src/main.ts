@@ -11,6 +11,11 @@ const confirmDialog = document.getElementById("confirm") as HTMLDialogElement;
 
 let feed: EventFeed | null = null;
 let teardown: (() => void) | null = null;
+// Counts navigations. A view is built over several requests, and a person (or a test)
+// may navigate again meanwhile: the older view's work stops at its next step, rather than
+// take the live feed from the newer one or draw over it.
+let navigations = 0;
+type Current = () => boolean;
 
 const escapeMap: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 function esc(value: unknown): string {
@@ -73,7 +78,7 @@ function signIn(message = ""): void {
 
 // ---- session list ------------------------------------------------------------------------
 
-async function sessionList(): Promise<void> {
+async function sessionList(current: Current): Promise<void> {
   main.innerHTML = `
     <section>
       <h1>Sessions</h1>
@@ -94,7 +99,7 @@ async function sessionList(): Promise<void> {
     const query = filter.value ? `?status=${encodeURIComponent(filter.value)}` : "";
     const sessions = await api<SessionSummary[]>(`/sessions${query}`);
     const rows = document.getElementById("session-rows");
-    if (!rows) return;
+    if (!rows || !current()) return;
     rows.innerHTML = sessions.length
       ? sessions
           .map(
@@ -112,6 +117,7 @@ async function sessionList(): Promise<void> {
   };
   filter.addEventListener("change", () => void render().catch(fail));
   await render();
+  if (!current()) return;
   const refresh = debounce(() => void render().catch(fail), 200);
   follow("/events", refresh);
 }
@@ -131,7 +137,7 @@ interface ToolCall {
   redactions?: number;
 }
 
-async function sessionView(sessionId: string): Promise<void> {
+async function sessionView(sessionId: string, current: Current): Promise<void> {
   main.innerHTML = `
     <section class="session" aria-live="off">
       <p><a href="#/">← Sessions</a></p>
@@ -235,9 +241,27 @@ async function sessionView(sessionId: string): Promise<void> {
       .join("");
   };
 
+  // One read at a time, and one more after it when events came meanwhile: two reads in
+  // flight could answer out of order and leave the older state on the page.
+  let reading = false;
+  let readAgain = false;
   const refresh = async (): Promise<void> => {
-    state = await api<SessionState>(`/sessions/${sessionId}`);
-    render();
+    if (reading) {
+      readAgain = true;
+      return;
+    }
+    reading = true;
+    try {
+      do {
+        readAgain = false;
+        const fresh = await api<SessionState>(`/sessions/${sessionId}`);
+        if (!current()) return;
+        state = fresh;
+        render();
+      } while (readAgain);
+    } finally {
+      reading = false;
+    }
   };
   const refreshSoon = debounce(() => void refresh().catch(fail), 80);
 
@@ -311,6 +335,7 @@ async function sessionView(sessionId: string): Promise<void> {
   };
 
   await refresh();
+  if (!current()) return;
   follow(`/sessions/${sessionId}/events`, onEvent);
   teardown = () => {
     main.onclick = null;
@@ -367,6 +392,8 @@ function fail(error: unknown): void {
 }
 
 async function route(): Promise<void> {
+  const navigation = ++navigations;
+  const current: Current = () => navigation === navigations;
   const fragmentKey = /^#key=(.+)$/.exec(location.hash);
   if (fragmentKey) {
     keepKey(decodeURIComponent(fragmentKey[1]));
@@ -377,10 +404,11 @@ async function route(): Promise<void> {
   if (!storedKey()) return signIn();
   try {
     const me = await api<Me>("/me");
+    if (!current()) return;
     who.textContent = `${me.id} · ${me.tenant} · ${me.roles.join(", ")}`;
     const session = /^#\/sessions\/([\w-]+)$/.exec(location.hash);
-    if (session) await sessionView(session[1]);
-    else await sessionList();
+    if (session) await sessionView(session[1], current);
+    else await sessionList(current);
   } catch (error) {
     fail(error);
   }
