@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import uvloop
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
@@ -101,4 +102,4 @@ async def run() -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    asyncio.run(_hop(int(sys.argv[1]), sys.argv[2]))
+    uvloop.run(_hop(int(sys.argv[1]), sys.argv[2]))  # The services' event loop.

@@ -6,7 +6,6 @@ figures of one run with each other (each line carries its target for reference).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ import rollback
 import sandbox
 import sse
 import steps
+import uvloop
 
 Benchmark = Callable[[], Awaitable[list[dict[str, Any]]]]
 BENCHMARKS: dict[str, Benchmark] = {
@@ -50,4 +50,6 @@ async def main(selected: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1:]))
+    # On the event loop the services run on (helmline.runtime.run_service): what runs in this
+    # process (the gateway's handler, a replay, a rebuild) is measured as a service runs it.
+    uvloop.run(main(sys.argv[1:]))
