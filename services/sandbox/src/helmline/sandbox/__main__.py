@@ -8,7 +8,9 @@ from helmline.sandbox._settings import SandboxSettings
 def main() -> None:
     """Run the sandbox service."""
     settings = SandboxSettings()
-    run_service("sandbox", settings, sandbox_setup(settings))
+    # Starting processes is this service's work, and asyncio's loop does it faster than
+    # uvloop's (libuv's spawn) here: a sandboxed `true` takes 8 ms against 13.
+    run_service("sandbox", settings, sandbox_setup(settings), event_loop="asyncio")
 
 
 if __name__ == "__main__":
