@@ -27,10 +27,11 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import EventStore, ServiceHost, latest_tool_registry
-from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.runtime.testing import ServiceProcesses, eventually, free_port
 from helmline.tool_gateway import load_servers
 from helmline.tool_gateway.__main__ import setup_gateway
 from helmline.tool_gateway._settings import GatewaySettings
+from helmline.tool_gateway.testing import http_mcp_server
 
 HERE = Path(__file__).parent
 TEST_SERVER = HERE / "mcp_test_server.py"
@@ -49,6 +50,15 @@ def state_dir(tmp_path: Path) -> Path:
     path = tmp_path / "server-state"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def http_server(state_dir: Path, tmp_path: Path) -> Iterator[str]:
+    """The test MCP server over Streamable HTTP (see its docstring); its MCP URL."""
+    port = free_port()
+    argv = [sys.executable, str(TEST_SERVER), str(state_dir), str(port)]
+    with http_mcp_server(argv, port, tmp_path / "http-server.log") as url:
+        yield url
 
 
 def write_servers_file(path: Path, server_id: str, state_dir: Path, **settings: Any) -> Path:

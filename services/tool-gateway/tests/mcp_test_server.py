@@ -1,5 +1,9 @@
 """A small MCP server (the SDK's MCPServer, formerly FastMCP) with tools that misbehave on
-purpose, for the gateway's tests: `python mcp_test_server.py STATE_DIR` over stdio.
+purpose, for the gateway's tests: `python mcp_test_server.py STATE_DIR` over stdio, or
+`python mcp_test_server.py STATE_DIR PORT` over Streamable HTTP on 127.0.0.1:PORT. Over
+HTTP, while STATE_DIR/too-many holds a number of seconds, the next tool call is answered
+429 Too Many Requests with that Retry-After (and the file removed), as a rate-limiting
+proxy in front of a server would.
 
 Every call is counted in STATE_DIR/calls-<tool>.log before the tool does anything, so a test
 can tell how often the gateway really sent a call, even across gateway restarts.
@@ -10,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
+import uvicorn
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
@@ -85,5 +91,47 @@ def leaky() -> str:
     )
 
 
+class TooManyRequests:
+    """ASGI middleware answering one tool call 429 while STATE/too-many exists."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        flag = STATE / "too-many"
+        if scope["type"] != "http" or scope["method"] != "POST" or not flag.exists():
+            await self.app(scope, receive, send)
+            return
+        received = []
+        body = b""
+        while True:
+            message = await receive()
+            received.append(message)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if b'"tools/call"' in body:
+            seconds = flag.read_text().strip()
+            flag.unlink()
+            _count("refused")
+            headers = [(b"retry-after", seconds.encode()), (b"content-type", b"text/plain")]
+            await send({"type": "http.response.start", "status": 429, "headers": headers})
+            await send({"type": "http.response.body", "body": b"Too Many Requests"})
+            return
+
+        async def replay() -> Any:
+            return received.pop(0) if received else await receive()
+
+        await self.app(scope, replay, send)
+
+
 if __name__ == "__main__":
-    server.run("stdio")
+    if len(sys.argv) > 2:
+        uvicorn.run(
+            TooManyRequests(server.streamable_http_app()),
+            host="127.0.0.1",
+            port=int(sys.argv[2]),
+            log_level="warning",
+        )
+    else:
+        server.run("stdio")

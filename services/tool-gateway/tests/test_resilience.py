@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
@@ -138,6 +139,52 @@ async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_pr
             assert sample("helmline_circuit_breaker_state", {"server": server_id}) == 0  # closed
     finally:
         await subscription.unsubscribe()
+
+
+async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_counted_as_down(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    http_server: str,
+) -> None:
+    servers = tmp_path / "servers.yaml"
+    server = {
+        "id": server_id,
+        "http": {"url": http_server},
+        "risk": "low",
+        "retries": 2,
+        # One failure counted against the server would open its breaker, and the retry
+        # would then fail fast.
+        "circuit": {"failures": 1, "reset_s": 60},
+    }
+    servers.write_text(yaml.safe_dump({"servers": [server]}))
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        (state_dir / "too-many").write_text("1")
+        call_id = await calls.authorise(f"{server_id}__note", message="soon")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        (refused,) = [
+            e for e in await calls.events(call_id) if isinstance(e, ToolCallAttemptFailed)
+        ]
+        assert (refused.error.kind, refused.error.retryable) == ("rate_limited", True)
+        assert refused.retry_in_s >= 1.0  # The server's Retry-After, not the backoff's 50 ms.
+        assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (1, 1)
+
+        # A longer wait is not held in the gateway: the call fails, saying when to try again.
+        (state_dir / "too-many").write_text("30")
+        call_id = await calls.authorise(f"{server_id}__note", message="later")
+        asked = datetime.now(UTC)
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallFailed), outcome
+        assert outcome.error.kind == "rate_limited"
+        assert outcome.retry_at is not None
+        assert asked + timedelta(seconds=25) < outcome.retry_at < asked + timedelta(seconds=35)
+        assert calls_received(state_dir, "note") == 1
 
 
 async def test_two_gateway_replicas_share_one_rate_limit(

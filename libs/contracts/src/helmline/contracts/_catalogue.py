@@ -587,8 +587,8 @@ class ToolCallFailed(Payload):
     """How many times the call was sent (0 sends still count as one attempt)."""
     retry_at: datetime | None = None
     """For a retryable error that knows it (a rate limit refused the call: its window frees
-    a slot then), the earliest time trying again may succeed. The planner does not retry
-    before it."""
+    a slot then, or the server's Retry-After ends then), the earliest time trying again may
+    succeed. The planner does not retry before it."""
 
 
 class ToolCallAttemptFailed(Payload):

@@ -19,6 +19,7 @@ from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
 from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._provision import ensure_topology, provision, stream_config
+from helmline.runtime._retry_after import retry_after_s
 from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_service
 from helmline.runtime._settings import RuntimeSettings
 from helmline.runtime._store import (
@@ -66,6 +67,7 @@ __all__ = [
     "log_context",
     "nats_server_binary",
     "provision",
+    "retry_after_s",
     "run_service",
     "stream_config",
     "traceparent_for",

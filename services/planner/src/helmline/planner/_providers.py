@@ -18,7 +18,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -32,6 +31,7 @@ from helmline.contracts import (
     ToolSpec,
 )
 from helmline.planner._settings import PlannerSettings
+from helmline.runtime import retry_after_s
 
 RETRIED_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 ANTHROPIC_VERSION = "2023-06-01"
@@ -149,7 +149,7 @@ class ModelClient(ABC):
         detail = response.text[:500]
         reason = f"HTTP {response.status_code}: {detail}"
         if response.status_code in RETRIED_STATUSES:
-            return _Retry(reason, _retry_after(response.headers))
+            return _Retry(reason, retry_after_s(response.headers))
         return ModelRefused(f"{self.provider} refused the request at {self._url}: {reason}")
 
     @abstractmethod
@@ -178,26 +178,6 @@ class _Retry(Exception):
         super().__init__(reason)
         self.reason = reason
         self.after_s = after_s
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    """Seconds the server asks to wait: `retry-after-ms`, `Retry-After` seconds or a date."""
-    if "retry-after-ms" in headers:
-        try:
-            return max(0.0, float(headers["retry-after-ms"]) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
 
 
 async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, dict[str, Any]]]:

@@ -37,6 +37,7 @@ from helmline.contracts import (
 from helmline.runtime import ArgumentChecker, Delivery, EventStore, RetryableError
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._federation import SOURCE, Federation
+from helmline.tool_gateway._http import rate_limit_wait
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._registry import rate_limit_of
@@ -45,15 +46,27 @@ from helmline.tool_gateway._safety import make_safe
 
 logger = logging.getLogger(__name__)
 
+MAX_WAIT_BETWEEN_TRIES_S = 5.0
+"""The longest pause the gateway makes between two tries of one call (its backoff's cap)."""
+
 
 class _Attempt(Exception):
-    """One try failed. `definite`: the server refused it, so it did not take effect."""
+    """One try failed. `definite`: the server refused it, so it did not take effect;
+    `retry_in_s`: how long the server asked to wait before the next try, if it did."""
 
-    def __init__(self, error: ToolError, *, definite: bool, counts_against_server: bool) -> None:
+    def __init__(
+        self,
+        error: ToolError,
+        *,
+        definite: bool,
+        counts_against_server: bool,
+        retry_in_s: float | None = None,
+    ) -> None:
         super().__init__(error.message)
         self.error = error
         self.definite = definite
         self.counts_against_server = counts_against_server
+        self.retry_in_s = retry_in_s
 
 
 class GatewayHandler:
@@ -155,6 +168,9 @@ class GatewayHandler:
                     attempt <= server.config.retries
                     and failure.error.retryable
                     and (failure.definite or tool.idempotent)
+                    # A longer wait is the planner's: it defers the step durably, where
+                    # the gateway would hold the call in memory.
+                    and (failure.retry_in_s or 0.0) <= MAX_WAIT_BETWEEN_TRIES_S
                 )
                 if not retry:
                     await self._record(
@@ -164,10 +180,11 @@ class GatewayHandler:
                             failure.error,
                             attempts=attempt,
                             duration_ms=(time.perf_counter() - began) * 1000,
+                            retry_in_s=failure.retry_in_s,
                         ),
                     )
                     return
-                pause = backoff_s(attempt)
+                pause = max(backoff_s(attempt), failure.retry_in_s or 0.0)
                 await self._record(
                     cause,
                     ToolCallAttemptFailed(
@@ -327,6 +344,18 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 # Not connected: nothing was sent. Connection lost mid-call: unknown.
                 definite=server.view.available is False,
                 counts_against_server=True,
+            )
+        case MCPError() if rate_limit_wait(error.error.data)[0]:
+            return _Attempt(
+                ToolError(
+                    kind="rate_limited",
+                    message=f"MCP server {name} answered 429 Too Many Requests",
+                    retryable=True,
+                    suggestion="try again later, or call this tool less often",
+                ),
+                definite=True,
+                counts_against_server=False,
+                retry_in_s=rate_limit_wait(error.error.data)[1],
             )
         case MCPError() if error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
             return _Attempt(

@@ -28,6 +28,7 @@ from mcp.types import (
 )
 
 from helmline.tool_gateway._config import ServerConfig
+from helmline.tool_gateway._http import RateLimitAware
 from helmline.tool_gateway._registry import ListedTool, ServerView, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker, CircuitState
 
@@ -154,7 +155,11 @@ class McpServer:
         # Our own HTTP client, for the configured headers; the event stream may stay quiet
         # for long, so only connecting and writing are bounded here (calls have their own).
         http = await stack.enter_async_context(
-            httpx2.AsyncClient(headers=config.http.headers, timeout=httpx2.Timeout(30.0, read=None))
+            httpx2.AsyncClient(
+                headers=config.http.headers,
+                timeout=httpx2.Timeout(30.0, read=None),
+                transport=RateLimitAware(httpx2.AsyncHTTPTransport()),
+            )
         )
         return streamable_http_client(config.http.url, http_client=http)
 

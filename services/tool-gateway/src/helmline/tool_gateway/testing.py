@@ -1,5 +1,6 @@
-"""Real MCP servers for tests and benchmarks: the npm `server-everything` (installed by
-`make mcp-servers` from tests/mcp-servers) started over Streamable HTTP."""
+"""Real MCP servers for tests and benchmarks over Streamable HTTP: the npm
+`server-everything` (installed by `make mcp-servers` from tests/mcp-servers), or any other
+server process."""
 
 from __future__ import annotations
 
@@ -26,12 +27,24 @@ def server_everything(script: Path, log_dir: Path, port: int | None = None) -> I
     if not script.exists():
         raise RuntimeError(f"{script} is missing: run `make mcp-servers` (npm ci)")
     port = port or free_port()
-    with (log_dir / "server-everything.log").open("ab") as log:
+    with http_mcp_server(
+        ["node", str(script), "streamableHttp"],
+        port,
+        log_dir / "server-everything.log",
+        env={"PORT": str(port)},
+    ) as url:
+        yield url
+
+
+@contextmanager
+def http_mcp_server(
+    argv: list[str], port: int, log: Path, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """An MCP server process that serves Streamable HTTP on 127.0.0.1:`port`, once it
+    accepts connections; yields its MCP URL and stops it afterwards."""
+    with log.open("ab") as output:
         process = subprocess.Popen(
-            ["node", str(script), "streamableHttp"],
-            env={**os.environ, "PORT": str(port)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            argv, env={**os.environ, **(env or {})}, stdout=output, stderr=subprocess.STDOUT
         )
     try:
         deadline = time.monotonic() + 30
@@ -41,7 +54,7 @@ def server_everything(script: Path, log_dir: Path, port: int | None = None) -> I
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("server-everything did not start") from None
+                    raise RuntimeError(f"{argv[0]} did not start serving: see {log}") from None
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
