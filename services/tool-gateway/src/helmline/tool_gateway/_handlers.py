@@ -37,17 +37,14 @@ from helmline.contracts import (
 from helmline.runtime import ArgumentChecker, Delivery, EventStore, RetryableError
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._federation import SOURCE, Federation
-from helmline.tool_gateway._http import rate_limit_wait
+from helmline.tool_gateway._http import too_many_requests
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._registry import rate_limit_of
-from helmline.tool_gateway._resilience import backoff_s
+from helmline.tool_gateway._resilience import LONGEST_PAUSE_S, backoff_s
 from helmline.tool_gateway._safety import make_safe
 
 logger = logging.getLogger(__name__)
-
-MAX_WAIT_BETWEEN_TRIES_S = 5.0
-"""The longest pause the gateway makes between two tries of one call (its backoff's cap)."""
 
 
 class _Attempt(Exception):
@@ -168,9 +165,7 @@ class GatewayHandler:
                     attempt <= server.config.retries
                     and failure.error.retryable
                     and (failure.definite or tool.idempotent)
-                    # A longer wait is the planner's: it defers the step durably, where
-                    # the gateway would hold the call in memory.
-                    and (failure.retry_in_s or 0.0) <= MAX_WAIT_BETWEEN_TRIES_S
+                    and (failure.retry_in_s or 0.0) <= LONGEST_PAUSE_S
                 )
                 if not retry:
                     await self._record(
@@ -345,7 +340,7 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 definite=server.view.available is False,
                 counts_against_server=True,
             )
-        case MCPError() if rate_limit_wait(error.error.data)[0]:
+        case MCPError() if (refused := too_many_requests(error.error.data)) is not None:
             return _Attempt(
                 ToolError(
                     kind="rate_limited",
@@ -355,7 +350,7 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 ),
                 definite=True,
                 counts_against_server=False,
-                retry_in_s=rate_limit_wait(error.error.data)[1],
+                retry_in_s=refused.retry_after_s,
             )
         case MCPError() if error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
             return _Attempt(

@@ -10,6 +10,7 @@ on as it is, carrying the wait the server asked for.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2
@@ -60,10 +61,17 @@ def _request_id(body: bytes) -> Any:
     return message.get("id") if isinstance(message, dict) else None
 
 
-def rate_limit_wait(data: Any) -> tuple[bool, float | None]:
-    """Whether a JSON-RPC error's `data` marks a 429 this transport turned into an error,
-    and the wait the server asked for."""
+@dataclass(frozen=True, slots=True)
+class TooManyRequests:
+    """A call the server answered 429, as this transport handed it over."""
+
+    retry_after_s: float | None
+    """The wait the server asked for, if it said."""
+
+
+def too_many_requests(data: Any) -> TooManyRequests | None:
+    """The 429 a JSON-RPC error's `data` carries, when this transport made the error."""
     if not isinstance(data, dict) or data.get("by") != RATE_LIMITED_MARK:
-        return False, None
+        return None
     wait = data.get("retry_after_s")
-    return True, float(wait) if isinstance(wait, int | float) else None
+    return TooManyRequests(float(wait) if isinstance(wait, int | float) else None)

@@ -9,7 +9,13 @@ from typing import Literal
 CircuitState = Literal["closed", "open", "half_open"]
 
 
-def backoff_s(retry: int, *, base_s: float = 0.05, cap_s: float = 5.0) -> float:
+LONGEST_PAUSE_S = 5.0
+"""The longest pause between two tries of one call: the backoff's cap, and the longest
+Retry-After the gateway waits out itself (a longer wait is the planner's, which defers the
+step durably where the gateway would hold the call in memory)."""
+
+
+def backoff_s(retry: int, *, base_s: float = 0.05, cap_s: float = LONGEST_PAUSE_S) -> float:
     """The pause before retry number `retry` (1 for the first): exponential with full jitter,
     so replicas that failed together do not come back together."""
     return random.uniform(0.0, min(cap_s, base_s * 2 ** (retry - 1)))
