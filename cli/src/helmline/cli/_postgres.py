@@ -218,13 +218,16 @@ def _server_account() -> _Account | None:
         return _account(SYSTEM_USER)
     except StartupError:
         pass
-    if shutil.which("useradd") is None:
+    # Root's PATH often leaves out the sbin folders (`su` without `-`, cron, env -i).
+    search_path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    useradd = shutil.which("useradd", path=search_path)
+    if useradd is None:
         raise StartupError(
             f"PostgreSQL cannot run as root and there is no `useradd` to create the "
             f"{SYSTEM_USER} user; create it, or set HELMLINE_DATABASE_URL"
         )
     subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
+        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
         check=True,
         capture_output=True,
     )
