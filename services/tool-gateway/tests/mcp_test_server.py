@@ -1,9 +1,10 @@
 """A small MCP server (the SDK's MCPServer, formerly FastMCP) with tools that misbehave on
 purpose, for the gateway's tests: `python mcp_test_server.py STATE_DIR` over stdio, or
 `python mcp_test_server.py STATE_DIR PORT` over Streamable HTTP on 127.0.0.1:PORT. Over
-HTTP, while STATE_DIR/too-many holds a number of seconds, the next tool call is answered
-429 Too Many Requests with that Retry-After (and the file removed), as a rate-limiting
-proxy in front of a server would.
+HTTP, while STATE_DIR/http-answer exists, the next tool call is answered with the status it
+names instead (and the file removed), as a proxy in front of the server would: `429 1` is
+429 with `Retry-After: 1`, without passing the call on; `504 after` passes the call on, so
+the tool runs, and answers 504 all the same.
 
 Every call is counted in STATE_DIR/calls-<tool>.log before the tool does anything, so a test
 can tell how often the gateway really sent a call, even across gateway restarts.
@@ -91,14 +92,14 @@ def leaky() -> str:
     )
 
 
-class TooManyRequests:
-    """ASGI middleware answering one tool call 429 while STATE/too-many exists."""
+class ProxyAnswer:
+    """ASGI middleware answering one tool call with the status STATE/http-answer names."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        flag = STATE / "too-many"
+        flag = STATE / "http-answer"
         if scope["type"] != "http" or scope["method"] != "POST" or not flag.exists():
             await self.app(scope, receive, send)
             return
@@ -110,25 +111,33 @@ class TooManyRequests:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        if b'"tools/call"' in body:
-            seconds = flag.read_text().strip()
-            flag.unlink()
-            _count("refused")
-            headers = [(b"retry-after", seconds.encode()), (b"content-type", b"text/plain")]
-            await send({"type": "http.response.start", "status": 429, "headers": headers})
-            await send({"type": "http.response.body", "body": b"Too Many Requests"})
-            return
 
         async def replay() -> Any:
             return received.pop(0) if received else await receive()
 
-        await self.app(scope, replay, send)
+        if b'"tools/call"' not in body:
+            await self.app(scope, replay, send)
+            return
+        status, *rest = flag.read_text().split()
+        flag.unlink()
+        _count("refused")
+        headers = [(b"content-type", b"text/plain")]
+        if rest == ["after"]:
+            await self.app(scope, replay, _swallowed)
+        elif rest:
+            headers.append((b"retry-after", rest[0].encode()))
+        await send({"type": "http.response.start", "status": int(status), "headers": headers})
+        await send({"type": "http.response.body", "body": b"refused by the proxy"})
+
+
+async def _swallowed(message: Any) -> None:
+    """The server's own answer, which the proxy drops."""
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2:
         uvicorn.run(
-            TooManyRequests(server.streamable_http_app()),
+            ProxyAnswer(server.streamable_http_app()),
             host="127.0.0.1",
             port=int(sys.argv[2]),
             log_level="warning",

@@ -77,6 +77,8 @@ async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_pr
         retries=0,
         timeout_s=0.3,
         circuit={"failures": 3, "reset_s": 2.0},
+        # A timeout of a tool that may be sent again stays a timeout, and retryable.
+        tools={"hang": {"idempotent": True}},
     )
     changes: list[ToolCircuitChanged] = []
 
@@ -164,7 +166,7 @@ async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_c
     servers.write_text(yaml.safe_dump({"servers": [server]}))
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
-        (state_dir / "too-many").write_text("1")
+        (state_dir / "http-answer").write_text("429 1")
         call_id = await calls.authorise(f"{server_id}__note", message="soon")
         outcome = await calls.outcome(call_id)
         assert isinstance(outcome, ToolCallCompleted), outcome
@@ -176,7 +178,7 @@ async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_c
         assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (1, 1)
 
         # A longer wait is not held in the gateway: the call fails, saying when to try again.
-        (state_dir / "too-many").write_text("30")
+        (state_dir / "http-answer").write_text("429 30")
         call_id = await calls.authorise(f"{server_id}__note", message="later")
         asked = datetime.now(UTC)
         outcome = await calls.outcome(call_id)
@@ -185,6 +187,67 @@ async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_c
         assert outcome.retry_at is not None
         assert asked + timedelta(seconds=25) < outcome.retry_at < asked + timedelta(seconds=35)
         assert calls_received(state_dir, "note") == 1
+
+
+async def test_a_503_is_tried_again_but_a_proxys_504_after_the_call_ran_is_not(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    http_server: str,
+) -> None:
+    servers = tmp_path / "servers.yaml"
+    server = {"id": server_id, "http": {"url": http_server}, "risk": "low", "retries": 2}
+    servers.write_text(yaml.safe_dump({"servers": [server]}))
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        # 503: the call was not handled, so even a tool not declared idempotent is sent
+        # again, once the server's Retry-After has passed.
+        (state_dir / "http-answer").write_text("503 1")
+        call_id = await calls.authorise(f"{server_id}__note", message="again")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        (refused,) = [
+            e for e in await calls.events(call_id) if isinstance(e, ToolCallAttemptFailed)
+        ]
+        assert (refused.error.kind, refused.retry_in_s >= 1.0) == ("unavailable", True)
+        assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (1, 1)
+
+        # 504 from the proxy after the server ran the call: it may have taken effect, so it
+        # is not sent again, and the failure tells the planner not to try it again either.
+        (state_dir / "http-answer").write_text("504 after")
+        call_id = await calls.authorise(f"{server_id}__note", message="once")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallFailed), outcome
+        assert (outcome.error.kind, outcome.error.retryable) == ("unknown_outcome", False)
+        assert "504" in outcome.error.message
+        assert outcome.error.suggestion
+        assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (2, 2)
+
+
+async def test_a_timeout_of_a_tool_not_declared_idempotent_ends_as_an_unknown_outcome(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    (state_dir / "hang").touch()
+    servers = write_servers_file(
+        tmp_path / "servers.yaml", server_id, state_dir, retries=2, timeout_s=0.3
+    )
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        outcome = await calls.outcome(await calls.authorise(f"{server_id}__hang"))
+        assert isinstance(outcome, ToolCallFailed), outcome
+        assert (outcome.error.kind, outcome.error.retryable) == ("unknown_outcome", False)
+        assert "did not answer within 0.3 s" in outcome.error.message
+        assert (outcome.attempts, calls_received(state_dir, "hang")) == (1, 1)
 
 
 async def test_two_gateway_replicas_share_one_rate_limit(

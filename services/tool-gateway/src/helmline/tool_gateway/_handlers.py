@@ -37,7 +37,7 @@ from helmline.contracts import (
 from helmline.runtime import ArgumentChecker, Delivery, EventStore, RetryableError
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._federation import SOURCE, Federation
-from helmline.tool_gateway._http import too_many_requests
+from helmline.tool_gateway._http import HttpRefusal, http_refusal
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._registry import rate_limit_of
@@ -172,7 +172,7 @@ class GatewayHandler:
                         cause,
                         failed(
                             call,
-                            failure.error,
+                            _as_reported(failure, tool),
                             attempts=attempt,
                             duration_ms=(time.perf_counter() - began) * 1000,
                             retry_in_s=failure.retry_in_s,
@@ -340,18 +340,8 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 definite=server.view.available is False,
                 counts_against_server=True,
             )
-        case MCPError() if (refused := too_many_requests(error.error.data)) is not None:
-            return _Attempt(
-                ToolError(
-                    kind="rate_limited",
-                    message=f"MCP server {name} answered 429 Too Many Requests",
-                    retryable=True,
-                    suggestion="try again later, or call this tool less often",
-                ),
-                definite=True,
-                counts_against_server=False,
-                retry_in_s=refused.retry_after_s,
-            )
+        case MCPError() if (refusal := http_refusal(error.error.data)) is not None:
+            return _refused_over_http(name, refusal)
         case MCPError() if error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
             return _Attempt(
                 ToolError(
@@ -384,17 +374,6 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 definite=True,
                 counts_against_server=False,
             )
-        case httpx2.HTTPStatusError() if error.response.status_code in (429, 502, 503, 504):
-            return _Attempt(
-                ToolError(
-                    kind="rate_limited" if error.response.status_code == 429 else "unavailable",
-                    message=f"MCP server {name} answered HTTP {error.response.status_code}",
-                    retryable=True,
-                    suggestion="try again later",
-                ),
-                definite=True,
-                counts_against_server=error.response.status_code != 429,
-            )
         case _:
             return _Attempt(
                 ToolError(
@@ -406,6 +385,48 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                 definite=False,
                 counts_against_server=True,
             )
+
+
+def _as_reported(failure: _Attempt, tool: ToolSpec) -> ToolError:
+    """The error a failed call ends with. One that may have taken effect, of a tool not
+    declared idempotent, is not retryable: the planner would otherwise send it again as a
+    new attempt, and it might take effect twice."""
+    if failure.definite or tool.idempotent:
+        return failure.error
+    return ToolError(
+        kind="unknown_outcome",
+        message=f"{failure.error.message}; the call may have taken effect, and the tool is "
+        "not declared idempotent, so it was not sent again",
+        suggestion=_UNKNOWN_OUTCOME.suggestion,
+    )
+
+
+def _refused_over_http(name: str, refusal: HttpRefusal) -> _Attempt:
+    if refusal.status == 429:
+        return _Attempt(
+            ToolError(
+                kind="rate_limited",
+                message=f"MCP server {name} answered 429 Too Many Requests",
+                retryable=True,
+                suggestion="try again later, or call this tool less often",
+            ),
+            definite=True,
+            counts_against_server=False,
+            retry_in_s=refusal.retry_after_s,
+        )
+    # A 503 was not handled. A 502 or 504 comes from a proxy, which may have passed the call
+    # on before the server failed or it stopped waiting: the call may have taken effect.
+    return _Attempt(
+        ToolError(
+            kind="unavailable",
+            message=f"MCP server {name} answered HTTP {refusal.status}",
+            retryable=True,
+            suggestion="try again later",
+        ),
+        definite=refusal.status == 503,
+        counts_against_server=True,
+        retry_in_s=refusal.retry_after_s,
+    )
 
 
 def _inverse_of(tool: ToolSpec, call: ToolCallAuthorized, result: JsonValue) -> InverseCall | None:

@@ -1,50 +1,61 @@
 """The gateway's HTTP transport to Streamable HTTP MCP servers.
 
-The MCP SDK reports any error status of a call as a bare JSON-RPC internal error, so a
-server (or the proxy in front of it) answering 429 Too Many Requests would look down: the
-call would count against its breaker, and its Retry-After would be lost. This transport
-hands a 429 to the call that caused it as a JSON-RPC error of its own, which the SDK passes
-on as it is, carrying the wait the server asked for.
+The MCP SDK reports any error status of a call as a bare JSON-RPC internal error. The
+gateway needs the status itself: a 429 (from the server or a proxy in front of it) is rate
+limiting, not a server down, and says when to try again; a 503 was not handled and may say
+when to try again; a 502 or 504 from a proxy may come after the server ran the call, so its
+outcome is unknown and a tool that is not idempotent must not be sent again. This transport
+hands such an answer to the call that caused it as a JSON-RPC error of its own, which the
+SDK passes on as it is, carrying the status and the server's Retry-After.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import httpx2
 
 from helmline.runtime import retry_after_s
 
-RATE_LIMITED = -32029
-"""JSON-RPC code (implementation-defined server error) of a call the server refused with 429."""
-RATE_LIMITED_MARK = "helmline/http-429"
+HANDED_OVER = frozenset({429, 502, 503, 504})
+"""Statuses whose meaning the gateway acts on; other error statuses stay the SDK's."""
+REFUSED_OVER_HTTP = -32029
+"""JSON-RPC code (implementation-defined server error) of a call answered with one of them."""
+MARK = "helmline/http-status"
 """In the error's `data`: this transport made the error, not the server."""
 
 
-class RateLimitAware(httpx2.AsyncBaseTransport):
-    """Wraps a transport; turns a 429 answer to a JSON-RPC request into a JSON-RPC error."""
+class HttpStatusAware(httpx2.AsyncBaseTransport):
+    """Wraps a transport; turns a 429, 502, 503 or 504 answer to a JSON-RPC request into a
+    JSON-RPC error naming the status."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self._inner = inner
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
-        if response.status_code != 429 or request.method != "POST":
+        if response.status_code not in HANDED_OVER or request.method != "POST":
             return response
         request_id = _request_id(request.content)
         if request_id is None:
             return response  # A notification: nothing waits for its answer.
         await response.aread()
         await response.aclose()
+        status = HTTPStatus(response.status_code)
         error = {
-            "code": RATE_LIMITED,
-            "message": "the server answered 429 Too Many Requests",
-            "data": {"by": RATE_LIMITED_MARK, "retry_after_s": retry_after_s(response.headers)},
+            "code": REFUSED_OVER_HTTP,
+            "message": f"the server answered {status.value} {status.phrase}",
+            "data": {
+                "by": MARK,
+                "status": status.value,
+                "retry_after_s": retry_after_s(response.headers),
+            },
         }
         return httpx2.Response(
-            429,
+            status.value,
             json={"jsonrpc": "2.0", "id": request_id, "error": error},
             request=request,
         )
@@ -62,16 +73,20 @@ def _request_id(body: bytes) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class TooManyRequests:
-    """A call the server answered 429, as this transport handed it over."""
+class HttpRefusal:
+    """A call answered with an error status, as this transport handed it over."""
 
+    status: int
+    """429, 502, 503 or 504."""
     retry_after_s: float | None
     """The wait the server asked for, if it said."""
 
 
-def too_many_requests(data: Any) -> TooManyRequests | None:
-    """The 429 a JSON-RPC error's `data` carries, when this transport made the error."""
-    if not isinstance(data, dict) or data.get("by") != RATE_LIMITED_MARK:
+def http_refusal(data: Any) -> HttpRefusal | None:
+    """The error status a JSON-RPC error's `data` carries, when this transport made it."""
+    if not isinstance(data, dict) or data.get("by") != MARK:
         return None
-    wait = data.get("retry_after_s")
-    return TooManyRequests(float(wait) if isinstance(wait, int | float) else None)
+    status, wait = data.get("status"), data.get("retry_after_s")
+    if not isinstance(status, int):
+        return None
+    return HttpRefusal(status, float(wait) if isinstance(wait, int | float) else None)

@@ -28,7 +28,7 @@ from mcp.types import (
 )
 
 from helmline.tool_gateway._config import ServerConfig
-from helmline.tool_gateway._http import RateLimitAware
+from helmline.tool_gateway._http import HttpStatusAware
 from helmline.tool_gateway._registry import ListedTool, ServerView, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker, CircuitState
 
@@ -158,7 +158,7 @@ class McpServer:
             httpx2.AsyncClient(
                 headers=config.http.headers,
                 timeout=httpx2.Timeout(30.0, read=None),
-                transport=RateLimitAware(httpx2.AsyncHTTPTransport()),
+                transport=HttpStatusAware(httpx2.AsyncHTTPTransport()),
             )
         )
         return streamable_http_client(config.http.url, http_client=http)
