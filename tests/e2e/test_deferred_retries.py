@@ -76,6 +76,8 @@ async def hanging_server(
         "retries": 0,
         "timeout_s": 0.5,
         "circuit": {"failures": 1, "reset_s": reset_s},
+        # A timed-out call may have taken effect: only a tool that may run twice is retried.
+        "tools": {"hang": {"idempotent": True}},
     }
     with federating_stack(nats_url, folder / "stack", [config]) as stack:
         server = HangingServer(server_id, state, stack)
