@@ -11,6 +11,7 @@ from helmline.contracts import (
     ForkOrigin,
     Payload,
     PlanApproved,
+    PlanProposed,
     PlanStep,
     Playbook,
     RollbackCompleted,
@@ -95,6 +96,23 @@ def test_independent_steps_are_scheduled_together_and_the_join_after_both() -> N
     (completed,) = session.complete("c")
     assert isinstance(completed, SessionCompleted)
     assert completed.summary == "3 of 3 steps succeeded"
+
+
+def test_a_replan_rewires_which_steps_a_finished_step_releases() -> None:
+    session = Session(_chain())
+    session.happen(PlanApproved(revision=1, approved_by=ANA))
+    # As a goal session's planner replans: pending c is superseded, and d waits for a alone.
+    session.happen(StepSkipped(step_id="c", reason="replaced by plan revision 2"))
+    replanned = (
+        PlanStep(id="a", tool="echo"),
+        PlanStep(id="b", tool="echo"),
+        PlanStep(id="d", tool="echo", depends_on=("a",)),
+    )
+    session.happen(PlanProposed(revision=2, steps=replanned))
+    session.happen(PlanApproved(revision=2, approved_by=ANA))
+    assert "d" in fold(session.events).steps["a"].dependants
+    assert _scheduled(session.complete("a")) == ["d"]
+    assert _scheduled(session.complete("b")) == []
 
 
 def test_nothing_runs_before_the_plan_is_approved() -> None:

@@ -118,6 +118,8 @@ class StepState:
     """The arguments of the latest attempt."""
     depends_on: tuple[str, ...] = ()
     """Steps it waits for."""
+    dependants: tuple[str, ...] = ()
+    """Steps of the plan that wait for it: the only ones its success can make ready."""
     risk: Risk | None = None
     """Risk declared by the plan or decided by policy."""
     on_denied: Literal["fail", "continue"] | None = None
@@ -808,7 +810,16 @@ class SessionFold:
                 )
         for step_id, known in self.steps.items():
             steps.setdefault(step_id, known)
-        self.steps = steps
+        dependants: dict[str, list[str]] = {step_id: [] for step_id in steps}
+        for laid_out in steps.values():
+            for dependency in laid_out.depends_on:
+                dependants.setdefault(dependency, []).append(laid_out.id)
+        self.steps = {
+            step_id: laid_out
+            if laid_out.dependants == tuple(dependants[step_id])
+            else _copy_with(laid_out, dependants=tuple(dependants[step_id]))
+            for step_id, laid_out in steps.items()
+        }
         self.shared.discard("steps")
 
     def _decide(

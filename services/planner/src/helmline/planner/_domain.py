@@ -137,7 +137,8 @@ def _advance(
     skipping = set(skipped)
     candidates: Iterable[StepState] = state.steps.values()
     if after is not None:
-        candidates = [step for step in candidates if after in step.depends_on]
+        finished = state.steps.get(after)
+        candidates = [state.steps[d] for d in finished.dependants] if finished else []
     for step in candidates:
         if step.status not in READY or step.id in skipping:
             continue
