@@ -61,14 +61,17 @@ def http_server(state_dir: Path, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def write_servers_file(path: Path, server_id: str, state_dir: Path, **settings: Any) -> Path:
-    """An MCP servers file federating the test server as `server_id`, with `settings`."""
-    server = {
-        "id": server_id,
-        "stdio": {"command": sys.executable, "args": [str(TEST_SERVER), str(state_dir)]},
-        "risk": "low",
-        **settings,
-    }
+def write_servers_file(
+    path: Path, server_id: str, state_dir: Path, *, http: str | None = None, **settings: Any
+) -> Path:
+    """An MCP servers file federating the test server as `server_id`, with `settings`: over
+    stdio, or at the Streamable HTTP URL `http` (see the `http_server` fixture)."""
+    transport = (
+        {"http": {"url": http}}
+        if http is not None
+        else {"stdio": {"command": sys.executable, "args": [str(TEST_SERVER), str(state_dir)]}}
+    )
+    server = {"id": server_id, **transport, "risk": "low", **settings}
     path.write_text(yaml.safe_dump({"servers": [server]}))
     return path
 

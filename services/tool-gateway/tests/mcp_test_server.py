@@ -3,8 +3,8 @@ purpose, for the gateway's tests: `python mcp_test_server.py STATE_DIR` over std
 `python mcp_test_server.py STATE_DIR PORT` over Streamable HTTP on 127.0.0.1:PORT. Over
 HTTP, while STATE_DIR/http-answer exists, the next tool call is answered with the status it
 names instead (and the file removed), as a proxy in front of the server would: `429 1` is
-429 with `Retry-After: 1`, without passing the call on; `504 after` passes the call on, so
-the tool runs, and answers 504 all the same.
+429 with `Retry-After: 1`, without passing the call on; `504 after 7` passes the call on, so
+the tool runs, and answers 504 (with `Retry-After: 7`) all the same.
 
 Every call is counted in STATE_DIR/calls-<tool>.log before the tool does anything, so a test
 can tell how often the gateway really sent a call, even across gateway restarts.
@@ -122,10 +122,9 @@ class ProxyAnswer:
         flag.unlink()
         _count("refused")
         headers = [(b"content-type", b"text/plain")]
-        if rest == ["after"]:
+        if "after" in rest:
             await self.app(scope, replay, _swallowed)
-        elif rest:
-            headers.append((b"retry-after", rest[0].encode()))
+        headers += [(b"retry-after", seconds.encode()) for seconds in rest if seconds != "after"]
         await send({"type": "http.response.start", "status": int(status), "headers": headers})
         await send({"type": "http.response.body", "body": b"refused by the proxy"})
 

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import yaml
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
@@ -153,17 +152,16 @@ async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_c
     tmp_path: Path,
     http_server: str,
 ) -> None:
-    servers = tmp_path / "servers.yaml"
-    server = {
-        "id": server_id,
-        "http": {"url": http_server},
-        "risk": "low",
-        "retries": 2,
+    servers = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        http=http_server,
+        retries=2,
         # One failure counted against the server would open its breaker, and the retry
         # would then fail fast.
-        "circuit": {"failures": 1, "reset_s": 60},
-    }
-    servers.write_text(yaml.safe_dump({"servers": [server]}))
+        circuit={"failures": 1, "reset_s": 60},
+    )
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
         (state_dir / "http-answer").write_text("429 1")
@@ -199,9 +197,9 @@ async def test_a_503_is_tried_again_but_a_proxys_504_after_the_call_ran_is_not(
     tmp_path: Path,
     http_server: str,
 ) -> None:
-    servers = tmp_path / "servers.yaml"
-    server = {"id": server_id, "http": {"url": http_server}, "risk": "low", "retries": 2}
-    servers.write_text(yaml.safe_dump({"servers": [server]}))
+    servers = write_servers_file(
+        tmp_path / "servers.yaml", server_id, state_dir, http=http_server, retries=2
+    )
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
         # 503: the call was not handled, so even a tool not declared idempotent is sent
@@ -218,13 +216,14 @@ async def test_a_503_is_tried_again_but_a_proxys_504_after_the_call_ran_is_not(
 
         # 504 from the proxy after the server ran the call: it may have taken effect, so it
         # is not sent again, and the failure tells the planner not to try it again either.
-        (state_dir / "http-answer").write_text("504 after")
+        (state_dir / "http-answer").write_text("504 after 7")
         call_id = await calls.authorise(f"{server_id}__note", message="once")
         outcome = await calls.outcome(call_id)
         assert isinstance(outcome, ToolCallFailed), outcome
         assert (outcome.error.kind, outcome.error.retryable) == ("unknown_outcome", False)
         assert "504" in outcome.error.message
         assert outcome.error.suggestion
+        assert outcome.retry_at is None  # Not to be tried again, whatever the proxy asked.
         assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (2, 2)
 
 

@@ -168,14 +168,16 @@ class GatewayHandler:
                     and (failure.retry_in_s or 0.0) <= LONGEST_PAUSE_S
                 )
                 if not retry:
+                    reported = _as_reported(failure, tool)
                     await self._record(
                         cause,
                         failed(
                             call,
-                            _as_reported(failure, tool),
+                            reported,
                             attempts=attempt,
                             duration_ms=(time.perf_counter() - began) * 1000,
-                            retry_in_s=failure.retry_in_s,
+                            # When to try again means nothing for a call not to be retried.
+                            retry_in_s=failure.retry_in_s if reported.retryable else None,
                         ),
                     )
                     return
