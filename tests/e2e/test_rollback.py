@@ -17,6 +17,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
+    SANDBOX_CONSUMER,
+    STATE_CONSUMER,
     Actor,
     CompensationCompleted,
     CompensationScheduled,
@@ -376,11 +378,19 @@ async def test_a_rollback_survives_killing_the_state_and_sandbox_services_undoin
         for victim in ("state", "sandbox"):
             stack.kill(victim)
             await asyncio.to_thread(stack.start, victim)
-        waiting: SessionState = await eventually(
-            lambda: _undo_waiting(store, tenant, session_id),
-            timeout_s=60,
-            what="an undo call waiting for its approval",
-        )
+        # Each service killed may have held a message of the rollback in flight (the state
+        # service nearly always does): JetStream delivers it again only after its consumer's
+        # ack_wait, so the rollback may go on only after one such wait per kill.
+        recovery_s = STATE_CONSUMER.ack_wait_s + SANDBOX_CONSUMER.ack_wait_s + 30
+        try:
+            waiting: SessionState = await eventually(
+                lambda: _undo_waiting(store, tenant, session_id),
+                timeout_s=recovery_s,
+                what="an undo call waiting for its approval",
+            )
+        except TimeoutError as error:
+            log = await _timeline(store, tenant, session_id)
+            raise AssertionError(f"{error}; the log:\n{log}") from error
         assert waiting.rollbacks["rb-killed"].active
         stack.kill("state")
         await asyncio.to_thread(stack.start, "state")
@@ -439,6 +449,14 @@ async def test_a_fork_at_checkpoint_10_completes_on_its_own_and_leaves_its_origi
 
 async def _logged(store: EventStore, tenant: str, session_id: str, kind: type) -> bool:
     return any(isinstance(s.event.data, kind) for s in await store.read_all(tenant, session_id))
+
+
+async def _timeline(store: EventStore, tenant: str, session_id: str) -> str:
+    """The session's log, one event a line: what a failure shows of how far it got."""
+    return "\n".join(
+        f"{s.seq} {s.event.time:%H:%M:%S.%f} {s.event.source} {s.event.type}"
+        for s in await store.read_all(tenant, session_id)
+    )
 
 
 async def _undo_waiting(store: EventStore, tenant: str, session_id: str) -> SessionState | None:
