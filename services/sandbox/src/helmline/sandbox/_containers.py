@@ -33,6 +33,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 from docker.models.containers import Container
 from docker.types import Mount, Ulimit
 from docker.utils.socket import frames_iter
@@ -218,6 +219,18 @@ class ContainerBackend:
                     retryable=True,
                 )
             ) from error
+        except _LostCommand as lost:
+            await asyncio.to_thread(_remove, warm.container)
+            raise ToolRefused(
+                ToolError(
+                    kind="unknown_outcome",
+                    message="the container engine stopped answering after the command was "
+                    f"started, so it may have run in part or in full: {lost.cause}",
+                    retryable=False,
+                    suggestion="look at the workspace to see what the command did before "
+                    "running it again",
+                )
+            ) from lost.cause
         usage = used()
         if await asyncio.to_thread(self._clean, warm, uid):
             warm.idle_since = time.monotonic()
@@ -364,6 +377,10 @@ class ContainerBackend:
             if ended == "exited":
                 inspected: dict[str, Any] = await asyncio.to_thread(api.exec_inspect, exec_id)
                 exit_code = inspected.get("ExitCode")
+        except (docker.errors.DockerException, requests.RequestException) as error:
+            # The command was started: an engine failure now (an error, or no answer at all)
+            # cannot say it did not run.
+            raise _LostCommand(error) from error
         finally:
             cancelled.cancel()
             if not crossed.done():
@@ -426,6 +443,17 @@ class ContainerBackend:
                     del self._idle[key]
 
 
+class _LostCommand(Exception):
+    """The engine failed after the command was started, so whether it ran is unknown."""
+
+    def __init__(self, cause: docker.errors.DockerException | requests.RequestException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _remove(container: Container) -> None:
-    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+    # Gone already, or the engine is: nothing left to remove from here.
+    with contextlib.suppress(
+        docker.errors.NotFound, docker.errors.APIError, requests.RequestException
+    ):
         container.remove(force=True)

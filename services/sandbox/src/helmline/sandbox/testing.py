@@ -33,6 +33,28 @@ class EngineUnavailable(Exception):
     """No private engine can run here; the message says why (for a test's skip reason)."""
 
 
+def _kill_leftovers(root: str) -> None:
+    """SIGKILL every process whose command line names `root` (a killed engine's containerd
+    and shims), and every process below them (the containers'). Blocking."""
+    parents: dict[int, int] = {}
+    named: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            parents[int(entry.name)] = int(
+                (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            )
+            if root in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                named.append(int(entry.name))
+    doomed = set(named)
+    while grown := {pid for pid, parent in parents.items() if parent in doomed} - doomed:
+        doomed |= grown
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 class PrivateDockerd:
     """`dockerd` for the duration of a `with` block; `host` is its API address."""
 
@@ -41,8 +63,13 @@ class PrivateDockerd:
         self._root = Path(tempfile.mkdtemp(prefix="hl-dockerd-", dir="/tmp"))
         self.host = f"unix://{self._root}/docker.sock"
         self._process: subprocess.Popen[bytes] | None = None
+        self._killed = False
 
     def __enter__(self) -> PrivateDockerd:
+        self._start()
+        return self
+
+    def _start(self) -> None:
         binary = shutil.which("dockerd")
         if binary is None:
             raise EngineUnavailable("dockerd is not installed (Debian: apt-get install docker.io)")
@@ -71,7 +98,7 @@ class PrivateDockerd:
                     probe.connect(str(self._root / "docker.sock"))
                     with contextlib.closing(self.client()) as client:
                         client.ping()
-                    return self
+                    return
                 except (OSError, docker.errors.DockerException):
                     pass
                 if self._process.poll() is not None or time.monotonic() > deadline:
@@ -94,12 +121,22 @@ class PrivateDockerd:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        if self._killed:
+            _kill_leftovers(str(self._root))
         # dockerd leaves its network namespace mounted under the exec root.
         with open("/proc/self/mounts") as mounts:
             points = [line.split()[1] for line in mounts if str(self._root) in line]
         for point in sorted(points, reverse=True):
             subprocess.run(["umount", "--lazy", point], check=False, capture_output=True)
         shutil.rmtree(self._root, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL dockerd, as a crash would: containerd, its shims and the containers keep
+        running, until the end of the `with` block kills them."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._killed = True
 
     def client(self) -> docker.DockerClient:
         """A new client of this engine; close it when done."""
