@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -217,3 +217,79 @@ async def test_one_session_is_handled_in_order(
     await store.append_all([_thought(started, text) for text in texts])
     await eventually(lambda: len(recorder.texts()) == 50, what="all handled")
     assert recorder.texts() == texts
+
+
+class Gatherer(Recorder):
+    """Lets thoughts starting with "late" gather; records each gathering handed over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gatherings: list[list[str]] = []
+        self.fail_gathering = False
+
+    def may_wait(self, event: Event) -> bool:
+        return isinstance(event.data, ThoughtRecorded) and event.data.text.startswith("late")
+
+    async def handle_gathered(self, deliveries: Sequence[Delivery]) -> None:
+        texts = [d.event.data.text for d in deliveries if isinstance(d.event.data, ThoughtRecorded)]
+        self.gatherings.append(texts)
+        if self.fail_gathering:
+            raise RuntimeError("told to fail the gathering")
+        self.handled += deliveries
+
+
+@pytest.fixture
+async def gathering(
+    nc: NATS, js: JetStreamContext, tenant: str
+) -> AsyncIterator[tuple[EventConsumer, Gatherer]]:
+    gatherer = Gatherer()
+    spec = _spec(tenant).model_copy(update={"gather_s": 0.2})
+    running = EventConsumer(nc, js, spec, gatherer)
+    await running.start()
+    yield running, gatherer
+    await running.stop(grace_s=1)
+
+
+async def test_events_that_may_wait_are_handed_over_together_in_order_and_acknowledged(
+    gathering: tuple[EventConsumer, Gatherer], store: EventStore, js: JetStreamContext, tenant: str
+) -> None:
+    _, gatherer = gathering
+    one, two = _started(tenant, "s1"), _started(tenant, "s2")
+    texts = [f"late-{i}" for i in range(20)]
+    await store.append_all([_thought(one, text) for text in texts[:10]])
+    await store.append_all([_thought(two, text) for text in texts[10:]])
+    await eventually(lambda: len(gatherer.texts()) == 20, what="all handled")
+    assert gatherer.gatherings == [texts]
+
+    async def all_acknowledged() -> bool:
+        info = await js.consumer_info(EVENTS_STREAM.name, f"test-{tenant}")
+        return bool(info.num_ack_pending == 0)
+
+    # Well within the 5 s ack_wait: not acknowledged, they would still be pending.
+    await eventually(all_acknowledged, what="every event acknowledged", timeout_s=3)
+
+
+async def test_an_event_that_may_not_wait_comes_after_those_gathered_before_it(
+    gathering: tuple[EventConsumer, Gatherer], store: EventStore, tenant: str
+) -> None:
+    _, gatherer = gathering
+    started = _started(tenant)
+    texts = ["late-a", "late-b", "now", "late-c"]
+    await store.append_all([_thought(started, text) for text in texts])
+    await eventually(lambda: len(gatherer.texts()) == 4, what="all handled")
+    # "now" did not wait the 0.2 s, but was handled after the two gathered before it.
+    assert gatherer.texts() == texts
+    assert gatherer.gatherings == [["late-a", "late-b"], ["late-c"]]
+
+
+async def test_a_gathering_that_fails_is_handled_event_by_event(
+    gathering: tuple[EventConsumer, Gatherer], store: EventStore, tenant: str
+) -> None:
+    _, gatherer = gathering
+    gatherer.fail_gathering = True
+    gatherer.fail = {"late-b": RetryableError}
+    started = _started(tenant)
+    await store.append_all([_thought(started, text) for text in ("late-a", "late-b")])
+    # Alone, "late-b" fails once and is delivered again: each event's own fate.
+    await eventually(lambda: sorted(gatherer.texts()) == ["late-a", "late-b"], what="handled")
+    assert gatherer.gatherings[0] == ["late-a", "late-b"]

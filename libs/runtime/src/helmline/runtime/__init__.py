@@ -5,7 +5,13 @@ Every service stands on this package and `helmline.contracts`; it knows no servi
 
 from helmline.runtime._arguments import ArgumentChecker
 from helmline.runtime._cache import SessionCache
-from helmline.runtime._consumer import Delivery, EventConsumer, Handler, consumer_config
+from helmline.runtime._consumer import (
+    Delivery,
+    EventConsumer,
+    GatheringHandler,
+    Handler,
+    consumer_config,
+)
 from helmline.runtime._deadletters import DeadLetterBox, ParkedLetter, RetryOutcome
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
@@ -42,6 +48,7 @@ __all__ = [
     "EventConsumer",
     "EventStore",
     "FoldedStates",
+    "GatheringHandler",
     "Handler",
     "HelmlineRuntimeError",
     "HttpServer",

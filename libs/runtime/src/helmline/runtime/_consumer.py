@@ -4,6 +4,8 @@ Messages are pushed to a deliver subject that every replica subscribes to in one
 group, so a message reaches one replica as soon as it is stored, with no polling. Within a
 replica, events of one session are handled in stream order and sessions run concurrently
 (unless the consumer opts out of session order: then every message runs at once).
+A consumer may let events gather (`gather_s`): those its handler says may wait are handed
+over together, in stream order, once the time is up or an event that may not wait arrives.
 How a message ends is decided by how its handler ends: normally (ack), `Deferred` (delivered
 again at the time it names), `RetryableError` or an unexpected exception (redelivered after
 a backoff, at most `max_deliver` times), or `PermanentError` / an undecodable body
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -47,7 +51,7 @@ from helmline.contracts import (
 from helmline.runtime._errors import Deferred, PermanentError, RetryableError
 from helmline.runtime._logging import log_context
 from helmline.runtime._metrics import ServiceMetrics
-from helmline.runtime._tracing import handling_span
+from helmline.runtime._tracing import gathered_spans, handling_span
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,21 @@ class Delivery:
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
+
+
+@runtime_checkable
+class GatheringHandler(Protocol):
+    """A handler for a consumer that lets events gather."""
+
+    async def __call__(self, delivery: Delivery) -> None:
+        """Handle one event: one that may not wait, or one of a gathering that failed."""
+
+    def may_wait(self, event: Event) -> bool:
+        """Whether the event may be handled late, together with others."""
+
+    async def handle_gathered(self, deliveries: Sequence[Delivery]) -> None:
+        """Handle events that waited, in stream order; all of them, or raise (each is then
+        handled alone, as if it had not waited)."""
 
 
 def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
@@ -115,8 +134,15 @@ class EventConsumer:
         self._subscription: Subscription | None = None
         self._retries: Subscription | None = None
         self._tails: dict[str, asyncio.Task[None]] = {}
-        self._in_flight: dict[asyncio.Task[None], Msg] = {}
+        self._in_flight: dict[asyncio.Task[None], tuple[Msg, ...]] = {}
         self._keepalive: asyncio.Task[None] | None = None
+        self._gatherer: GatheringHandler | None = None
+        if spec.gather_s > 0:
+            if not isinstance(handler, GatheringHandler):
+                raise TypeError(f"{spec.durable} gathers events; its handler must too")
+            self._gatherer = handler
+        self._gathered: list[tuple[Msg, Event]] = []
+        self._gathering: asyncio.TimerHandle | None = None
 
     @property
     def running(self) -> bool:
@@ -156,6 +182,7 @@ class EventConsumer:
             if subscription is not None:
                 await subscription.unsubscribe()
         self._subscription = self._retries = None
+        self._hand_over_gathered()
         if self._in_flight:
             await asyncio.wait(set(self._in_flight), timeout=grace_s)
         for task in set(self._in_flight):
@@ -169,23 +196,93 @@ class EventConsumer:
     async def _receive(self, message: Msg) -> None:
         # Returns at once so the next message is read; per-session order is kept by chaining
         # each session's messages on the task of the one before.
-        key = _ordering_key(message.subject) if self._spec.in_session_order else message.reply
+        if self._gatherer is not None:
+            with contextlib.suppress(UndecodableEvent):  # Dead-lettered when handled.
+                event = decode_event(message.data, self._upcasters)
+                if self._gatherer.may_wait(event):
+                    self._gather(message, event)
+                    return
+            # Whatever gathered comes before this event, in its session's order too.
+            self._hand_over_gathered()
+        key = self._key_of(message)
         previous = self._tails.get(key)
         task = asyncio.create_task(
             self._handle(message) if previous is None else self._handle_after(previous, message)
         )
-        self._tails[key] = task
-        self._in_flight[task] = message
-        task.add_done_callback(lambda done: self._forget(key, done))
+        self._follow(task, [key], (message,))
+
+    def _key_of(self, message: Msg) -> str:
+        return _ordering_key(message.subject) if self._spec.in_session_order else message.reply
+
+    def _follow(
+        self, task: asyncio.Task[None], keys: Iterable[str], messages: tuple[Msg, ...]
+    ) -> None:
+        """Make `task` the last in line for each of `keys`, handling `messages`."""
+        self._in_flight[task] = messages
+        for key in keys:
+            self._tails[key] = task
+            task.add_done_callback(functools.partial(self._forget, key))
 
     def _forget(self, key: str, task: asyncio.Task[None]) -> None:
-        message = self._in_flight.pop(task, None)
+        messages = self._in_flight.pop(task, ())
         if self._tails.get(key) is task:
             del self._tails[key]
-        if not task.cancelled() and task.exception() is not None and message is not None:
-            # Acking or dead-lettering failed (NATS unreachable): the message stays
-            # unacknowledged and JetStream redelivers it after ack_wait.
-            logger.error("could not settle %s", message.subject, exc_info=task.exception())
+        if not task.cancelled() and task.exception() is not None and messages:
+            # Acking or dead-lettering failed (NATS unreachable): the messages stay
+            # unacknowledged and JetStream redelivers them after ack_wait.
+            subjects = ", ".join(message.subject for message in messages)
+            logger.error("could not settle %s", subjects, exc_info=task.exception())
+
+    def _gather(self, message: Msg, event: Event) -> None:
+        self._gathered.append((message, event))
+        if self._gathering is None:
+            self._gathering = asyncio.get_running_loop().call_later(
+                self._spec.gather_s, self._hand_over_gathered
+            )
+
+    def _hand_over_gathered(self) -> None:
+        """Start handling the events gathered so far, after what came before them."""
+        if self._gathering is not None:
+            self._gathering.cancel()
+            self._gathering = None
+        gathered, self._gathered = self._gathered, []
+        if not gathered:
+            return
+        keys = list(dict.fromkeys(self._key_of(message) for message, _ in gathered))
+        before = [tail for key in keys if (tail := self._tails.get(key)) is not None]
+        task = asyncio.create_task(self._handle_gathered(before, gathered))
+        self._follow(task, keys, tuple(message for message, _ in gathered))
+
+    async def _handle_gathered(
+        self, before: list[asyncio.Task[None]], gathered: list[tuple[Msg, Event]]
+    ) -> None:
+        assert self._gatherer is not None
+        for previous in before:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(previous)
+        deliveries = []
+        for message, event in gathered:
+            seq, deliveries_so_far, _ = ack_position(message.reply)
+            deliveries.append(Delivery(event, seq, deliveries_so_far))
+        traced = [(event, await self._trace_of(event)) for _, event in gathered]
+        began = time.perf_counter()
+        try:
+            with gathered_spans(self._tracer, self._spec.durable, traced):
+                await self._gatherer.handle_gathered(deliveries)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # Each is handled alone, which decides its redelivery.
+            logger.warning("%d events handled together failed", len(gathered), exc_info=True)
+            for message, _ in gathered:
+                await self._handle(message)
+            return
+        seconds = time.perf_counter() - began
+        # No await between them yields: the acks leave in one write.
+        for message, _ in gathered:
+            await message.ack()
+        if self._metrics is not None:
+            for _, event in gathered:
+                self._metrics.handled(self._spec, event, "ok", seconds)
 
     async def _handle_after(self, previous: asyncio.Task[None] | None, message: Msg) -> None:
         if previous is not None:
@@ -335,9 +432,10 @@ class EventConsumer:
         interval = max(self._spec.ack_wait_s / 3, 0.5)
         while True:
             await asyncio.sleep(interval)
-            for message in list(self._in_flight.values()):
-                with contextlib.suppress(nats.errors.Error):
-                    await message.in_progress()
+            for messages in list(self._in_flight.values()):
+                for message in messages:
+                    with contextlib.suppress(nats.errors.Error):
+                        await message.in_progress()
 
 
 def ack_position(ack_subject: str) -> tuple[int, int, int]:

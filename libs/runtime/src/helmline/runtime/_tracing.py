@@ -13,7 +13,7 @@ from event to event, so log lines of one session share a trace id.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -116,6 +116,37 @@ def handling_span(
         set_status_on_exception=True,
     ) as span:
         yield span
+
+
+@contextmanager
+def gathered_spans(
+    tracer: trace.Tracer, consumer: str, handled: Sequence[tuple[Event, str | None]]
+) -> Iterator[None]:
+    """A span for each of events handled together (event, and the traceparent it continues),
+    each in its own trace. None is current: what the handler appends continues the trace
+    of its cause, which the event derived from it carries."""
+    if isinstance(tracer, trace.NoOpTracer):
+        yield
+        return
+    spans = [
+        tracer.start_span(
+            f"{event.type} handle",
+            context=context_of(traceparent),
+            kind=SpanKind.CONSUMER,
+            attributes={"helmline.consumer": consumer, **span_attributes(event)},
+        )
+        for event, traceparent in handled
+    ]
+    try:
+        yield
+    except Exception as error:
+        for span in spans:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        raise
+    finally:
+        for span in spans:
+            span.end()
 
 
 def span_attributes(event: Event) -> dict[str, str | int | float | bool]:

@@ -3,7 +3,7 @@ one compensation at a time, both off the critical path."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from helmline.contracts import (
     CompensationCompleted,
@@ -45,28 +45,63 @@ class StateHandler:
                 await self._advance_rollbacks(event)
             case ToolCallFailed() | ToolCallDenied() as outcome if is_undo_step(outcome.step_id):
                 await self._advance_rollbacks(event)
+            case ToolCallCompleted() | WorkspaceSnapshotted() | WorkspaceRestored():
+                await self.handle_gathered([delivery])
+            case _:
+                pass  # Failures of the plan's own steps.
+
+    def may_wait(self, event: Event) -> bool:
+        """Checkpoints, and the snapshots they note, may be made late; a rollback may not
+        wait, nor may the outcome of one of its undo calls."""
+        match event.data:
+            case ToolCallCompleted() as completed:
+                return not is_undo_step(completed.step_id)
+            case WorkspaceSnapshotted() | WorkspaceRestored():
+                return True
+            case _:
+                return False
+
+    async def handle_gathered(self, deliveries: Sequence[Delivery]) -> None:
+        """A checkpoint for each completed step, all appended in one round trip."""
+        checkpoints: list[Event] = []
+        try:
+            for delivery in deliveries:
+                checkpoints += await self._checkpoint(delivery)
+            appended = await self._store.append_pipelined(checkpoints)
+        except BaseException:
+            # The cache may hold checkpoints that were never stored.
+            for delivery in deliveries:
+                self._sessions.forget(delivery.event.tenant, delivery.event.session_id)
+            raise
+        # Now and then, the folded state too, for fast time travel.
+        latest = {
+            (c.tenant, c.session_id): a.seq for c, a in zip(checkpoints, appended, strict=True)
+        }
+        for (tenant, session_id), seq in latest.items():
+            await self._states.keep_up(tenant, session_id, seq)
+
+    async def _checkpoint(self, delivery: Delivery) -> list[Event]:
+        """The checkpoint that a completion calls for (none for an undo call's, which takes
+        its rollback further instead), kept in the session's cached state."""
+        event = delivery.event
+        match event.data:
             case ToolCallCompleted() as completed:
                 state = await self._sessions.advance(delivery)
                 if _compensates(state, completed.call_id):
                     await self._advance_rollbacks(event)
-                    return
+                    return []
                 checkpoint = event.derive(
                     checkpoint_after(state, completed, delivery.seq, self._tools),
                     source=SOURCE,
                     identity=f"checkpoint/{completed.call_id}",
                 )
-                appended = await self._store.append(checkpoint)
                 self._sessions.record(state, [checkpoint])
-                # Now and then, the folded state too, for fast time travel.
-                await self._states.keep_up(checkpoint.tenant, checkpoint.session_id, appended.seq)
-            case WorkspaceSnapshotted() | WorkspaceRestored() if self._sessions.holds(
-                event.tenant, event.session_id
-            ):
-                # Kept up in a state held in memory, for the next checkpoint; a session not
-                # held is replayed at its next completion, this event included.
+                return [checkpoint]
+            case _ if self._sessions.holds(event.tenant, event.session_id):
+                # A snapshot, kept up in a state held in memory for the next checkpoint; a
+                # session not held is replayed at its next completion, this event included.
                 await self._sessions.advance(delivery)
-            case _:
-                pass  # Other sessions' snapshots, and failures of the plan's own steps.
+        return []
 
     async def _advance_rollbacks(self, cause: Event) -> None:
         """Take each rollback under way one decision further.
