@@ -136,7 +136,13 @@ async def round_trips(folder: Path, count: int) -> list[float]:
                 vote = ApprovalDecisionSubmitted(
                     request_id=asked.data.request_id, decision="grant", decided_by=APPROVER
                 )
-                await store.append(asked.derive(vote, source="bench"))
+                # As the CLI and the API record a person's decision: an intent of its own,
+                # caused by no event.
+                await store.append(
+                    new_event(
+                        vote, tenant=asked.tenant, session_id=asked.session_id, source="bench"
+                    )
+                )
 
             async def on_end(message: Msg) -> None:
                 await ended.put(parse_event_subject(message.subject).session_id)

@@ -136,7 +136,14 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     )
     assert first.json()["event_count"] == 1
     assert first.json()["status"] in ("pending", "planning")
-    checkpoints = (await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)).json()
+
+    async def checkpointed() -> list[dict[str, Any]]:
+        # Made off the steps' path: the session may wait before the checkpoint is in.
+        response = await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)
+        found: list[dict[str, Any]] = response.json()
+        return found
+
+    checkpoints = await eventually(checkpointed, timeout_s=10, what="a checkpoint")
     assert [c["step_id"] for c in checkpoints] == ["write"]
 
 

@@ -11,6 +11,7 @@ import httpx
 
 from helmline.contracts import ThoughtRecorded
 from helmline.runtime import EventStore
+from helmline.runtime.testing import checkpointed
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import start, until, waiting_request
 
@@ -72,6 +73,7 @@ async def test_a_client_resuming_after_event_5_gets_6_to_n_exactly_once(
         f"/sessions/{session_id}/approvals/{request_id}", json={"decision": "grant"}, headers=admin
     )
     await until(client, admin, session_id, "completed")
+    await checkpointed(store, tenant, session_id)
     log = await store.read_all(tenant, session_id)
     fifth = first_five[-1].id
     assert [f.id for f in first_five] == [s.seq for s in log[:5]]

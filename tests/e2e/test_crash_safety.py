@@ -21,7 +21,7 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import EventStore
-from helmline.runtime.testing import ServiceProcesses, auto_approver, eventually
+from helmline.runtime.testing import ServiceProcesses, auto_approver, checkpointed, eventually
 
 APPROVER = Actor(id="robot", roles=("approver",))
 STEPS = 10
@@ -81,7 +81,7 @@ async def test_a_session_survives_a_kill_and_runs_each_tool_once(
 
         await eventually(ended, timeout_s=60, what="the session to end")
 
-    state = (await store.load(tenant, session_id)).state
+    state = await checkpointed(store, tenant, session_id)
     assert state.status == "completed", state.outcome
     ran_log = Path(services.data_dir, "workspaces", tenant, session_id, "ran.log")
     ran = await asyncio.to_thread(ran_log.read_text)

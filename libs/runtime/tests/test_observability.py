@@ -22,6 +22,7 @@ from helmline.contracts import (
     ConsumerSpec,
     Event,
     SessionCompleted,
+    SessionPauseRequested,
     SessionStarted,
     ThoughtRecorded,
     example_event,
@@ -38,6 +39,7 @@ from helmline.runtime import (
     log_context,
 )
 from helmline.runtime._logging import CHATTY_HTTP_CLIENTS
+from helmline.runtime._tracing import traceparent_for
 from helmline.runtime.testing import eventually
 
 
@@ -171,6 +173,53 @@ async def test_with_tracing_off_a_handler_still_continues_the_trace_it_handles(
     _, trace_id, span_id, _ = started.traceparent.split("-")
     assert (lines[0]["trace_id"], lines[0]["span_id"]) == (trace_id, span_id)
     assert stored[1].traceparent == started.traceparent
+
+
+async def test_an_intent_continues_the_trace_where_its_sessions_latest_event_left_it(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    formatter = JsonFormatter("test")
+    seen: dict[str, tuple[object, object]] = {}
+
+    async def note(delivery: Delivery) -> None:
+        record = logging.LogRecord("t", logging.INFO, __file__, 1, "handling", (), None)
+        line = json.loads(formatter.format(record))
+        seen[delivery.event.type] = (line["trace_id"], line["span_id"])
+
+    spec = ConsumerSpec(
+        durable=f"intent-{tenant}",
+        stream=EVENTS_STREAM.name,
+        filter_subjects=(tenant_filter(tenant),),
+        description="test consumer",
+    )
+    consumer = EventConsumer(nc, js, spec, note)
+    await consumer.start()
+    try:
+        started = new_event(
+            SessionStarted(goal="g", requested_by=Actor(id="ana")),
+            tenant=tenant,
+            session_id="s",
+            source="test",
+        )
+        provider = TracerProvider()
+        with provider.get_tracer("test").start_as_current_span("planning") as planning:
+            thought = started.derive(ThoughtRecorded(kind="reasoning", text="t"), source="test")
+            thought = thought.model_copy(update={"traceparent": traceparent_for(thought)})
+        # A person's pause: no cause, appended outside any span.
+        pause = new_event(
+            SessionPauseRequested(requested_by=Actor(id="ana")),
+            tenant=tenant,
+            session_id="s",
+            source="cli",
+        )
+        assert pause.traceparent is None
+        assert pause.causation_id is None
+        await store.append_all([started, thought, pause])
+        await eventually(lambda: len(seen) == 3, what="the three events handled")
+    finally:
+        await consumer.stop(grace_s=1)
+    context = planning.get_span_context()
+    assert seen[pause.type] == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
 
 
 @pytest.fixture

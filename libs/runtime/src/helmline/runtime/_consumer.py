@@ -318,11 +318,17 @@ class EventConsumer:
 
     async def _trace_of(self, event: Event) -> str | None:
         """The trace an event continues: its own; or, for an intent that carries none (a
-        person's approval or pause, appended outside any span), its session's, which the
-        session's first event carries."""
-        if event.traceparent is not None or event.causation_id is not None:
-            return event.traceparent
+        person's approval or pause, appended outside any span), its session's: where the
+        session's latest event handled here left it, else where its first event began it.
+
+        An approval thus continues from the request it answers, which this consumer has
+        usually seen, and costs no read on its way from the person to the tool."""
         key = f"{event.tenant}/{event.session_id}"
+        if event.traceparent is not None:
+            self._note_trace(key, event.traceparent)
+            return event.traceparent
+        if event.causation_id is not None:
+            return None
         if key not in self._session_traces:
             traceparent = None
             with contextlib.suppress(nats.errors.Error, TimeoutError):
@@ -333,10 +339,13 @@ class EventConsumer:
                     next=True,
                 )
                 traceparent = (first.headers or {}).get(Headers.TRACEPARENT)
-            if len(self._session_traces) >= SESSION_TRACES_KEPT:
-                self._session_traces.clear()
-            self._session_traces[key] = traceparent
+            self._note_trace(key, traceparent)
         return self._session_traces[key]
+
+    def _note_trace(self, key: str, traceparent: str | None) -> None:
+        if key not in self._session_traces and len(self._session_traces) >= SESSION_TRACES_KEPT:
+            self._session_traces.clear()
+        self._session_traces[key] = traceparent
 
     async def _settle(self, message: Msg, delivery: Delivery) -> str:
         """Run the handler and ack, nak or dead-letter the message; say which."""

@@ -30,6 +30,7 @@ from helmline.contracts import (
     Event,
     Playbook,
     SessionStarted,
+    SessionState,
     decode_event,
     event_type_filter,
     new_event,
@@ -213,6 +214,25 @@ async def run_playbook(
 
     await eventually(ended, timeout_s=timeout_s, what=f"session {session_id} to end")
     return session_id
+
+
+async def checkpointed(
+    store: EventStore, tenant: str, session_id: str, *, timeout_s: float = 60
+) -> SessionState:
+    """Wait until every step of the session that succeeded has its checkpoint; the state.
+
+    The state service makes checkpoints off the steps' path, some milliseconds late: a
+    session may end, or wait for a person, before its last checkpoint is in the log."""
+
+    async def settled() -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        done = {step.call_id for step in state.steps.values() if step.status == "succeeded"}
+        return state if done <= {c.call_id for c in state.checkpoints} else None
+
+    found: SessionState = await eventually(
+        settled, timeout_s=timeout_s, what=f"the checkpoints of session {session_id}"
+    )
+    return found
 
 
 class AutoApprover:
