@@ -29,6 +29,7 @@ from helmline.contracts import (
     SessionCompleted,
     SessionStarted,
     SessionState,
+    StepRetryDeferred,
     StepScheduled,
     ThoughtRecorded,
     ToolCallCompleted,
@@ -53,6 +54,9 @@ from helmline.state._settings import StateSettings
 ANA = Actor(id="ana", roles=("approver",))
 # A model's answer, with what it cost: the sessions row adds it up.
 (THINKING,) = (p for p in EXAMPLE_PAYLOADS if isinstance(p, ModelExchangeRecorded))
+
+
+RETRY_AT = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def _session(tenant: str, number: int) -> list[Event]:
@@ -108,6 +112,12 @@ def _session(tenant: str, number: int) -> list[Event]:
                     call_id="b.1",
                     tool="run_command",
                     error=ToolError(kind="execution", message="no"),
+                ),
+                source="test",
+            ),
+            started.derive(
+                StepRetryDeferred(
+                    step_id="b", call_id="b.1", retry_at=RETRY_AT, reason="the server is busy"
                 ),
                 source="test",
             ),
@@ -192,6 +202,7 @@ async def _assert_rows_equal_the_fold(store: EventStore, database_url: str, tena
         for step_id, step in state.steps.items():
             assert mine[step_id]["status"] == step.status
             assert mine[step_id]["attempts"] == step.attempts
+            assert mine[step_id]["retry_at"] == step.retry_at
             output = mine[step_id]["output"]
             assert (json.loads(output) if output else None) == step.output
             error = mine[step_id]["error"]

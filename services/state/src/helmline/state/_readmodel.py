@@ -94,6 +94,10 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN tokens_used bigint NOT NULL DEFAULT 0,
         ADD COLUMN cost_usd double precision NOT NULL DEFAULT 0;
     """,
+    # 3: when a step whose call failed is tried again, if not at once.
+    """
+    ALTER TABLE steps ADD COLUMN retry_at timestamptz;
+    """,
 )
 """Schema versions in order; version N is MIGRATIONS[N - 1]. Never edit one that shipped."""
 
@@ -135,6 +139,7 @@ STEP_COLUMNS = (
     "scheduled_at",
     "finished_at",
     "duration_ms",
+    "retry_at",
 )
 APPROVAL_COLUMNS = (
     "tenant",
@@ -265,6 +270,7 @@ def _step_row(state: SessionState, position: int, step: StepState) -> tuple[Any,
         step.scheduled_at,
         step.finished_at,
         step.duration_ms,
+        step.retry_at,
     )
 
 
