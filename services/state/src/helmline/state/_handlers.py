@@ -67,6 +67,9 @@ class StateHandler:
         try:
             for delivery in deliveries:
                 checkpoints += await self._checkpoint(delivery)
+            # In one round trip. What fails there is a NATS outage or a full stream, which
+            # fail every message after the first lost: those stored are the first ones, and
+            # handling the events again (one by one) appends the rest after them, in order.
             appended = await self._store.append_pipelined(checkpoints)
         except BaseException:
             # The cache may hold checkpoints that were never stored.
