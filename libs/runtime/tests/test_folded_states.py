@@ -31,6 +31,7 @@ from helmline.contracts import (
     Playbook,
     RollbackCompleted,
     RollbackRequested,
+    SessionCompleted,
     SessionStarted,
     StepScheduled,
     ThoughtRecorded,
@@ -420,3 +421,28 @@ async def test_a_cache_miss_on_a_long_session_folds_on_from_its_stored_state(
 
     assert state == redelivered == fold(events)
     assert created == []
+
+
+async def test_an_event_after_a_sessions_end_is_applied_without_reading_the_log_again(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    started = new_event(
+        SessionStarted(goal="g", requested_by=ANA), tenant=tenant, session_id="ended", source="t"
+    )
+    events = [
+        started,
+        started.derive(SessionCompleted(summary="done"), source="t"),
+        # The last step's checkpoint, made off the steps' path, after the end.
+        started.derive(CheckpointCreated(checkpoint_id="cp", step_id="s", at_seq=1), source="t"),
+    ]
+    seqs = [(await store.append(event)).seq for event in events]
+    sessions = SessionCache(FoldedStates(js, store))
+    await sessions.advance(Delivery(events[0], seqs[0], deliveries=1))
+    ended = await sessions.advance(Delivery(events[1], seqs[1], deliveries=1))
+    assert ended.is_terminal
+
+    async with session_reads(nc, tenant, "ended") as reads:
+        late = await sessions.advance(Delivery(events[2], seqs[2], deliveries=1))
+
+    assert reads == []
+    assert late == fold(events)

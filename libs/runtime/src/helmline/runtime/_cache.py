@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from helmline.contracts import Event, SessionState, evolve
 from helmline.runtime._consumer import Delivery
 from helmline.runtime._folded_states import FoldedStates
+
+ENDED_KEPT = 100
+"""How many ended sessions a cache keeps (those that ended last)."""
 
 
 class SessionCache:
@@ -25,6 +29,9 @@ class SessionCache:
         self._states = states
         self._capacity = capacity
         self._sessions: dict[tuple[str, str], _Entry] = {}
+        # Events may follow a session's end (its last checkpoint, made off the steps' path):
+        # the latest ended sessions are kept, so that such an event costs no replay.
+        self._ended: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
 
     async def advance(self, delivery: Delivery) -> SessionState:
         """The session's state with the delivered event applied (exactly once).
@@ -35,7 +42,7 @@ class SessionCache:
         """
         event = delivery.event
         key = (event.tenant, event.session_id)
-        entry = self._sessions.get(key)
+        entry = self._sessions.get(key) or self._ended.get(key)
         if delivery.deliveries > 1:
             snapshot = await self._states.load(event.tenant, event.session_id, log_first=True)
             entry = _Entry(snapshot.state, snapshot.last_seq)
@@ -54,7 +61,7 @@ class SessionCache:
     def record(self, state: SessionState, appended: Iterable[Event]) -> SessionState:
         """Apply events the service appended itself, and keep the result."""
         key = (state.tenant, state.session_id)
-        entry = self._sessions.get(key) or _Entry(state, 0)
+        entry = self._sessions.get(key) or self._ended.get(key) or _Entry(state, 0)
         for event in appended:
             state = evolve(state, event)
             entry.own.add(event.id)
@@ -64,15 +71,21 @@ class SessionCache:
 
     def holds(self, tenant: str, session_id: str) -> bool:
         """Whether the session's state is in memory (an event for it costs no replay)."""
-        return (tenant, session_id) in self._sessions
+        key = (tenant, session_id)
+        return key in self._sessions or key in self._ended
 
     def forget(self, tenant: str, session_id: str) -> None:
-        """Drop a session (it ended, or its state must be rebuilt from the log)."""
+        """Drop a session (its state must be rebuilt from the log)."""
         self._sessions.pop((tenant, session_id), None)
+        self._ended.pop((tenant, session_id), None)
 
     def _remember(self, key: tuple[str, str], entry: _Entry) -> None:
         if entry.state.is_terminal:
             self._sessions.pop(key, None)
+            self._ended[key] = entry
+            self._ended.move_to_end(key)
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
             return
         if key not in self._sessions and len(self._sessions) >= self._capacity:
             # Evict the oldest entry; it is rebuilt from the log if it comes back.

@@ -1,10 +1,12 @@
-"""Projecting the log into PostgreSQL: each event in one transaction with its sequence."""
+"""Projecting the log into PostgreSQL: the events gathered in a few milliseconds in one
+transaction, each session's rows with the sequence of its last event."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -18,6 +20,7 @@ from helmline.state._readmodel import (
     MIGRATIONS,
     SESSION_COLUMNS,
     STEP_COLUMNS,
+    Touched,
     approval_rows,
     checkpoint_rows,
     session_row,
@@ -79,12 +82,13 @@ class ReadModel:
         self._pool = pool
         return pool
 
-    async def apply(self, state: SessionState, event: Event, seq: int) -> bool:
-        """Write the rows `event` changed, unless this sequence is already applied."""
+    async def apply(self, changes: Sequence[Projected]) -> int:
+        """Write the rows that sessions' new events changed, in one transaction; how many
+        sessions were written (a session whose rows hold these events already is not)."""
         try:
             pool = await self._connected()
             async with pool.acquire() as connection, connection.transaction():
-                return await self._apply(connection, state, event, seq)
+                return await self._apply(connection, changes)
         except UNAVAILABLE as error:
             # Drop every connection (they are dead or soon will be) and reconnect next time.
             if self._pool is not None:
@@ -92,36 +96,54 @@ class ReadModel:
                 self._pool = None
             raise RetryableError(f"read model unavailable: {error!r}") from error
 
-    async def _apply(
-        self, connection: Connection, state: SessionState, event: Event, seq: int
-    ) -> bool:
-        row = await connection.fetchrow(
-            "SELECT last_seq, event_count FROM sessions"
-            " WHERE tenant = $1 AND session_id = $2 FOR UPDATE",
-            state.tenant,
-            state.session_id,
-        )
-        if row is not None and row["last_seq"] >= seq:
-            return False  # A redelivery: this event is in the rows already.
-        # The rows are one event behind the state only if every earlier event was written in
-        # order; after a retry or a redelivery they may not be, and then the whole session is
-        # written again rather than the rows this event names.
-        previous = row["event_count"] if row is not None else 0
-        rows = touched(event.data) if previous == state.event_count - 1 else EVERY_ROW
-        if rows.every_row:
+    async def _apply(self, connection: Connection, changes: Sequence[Projected]) -> int:
+        sessions = ([c.state.tenant for c in changes], [c.state.session_id for c in changes])
+        # Locked in one order, so that two replicas writing the same sessions cannot deadlock.
+        written = {
+            (row["tenant"], row["session_id"]): row
+            for row in await connection.fetch(
+                "SELECT tenant, session_id, last_seq, event_count FROM sessions"
+                f" WHERE {_ANY_SESSION} ORDER BY tenant, session_id FOR UPDATE",
+                *sessions,
+            )
+        }
+        due: list[tuple[Projected, Touched]] = []
+        for change in changes:
+            row = written.get((change.state.tenant, change.state.session_id))
+            if row is not None and row["last_seq"] >= change.last_seq:
+                continue  # A redelivery: these events are in the rows already.
+            # The rows are just these events behind the state only if every earlier event was
+            # written in order; after a retry or a redelivery they may not be, and then the
+            # whole session is written again rather than the rows these events name.
+            previous = row["event_count"] if row is not None else 0
+            behind = change.state.event_count - change.events
+            due.append((change, change.rows if previous == behind else EVERY_ROW))
+        rewritten = [c.state for c, rows in due if rows.every_row]
+        if rewritten:
             for table in ("steps", "approvals", "checkpoints"):
                 await connection.execute(
-                    f"DELETE FROM {table} WHERE tenant = $1 AND session_id = $2",
-                    state.tenant,
-                    state.session_id,
+                    f"DELETE FROM {table} WHERE {_ANY_SESSION}",
+                    [state.tenant for state in rewritten],
+                    [state.session_id for state in rewritten],
                 )
-        await _upsert(connection, "sessions", SESSION_COLUMNS, 2, [session_row(state, seq)])
-        await _upsert(connection, "steps", STEP_COLUMNS, 3, step_rows(state, rows))
-        await _upsert(connection, "approvals", APPROVAL_COLUMNS, 3, approval_rows(state, rows))
-        await _upsert(
-            connection, "checkpoints", CHECKPOINT_COLUMNS, 3, checkpoint_rows(state, rows)
+        tables = (
+            ("steps", STEP_COLUMNS, step_rows),
+            ("approvals", APPROVAL_COLUMNS, approval_rows),
+            ("checkpoints", CHECKPOINT_COLUMNS, checkpoint_rows),
         )
-        return True
+        await _upsert(
+            connection,
+            "sessions",
+            SESSION_COLUMNS,
+            2,
+            [session_row(c.state, c.last_seq) for c, _ in due],
+        )
+        for table, columns, rows_of in tables:
+            rows = [
+                row for change, touched_rows in due for row in rows_of(change.state, touched_rows)
+            ]
+            await _upsert(connection, table, columns, 3, rows)
+        return len(due)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -150,13 +172,56 @@ async def _upsert(
     await connection.executemany(statement, rows)
 
 
+_ANY_SESSION = "(tenant, session_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+"""Rows of the sessions named by two arrays: tenants, and their session ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class Projected:
+    """A session folded through some more of its events, to be written."""
+
+    state: SessionState
+    """The state after them."""
+    rows: Touched
+    """The rows they changed."""
+    events: int
+    """How many they are."""
+    last_seq: int
+    """The stream sequence of the last."""
+
+
 class ProjectionHandler:
-    """Folds every event of a session and writes the rows it changed."""
+    """Folds every event of a session and writes the rows they changed; events gather for
+    a few milliseconds, so that many are written in one transaction."""
 
     def __init__(self, sessions: SessionCache, read_model: ReadModel) -> None:
         self._sessions = sessions
         self._read_model = read_model
 
     async def __call__(self, delivery: Delivery) -> None:
-        state = await self._sessions.advance(delivery)
-        await self._read_model.apply(state, delivery.event, delivery.seq)
+        await self.handle_gathered([delivery])
+
+    def may_wait(self, event: Event) -> bool:
+        """Every event: the read model is a projection, never on a session's path."""
+        return True
+
+    async def handle_gathered(self, deliveries: Sequence[Delivery]) -> None:
+        """Fold each session through its events, then write them all in one transaction."""
+        changes: dict[tuple[str, str], Projected] = {}
+        try:
+            for delivery in deliveries:
+                state = await self._sessions.advance(delivery)
+                key = (state.tenant, state.session_id)
+                rows = touched(delivery.event.data)
+                before = changes.get(key)
+                if before is not None:
+                    rows, events = before.rows | rows, before.events + 1
+                else:
+                    events = 1
+                changes[key] = Projected(state, rows, events, delivery.seq)
+            await self._read_model.apply(list(changes.values()))
+        except BaseException:
+            # Handled again one by one, each event must meet the state just before it.
+            for tenant, session_id in changes:
+                self._sessions.forget(tenant, session_id)
+            raise

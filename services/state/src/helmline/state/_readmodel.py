@@ -190,6 +190,15 @@ class Touched:
     checkpoints: tuple[str, ...] = ()
     every_row: bool = False
 
+    def __or__(self, other: Touched) -> Touched:
+        """The rows either changes."""
+        return Touched(
+            self.steps + other.steps,
+            self.approvals + other.approvals,
+            self.checkpoints + other.checkpoints,
+            self.every_row or other.every_row,
+        )
+
 
 EVERY_ROW = Touched(every_row=True)
 
