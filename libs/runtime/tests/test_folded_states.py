@@ -446,3 +446,19 @@ async def test_an_event_after_a_sessions_end_is_applied_without_reading_the_log_
 
     assert reads == []
     assert late == fold(events)
+
+
+async def test_a_sessions_events_advanced_through_together_fold_as_one_by_one(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "together")
+    seqs = [(await store.append(event)).seq for event in events]
+    deliveries = [Delivery(e, seq, deliveries=1) for e, seq in zip(events, seqs, strict=True)]
+    sessions = SessionCache(FoldedStates(js, store))
+    await sessions.advance(deliveries[0])
+    # The first events again (as after a gathering handed over twice), then the rest.
+    state = await sessions.advance_through(deliveries[:3] + deliveries[3:60])
+    assert state == fold(events[:60])
+    redelivered = Delivery(events[60], seqs[60], deliveries=2)
+    state = await sessions.advance_through([redelivered, *deliveries[61:]])
+    assert state == fold(events)

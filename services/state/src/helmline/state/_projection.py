@@ -4,7 +4,9 @@ transaction, each session's rows with the sequence of its last event."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -207,21 +209,24 @@ class ProjectionHandler:
 
     async def handle_gathered(self, deliveries: Sequence[Delivery]) -> None:
         """Fold each session through its events, then write them all in one transaction."""
-        changes: dict[tuple[str, str], Projected] = {}
+        by_session: dict[tuple[str, str], list[Delivery]] = {}
+        for delivery in deliveries:
+            by_session.setdefault((delivery.event.tenant, delivery.event.session_id), []).append(
+                delivery
+            )
         try:
-            for delivery in deliveries:
-                state = await self._sessions.advance(delivery)
-                key = (state.tenant, state.session_id)
-                rows = touched(delivery.event.data)
-                before = changes.get(key)
-                if before is not None:
-                    rows, events = before.rows | rows, before.events + 1
-                else:
-                    events = 1
-                changes[key] = Projected(state, rows, events, delivery.seq)
-            await self._read_model.apply(list(changes.values()))
+            changes = [
+                Projected(
+                    await self._sessions.advance_through(mine),
+                    functools.reduce(operator.or_, (touched(d.event.data) for d in mine)),
+                    len(mine),
+                    mine[-1].seq,
+                )
+                for mine in by_session.values()
+            ]
+            await self._read_model.apply(changes)
         except BaseException:
             # Handled again one by one, each event must meet the state just before it.
-            for tenant, session_id in changes:
+            for tenant, session_id in by_session:
                 self._sessions.forget(tenant, session_id)
             raise
