@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from nats.js import JetStreamContext
 
 from helmline.contracts import (
     EXAMPLE_PAYLOADS,
@@ -40,7 +41,7 @@ from helmline.contracts import (
     new_event,
     tenant_filter,
 )
-from helmline.runtime import EventStore, ServiceHost
+from helmline.runtime import Delivery, EventStore, FoldedStates, ServiceHost, SessionCache
 from helmline.runtime.testing import eventually
 from helmline.state import (
     RebuildError,
@@ -49,6 +50,7 @@ from helmline.state import (
     rebuild_read_model,
 )
 from helmline.state.__main__ import setup_state
+from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._settings import StateSettings
 
 ANA = Actor(id="ana", roles=("approver",))
@@ -353,3 +355,21 @@ async def test_one_rebuild_at_a_time(store: EventStore, database_url: str) -> No
             await rebuild_read_model(store, database_url)
     finally:
         await other.close()
+
+
+async def test_a_redelivery_gathered_after_newer_events_leaves_the_rows_at_the_newest(
+    js: JetStreamContext, store: EventStore, database_url: str, tenant: str
+) -> None:
+    events = _session(tenant, 3)
+    seqs = [(await store.append(event)).seq for event in events]
+    model = ReadModel(database_url)
+    projection = ProjectionHandler(SessionCache(FoldedStates(js, store)), model)
+    try:
+        first = [Delivery(e, seq, deliveries=1) for e, seq in zip(events, seqs, strict=True)]
+        await projection.handle_gathered(first[:5])
+        # The fifth event failed once and comes back after the newer ones, in one gathering.
+        await projection.handle_gathered([*first[5:], Delivery(events[4], seqs[4], deliveries=2)])
+    finally:
+        await model.close()
+    assert await caught_up(store, database_url, tenant, 1)
+    await _assert_rows_equal_the_fold(store, database_url, tenant)

@@ -220,7 +220,8 @@ class ProjectionHandler:
                     await self._sessions.advance_through(mine),
                     functools.reduce(operator.or_, (touched(d.event.data) for d in mine)),
                     len(mine),
-                    mine[-1].seq,
+                    # Redeliveries come back in any order among new events.
+                    max(d.seq for d in mine),
                 )
                 for mine in by_session.values()
             ]
