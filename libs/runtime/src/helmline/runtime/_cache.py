@@ -85,9 +85,9 @@ class SessionCache:
         """Apply events the service appended itself, and keep the result."""
         key = (state.tenant, state.session_id)
         entry = self._sessions.get(key) or self._ended.get(key) or _Entry(state, 0)
-        for event in appended:
-            state = evolve(state, event)
-            entry.own.add(event.id)
+        appended = list(appended)
+        state = fold(appended, state)
+        entry.own.update(event.id for event in appended)
         entry.state = state
         self._remember(key, entry)
         return state
