@@ -43,6 +43,15 @@ from helmline.runtime._tracing import traceparent_for
 from helmline.runtime.testing import eventually
 
 
+def _every_event_of(tenant: str, name: str) -> ConsumerSpec:
+    return ConsumerSpec(
+        durable=f"{name}-{tenant}",
+        stream=EVENTS_STREAM.name,
+        filter_subjects=(tenant_filter(tenant),),
+        description="test consumer",
+    )
+
+
 def _samples(metrics: ServiceMetrics) -> dict[str, float]:
     text = generate_latest(metrics.registry).decode()
     samples: dict[str, float] = {}
@@ -144,13 +153,9 @@ async def test_with_tracing_off_a_handler_still_continues_the_trace_it_handles(
         )
         await store.append(thought)
 
-    spec = ConsumerSpec(
-        durable=f"trace-{tenant}",
-        stream=EVENTS_STREAM.name,
-        filter_subjects=(tenant_filter(tenant),),
-        description="test consumer",
-    )
-    consumer = EventConsumer(nc, js, spec, think)  # no tracer: tracing is off
+    consumer = EventConsumer(
+        nc, js, _every_event_of(tenant, "trace"), think
+    )  # no tracer: tracing is off
     await consumer.start()
     try:
         started = new_event(
@@ -186,13 +191,7 @@ async def test_an_intent_continues_the_trace_where_its_sessions_latest_event_lef
         line = json.loads(formatter.format(record))
         seen[delivery.event.type] = (line["trace_id"], line["span_id"])
 
-    spec = ConsumerSpec(
-        durable=f"intent-{tenant}",
-        stream=EVENTS_STREAM.name,
-        filter_subjects=(tenant_filter(tenant),),
-        description="test consumer",
-    )
-    consumer = EventConsumer(nc, js, spec, note)
+    consumer = EventConsumer(nc, js, _every_event_of(tenant, "intent"), note)
     await consumer.start()
     try:
         started = new_event(

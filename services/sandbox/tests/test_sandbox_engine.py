@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from helmline.contracts import SandboxExecutionRequested
+from helmline.runtime.testing import eventually
 from helmline.sandbox import SandboxSettings, tools_for
 from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._profiles import SandboxProfile
@@ -48,11 +48,12 @@ async def test_an_engine_lost_after_the_command_started_leaves_its_outcome_unkno
         running = asyncio.create_task(
             tools.execute(request, workspace, (f"t{uuid.uuid4().hex[:12]}", "s1"), control)
         )
-        deadline = time.monotonic() + 30
-        while not (workspace / "started").exists():
-            assert time.monotonic() < deadline, "the command did not start within 30 s"
+
+        def started() -> bool:
             assert not running.done(), running.result()
-            await asyncio.sleep(0.05)
+            return (workspace / "started").exists()
+
+        await eventually(started, timeout_s=30, what="the command to start")
         engine.kill()
         outcome = await asyncio.wait_for(running, timeout=60)
         await tools.close()

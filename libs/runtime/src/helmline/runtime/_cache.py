@@ -42,7 +42,7 @@ class SessionCache:
         """
         event = delivery.event
         key = (event.tenant, event.session_id)
-        entry = self._sessions.get(key) or self._ended.get(key)
+        entry = self._held(key)
         if delivery.deliveries > 1:
             snapshot = await self._states.load(event.tenant, event.session_id, log_first=True)
             entry = _Entry(snapshot.state, snapshot.last_seq)
@@ -63,9 +63,8 @@ class SessionCache:
         order: as `advance` would leave it, folding them in one go where it can (a fold
         copies the state's tables once, not once an event)."""
         first = deliveries[0].event
-        entry = self._sessions.get((first.tenant, first.session_id)) or self._ended.get(
-            (first.tenant, first.session_id)
-        )
+        key = (first.tenant, first.session_id)
+        entry = self._held(key)
         if entry is None or any(delivery.deliveries > 1 for delivery in deliveries):
             for delivery in deliveries:
                 state = await self.advance(delivery)
@@ -78,13 +77,13 @@ class SessionCache:
                 events.append(delivery.event)
                 entry.seen = delivery.seq
         entry.state = fold(events, entry.state)
-        self._remember((first.tenant, first.session_id), entry)
+        self._remember(key, entry)
         return entry.state
 
     def record(self, state: SessionState, appended: Iterable[Event]) -> SessionState:
         """Apply events the service appended itself, and keep the result."""
         key = (state.tenant, state.session_id)
-        entry = self._sessions.get(key) or self._ended.get(key) or _Entry(state, 0)
+        entry = self._held(key) or _Entry(state, 0)
         appended = list(appended)
         state = fold(appended, state)
         entry.own.update(event.id for event in appended)
@@ -94,13 +93,15 @@ class SessionCache:
 
     def holds(self, tenant: str, session_id: str) -> bool:
         """Whether the session's state is in memory (an event for it costs no replay)."""
-        key = (tenant, session_id)
-        return key in self._sessions or key in self._ended
+        return self._held((tenant, session_id)) is not None
 
     def forget(self, tenant: str, session_id: str) -> None:
         """Drop a session (its state must be rebuilt from the log)."""
         self._sessions.pop((tenant, session_id), None)
         self._ended.pop((tenant, session_id), None)
+
+    def _held(self, key: tuple[str, str]) -> _Entry | None:
+        return self._sessions.get(key) or self._ended.get(key)
 
     def _remember(self, key: tuple[str, str], entry: _Entry) -> None:
         if entry.state.is_terminal:

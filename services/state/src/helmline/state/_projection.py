@@ -1,5 +1,5 @@
 """Projecting the log into PostgreSQL: the events gathered in a few milliseconds in one
-transaction, each session's rows with the sequence of its last event."""
+transaction, each session's rows with the sequence of its newest event."""
 
 from __future__ import annotations
 
