@@ -2,7 +2,9 @@
 
 The round trip runs from a person's decision event being appended to the tool call starting
 in the sandbox (`approval.decision_submitted` -> `tool.call.started`), both times as the
-events record them; the bench grants each request 50 ms after it is recorded.
+events record them; the bench grants each request 50 ms after it is recorded. Those are
+three hops (approval, tool gateway, sandbox) through services that sat idle meanwhile: the
+ring bench's laps after as long an idle time are their floor on the machine.
 """
 
 from __future__ import annotations
