@@ -176,14 +176,13 @@ async def stored_seqs(js: JetStreamContext, tenant: str, session_id: str) -> lis
 @asynccontextmanager
 async def requests_seen(
     nc: NATS, subject: str, wanted: Callable[[Msg], bool] = lambda _: True
-) -> AsyncIterator[list[str]]:
-    """The subjects of every request on `subject` that `wanted` picks, as the server
-    receives them."""
-    seen: list[str] = []
+) -> AsyncIterator[list[Msg]]:
+    """Every request on `subject` that `wanted` picks, as the server receives them."""
+    seen: list[Msg] = []
 
     async def received(message: Msg) -> None:
         if wanted(message):
-            seen.append(message.subject)
+            seen.append(message)
 
     subscription = await nc.subscribe(subject, cb=received)
     await nc.flush()
@@ -194,7 +193,7 @@ async def requests_seen(
         await subscription.unsubscribe()
 
 
-def index_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextManager[list[str]]:
+def index_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextManager[list[Msg]]:
     """Every request reading the session's index."""
     key = f".{tenant}.{session_id}.index"
     # A get names the key in its subject (direct) or in its body.
@@ -208,7 +207,7 @@ def index_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextM
     )
 
 
-def session_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextManager[list[str]]:
+def session_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContextManager[list[Msg]]:
     """Every direct get of the session's events."""
     return requests_seen(
         nc,
@@ -217,7 +216,7 @@ def session_reads(nc: NATS, tenant: str, session_id: str) -> AbstractAsyncContex
     )
 
 
-def replays(nc: NATS) -> AbstractAsyncContextManager[list[str]]:
+def replays(nc: NATS) -> AbstractAsyncContextManager[list[Msg]]:
     """Every consumer created on the events stream (a replay streams through one)."""
     return requests_seen(nc, f"$JS.API.CONSUMER.CREATE.{EVENTS_STREAM.name}.>")
 
@@ -301,6 +300,32 @@ async def test_a_busy_session_is_read_once_per_interval_and_stored_every_few_eve
     # One read caught up on 100 events, and stored the states their cadence asked for.
     assert await stored_seqs(js, tenant, "busy") == [seqs[n] for n in (19, 39, 59, 79, 99)]
     await assert_time_travel_folds(states, events[:101], seqs)
+
+
+async def test_a_writer_folds_on_from_what_a_cache_read_on_meeting_the_session(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "met")
+    seqs = [(await store.append(event)).seq for event in events[:10]]
+    now = [0.0]
+    states = FoldedStates(js, store, every=20, interval_s=1.0, clock=lambda: now[0])
+    # The state service's cache meets the session at its tenth event: it reads the log.
+    sessions = SessionCache(states, on_load=states.note_folded)
+    await sessions.advance(Delivery(events[9], seqs[9], deliveries=1))
+
+    async with session_reads(nc, tenant, "met") as reads:
+        for event in events[10:60]:
+            seqs.append((await store.append(event)).seq)
+            assert not await states.keep_up(tenant, "met", seqs[-1])
+        # That read was the interval's: the session is not read again within it.
+        assert reads == []
+        now[0] = 1.0
+        assert await states.keep_up(tenant, "met", seqs[-1])
+
+    # Then only what followed the cache's fold, never the start again.
+    assert [json.loads(read.data)["seq"] for read in reads] == [seqs[9] + 1]
+    assert await stored_seqs(js, tenant, "met") == [seqs[19], seqs[39], seqs[59]]
+    await assert_time_travel_folds(states, events[:60], seqs)
 
 
 async def test_writers_sharing_a_session_index_every_state_due_whichever_stored_it(

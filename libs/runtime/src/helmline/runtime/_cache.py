@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from helmline.contracts import Event, SessionState, evolve, fold
 from helmline.runtime._consumer import Delivery
 from helmline.runtime._folded_states import FoldedStates
+from helmline.runtime._store import SessionSnapshot
 
 ENDED_KEPT = 100
 """How many ended sessions a cache keeps (those that ended last)."""
@@ -25,9 +26,19 @@ class SessionCache:
     one `evolve`.
     """
 
-    def __init__(self, states: FoldedStates, capacity: int = 10_000) -> None:
+    def __init__(
+        self,
+        states: FoldedStates,
+        capacity: int = 10_000,
+        *,
+        on_load: Callable[[str, str, SessionSnapshot], None] | None = None,
+    ) -> None:
+        """`on_load` is told of each state folded from the log on a miss: the only state
+        held here that is the log's own (later ones add only the events the service
+        consumes and appends)."""
         self._states = states
         self._capacity = capacity
+        self._on_load = on_load
         self._sessions: dict[tuple[str, str], _Entry] = {}
         # Events may follow a session's end (its last checkpoint, made off the steps' path):
         # the latest ended sessions are kept, so that such an event costs no replay.
@@ -44,13 +55,9 @@ class SessionCache:
         key = (event.tenant, event.session_id)
         entry = self._held(key)
         if delivery.deliveries > 1:
-            snapshot = await self._states.load(event.tenant, event.session_id, log_first=True)
-            entry = _Entry(snapshot.state, snapshot.last_seq)
+            entry = await self._load(event, up_to_seq=None)
         elif entry is None:
-            snapshot = await self._states.load(
-                event.tenant, event.session_id, up_to_seq=delivery.seq, log_first=True
-            )
-            entry = _Entry(snapshot.state, snapshot.last_seq)
+            entry = await self._load(event, up_to_seq=delivery.seq)
         elif event.id in entry.own:
             entry.own.discard(event.id)  # Appended by this service: already applied.
         elif delivery.seq > entry.seen:
@@ -79,6 +86,14 @@ class SessionCache:
         entry.state = fold(events, entry.state)
         self._remember(key, entry)
         return entry.state
+
+    async def _load(self, event: Event, up_to_seq: int | None) -> _Entry:
+        snapshot = await self._states.load(
+            event.tenant, event.session_id, up_to_seq=up_to_seq, log_first=True
+        )
+        if self._on_load is not None:
+            self._on_load(event.tenant, event.session_id, snapshot)
+        return _Entry(snapshot.state, snapshot.last_seq)
 
     def record(self, state: SessionState, appended: Iterable[Event]) -> SessionState:
         """Apply events the service appended itself, and keep the result."""

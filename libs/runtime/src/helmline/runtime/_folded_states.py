@@ -86,6 +86,9 @@ class FoldedStates:
         self._clock = clock
         self._bucket: KeyValue | None = None
         self._known: OrderedDict[tuple[str, str], _Index] = OrderedDict()
+        self._folded_elsewhere: OrderedDict[tuple[str, str], tuple[SessionSnapshot, float]] = (
+            OrderedDict()
+        )
 
     async def load(
         self,
@@ -123,6 +126,17 @@ class FoldedStates:
             logger.warning("folding %s/%s from its log: %s", tenant, session_id, error)
             return None
 
+    def note_folded(self, tenant: str, session_id: str, snapshot: SessionSnapshot) -> None:
+        """Tell `keep_up` of a fold of the session's log read just now elsewhere in the
+        process (a cache meeting the session): a session with no state stored yet is then
+        folded on from there, not read again from its start, where its largest events are
+        (the playbook, the plan); and that read counts as the interval's."""
+        session = (tenant, session_id)
+        self._folded_elsewhere[session] = (snapshot, self._clock())
+        self._folded_elsewhere.move_to_end(session)
+        while len(self._folded_elsewhere) > _REMEMBERED:
+            self._folded_elsewhere.popitem(last=False)
+
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         """Store the session's states due up to `seq`, one at each `every` of its events
         (reading the session at most once per interval); whether it stored any. Calls for
@@ -140,6 +154,9 @@ class FoldedStates:
     async def _keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         session = (tenant, session_id)
         index = self._known.pop(session, None) or await self._read_index(tenant, session_id)
+        elsewhere, read_at = self._folded_elsewhere.pop(session, (None, None))
+        if index.latest is None and not index.seqs and elsewhere and elsewhere.last_seq <= seq:
+            index = replace(index, latest=elsewhere, folded_at=read_at)
         self._remember(session, index)
         folded_to = index.latest.last_seq if index.latest else max(index.seqs, default=0)
         # The session has at most one event per sequence since the last fold: until enough
@@ -149,7 +166,7 @@ class FoldedStates:
         if seq - folded_to < self._every - index.unstored_events:
             return False
         now = self._clock()
-        if index.latest is not None and now - index.folded_at < self._interval_s:
+        if index.folded_at is not None and now - index.folded_at < self._interval_s:
             return False
         bucket = await self._kv()  # On a stack without the bucket, fails before replaying.
         start = index.latest or await self._nearest(tenant, session_id, index.seqs, seq)
@@ -274,11 +291,13 @@ class _Index:
     revision: int
     """The index key's revision then; 0 when there was none."""
     latest: SessionSnapshot | None = None
-    """The state this writer folded last, stored or not, to fold on from."""
+    """The latest fold of the session this writer knows, stored or not, to fold on from:
+    its own, or one made elsewhere in the process (`note_folded`)."""
     stored_events: int = 0
     """Events in the newest stored state this writer knows of."""
-    folded_at: float = 0.0
-    """When this writer folded `latest` (its clock's time)."""
+    folded_at: float | None = None
+    """When the session was last read to fold `latest` on (this writer's clock); None:
+    never."""
 
     @property
     def unstored_events(self) -> int:

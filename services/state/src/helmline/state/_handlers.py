@@ -36,7 +36,8 @@ class StateHandler:
         self._store = store
         self._tools = tools
         self._states = states
-        self._sessions = SessionCache(states)
+        # What the cache folds on meeting a session, the stored states fold on from.
+        self._sessions = SessionCache(states, on_load=states.note_folded)
 
     async def __call__(self, delivery: Delivery) -> None:
         event = delivery.event
