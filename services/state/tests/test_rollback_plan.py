@@ -112,7 +112,7 @@ class Session:
         return plan_rollback(now, then, rollback)
 
     def decide(self) -> list[Payload]:
-        decisions: list[Decision] = next_decisions(self.plan(), self.state.rollbacks["rb"])
+        decisions: list[Decision] = next_decisions(self.plan(), self.state, "rb")
         for decision in decisions:
             self.add(decision.payload)
         return [d.payload for d in decisions]
@@ -224,6 +224,20 @@ def test_a_rollback_runs_one_compensation_at_a_time_and_ends_where_the_checkpoin
         "edit": "undone",
     }
     assert session.decide() == [], "an ended rollback decides nothing more"
+
+
+def test_an_undo_call_lost_after_its_compensation_was_recorded_is_scheduled_again() -> None:
+    session = four_steps()
+    session.request(1)
+    (restore,) = session.decide()
+    session.add(CompensationCompleted(**_ids(restore), steps=restore.steps))
+    decided = next_decisions(session.plan(), session.state, "rb")
+    # The service was killed after the first of the two appends.
+    session.add(decided[0].payload)
+
+    assert next_decisions(session.plan(), session.state, "rb") == decided[1:]
+    session.add(decided[1].payload)
+    assert session.decide() == [], "nothing more until the undo call's outcome"
 
 
 def test_an_irreversible_step_refuses_the_rollback_naming_it_unless_partial_is_accepted() -> None:

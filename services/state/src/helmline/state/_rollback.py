@@ -2,8 +2,9 @@
 
 Pure. The plan is worked out from the log alone (the session as it is now and as it was at
 the checkpoint), and every decision is a function of the plan and of the compensations the
-log already records, so a redelivered or restarted handler decides the same thing again and
-never schedules a compensation twice.
+log already records, so a redelivered or restarted handler decides the same thing again,
+never schedules a compensation twice, and finishes scheduling one it was stopped halfway
+through (the compensation recorded, its undo call not).
 """
 
 from __future__ import annotations
@@ -196,11 +197,11 @@ def is_undo_step(step_id: str) -> bool:
     return step_id.startswith(_UNDO)
 
 
-def next_decisions(plan: RollbackPlan, rollback: RollbackState) -> list[Decision]:
-    """What the rollback does next, given what the log records of it so far."""
+def next_decisions(plan: RollbackPlan, now: SessionState, rollback_id: str) -> list[Decision]:
+    """What the rollback does next, given what the session's log records of it so far."""
+    rollback = now.rollbacks[rollback_id]
     if not rollback.active:
         return []
-    rollback_id = rollback.rollback_id
     if not rollback.compensations:
         refusal = _refusal(plan, rollback)
         if refusal is not None:
@@ -226,6 +227,9 @@ def next_decisions(plan: RollbackPlan, rollback: RollbackState) -> list[Decision
         match status(compensation.compensation_id):
             case None:
                 return _schedule(rollback_id, compensation)
+            case "scheduled" if _lacks_its_call(now, compensation):
+                # Recorded without its call: the service stopped between the two appends.
+                return [_undo_call(rollback_id, compensation)]
             case "scheduled":
                 return []  # Under way: its outcome decides what comes next.
             case _:
@@ -266,18 +270,27 @@ def _undone(plan: RollbackPlan, done: tuple[Compensation, ...]) -> tuple[str, ..
 
 def _schedule(rollback_id: str, compensation: Compensation) -> list[Decision]:
     identity = f"rollback/{rollback_id}/{compensation.compensation_id}"
-    decisions = [Decision(compensation.scheduled(rollback_id), f"{identity}/scheduled")]
+    scheduled = Decision(compensation.scheduled(rollback_id), f"{identity}/scheduled")
     if compensation.kind == "inverse_tool":
-        assert compensation.tool is not None
-        call = StepScheduled(
-            step_id=compensation_step_id(compensation.step_id),
-            call_id=compensation.compensation_id,
-            tool=compensation.tool,
-            arguments=compensation.arguments or {},
-            compensation_id=compensation.compensation_id,
-        )
-        decisions.append(Decision(call, f"{identity}/call"))
-    return decisions
+        return [scheduled, _undo_call(rollback_id, compensation)]
+    return [scheduled]
+
+
+def _undo_call(rollback_id: str, compensation: Compensation) -> Decision:
+    """The call of an inverse tool that a compensation makes."""
+    assert compensation.tool is not None
+    call = StepScheduled(
+        step_id=compensation_step_id(compensation.step_id),
+        call_id=compensation.compensation_id,
+        tool=compensation.tool,
+        arguments=compensation.arguments or {},
+        compensation_id=compensation.compensation_id,
+    )
+    return Decision(call, f"rollback/{rollback_id}/{compensation.compensation_id}/call")
+
+
+def _lacks_its_call(now: SessionState, compensation: Compensation) -> bool:
+    return compensation.kind == "inverse_tool" and compensation.compensation_id not in now.calls
 
 
 def call_outcome(plan: RollbackPlan, rollback: RollbackState, outcome: Payload) -> Decision | None:
