@@ -230,6 +230,7 @@ def test_an_undo_call_lost_after_its_compensation_was_recorded_is_scheduled_agai
     session = four_steps()
     session.request(1)
     (restore,) = session.decide()
+    assert isinstance(restore, CompensationScheduled)
     session.add(CompensationCompleted(**_ids(restore), steps=restore.steps))
     decided = next_decisions(session.plan(), session.state, "rb")
     # The service was killed after the first of the two appends.
