@@ -199,8 +199,10 @@ class ConsumerSpec(Contract):
     """Subjects delivered to the service."""
     description: str
     """What the service does with them."""
-    ack_wait_s: float = 30.0
-    """Seconds before an unacknowledged message is delivered again."""
+    ack_wait_s: float = 10.0
+    """Seconds before an unacknowledged message is delivered again: how long the work a
+    killed replica held waits before it is taken up again. Handlers still running mark
+    their messages in progress every third of it."""
     max_deliver: int = Field(default=5, ge=1)
     """Deliveries before a message is dead-lettered."""
     max_ack_pending: int = Field(default=1000, ge=1)
