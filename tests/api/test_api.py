@@ -60,6 +60,21 @@ async def waiting_request(
     return request_id
 
 
+async def made_checkpoints(
+    client: httpx.AsyncClient, key: dict[str, str], session_id: str
+) -> list[dict[str, Any]]:
+    """The session's checkpoints once there are any. They are made off the steps' path: a
+    session may wait for a person before its checkpoint is in."""
+
+    async def listed() -> list[dict[str, Any]]:
+        response = await client.get(f"/sessions/{session_id}/checkpoints", headers=key)
+        found: list[dict[str, Any]] = response.json()
+        return found
+
+    found: list[dict[str, Any]] = await eventually(listed, timeout_s=10, what="a checkpoint")
+    return found
+
+
 def assert_problem(response: httpx.Response, status: int, *words: str) -> None:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
@@ -137,13 +152,7 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     assert first.json()["event_count"] == 1
     assert first.json()["status"] in ("pending", "planning")
 
-    async def checkpointed() -> list[dict[str, Any]]:
-        # Made off the steps' path: the session may wait before the checkpoint is in.
-        response = await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)
-        found: list[dict[str, Any]] = response.json()
-        return found
-
-    checkpoints = await eventually(checkpointed, timeout_s=10, what="a checkpoint")
+    checkpoints = await made_checkpoints(client, admin, session_id)
     assert [c["step_id"] for c in checkpoints] == ["write"]
 
 
@@ -260,7 +269,7 @@ async def test_rollback_and_fork_append_their_events(
         f"{base}/rollback", json={"checkpoint_id": "nope"}, headers=operator
     )
     assert_problem(missing, 404, "nope")
-    (checkpoint,) = (await client.get(f"{base}/checkpoints", headers=operator)).json()
+    (checkpoint,) = await made_checkpoints(client, operator, session_id)
     rolled = await client.post(
         f"{base}/rollback", json={"checkpoint_id": checkpoint["checkpoint_id"]}, headers=operator
     )
