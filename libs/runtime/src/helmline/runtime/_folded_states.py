@@ -154,9 +154,11 @@ class FoldedStates:
     async def _keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         session = (tenant, session_id)
         index = self._known.pop(session, None) or await self._read_index(tenant, session_id)
-        elsewhere, read_at = self._folded_elsewhere.pop(session, (None, None))
-        if index.latest is None and not index.seqs and elsewhere and elsewhere.last_seq <= seq:
-            index = replace(index, latest=elsewhere, folded_at=read_at)
+        noted = self._folded_elsewhere.pop(session, None)
+        if noted is not None and index.latest is None and not index.seqs:
+            elsewhere, read_at = noted
+            if elsewhere.last_seq <= seq:
+                index = replace(index, latest=elsewhere, folded_at=read_at)
         self._remember(session, index)
         folded_to = index.latest.last_seq if index.latest else max(index.seqs, default=0)
         # The session has at most one event per sequence since the last fold: until enough

@@ -118,7 +118,11 @@ class StateHandler:
         for rollback in [r for r in now.rollbacks.values() if r.active]:
             plan = plan_rollback(now, await self._at_checkpoint(now, rollback), rollback)
             outcome = call_outcome(plan, rollback, cause.data)
-            decisions = [outcome] if outcome else next_decisions(plan, now, rollback.rollback_id)
+            decisions = (
+                [outcome]
+                if outcome is not None
+                else next_decisions(plan, now, rollback.rollback_id)
+            )
             while decisions:
                 events = [
                     cause.derive(d.payload, source=SOURCE, identity=d.identity) for d in decisions
