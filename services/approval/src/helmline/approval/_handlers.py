@@ -16,6 +16,7 @@ from helmline.approval._policy import (
     judge_vote,
 )
 from helmline.approval._policy_source import PolicySource
+from helmline.approval._rules import Policy
 from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import (
     Actor,
@@ -104,13 +105,15 @@ class ApprovalHandler:
                 self._escalate_later(event, data)
                 if delivery.deliveries == 1:
                     self._notifier.announce(event, policy.document.webhooks)
+            case ApprovalDecisionSubmitted() if delivery.deliveries > 1:
+                decisions = await self._judge_vote_again(event, data, policy)
+                self._settle_timers(event, data, decisions)
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
                 decisions = judge_vote(state, data, policy, datetime.now(UTC))
                 appended = await self._append(event, decisions)
                 self._sessions.record(state, appended)
-                if any(isinstance(d.payload, ApprovalGranted | ApprovalDenied) for d in decisions):
-                    self._cancel_timer(event.tenant, event.session_id, data.request_id)
+                self._settle_timers(event, data, decisions)
             case _:
                 pass
 
@@ -157,6 +160,27 @@ class ApprovalHandler:
             state = (await self._store.load(event.tenant, event.session_id)).state
             self._requesters[key] = state.requested_by
         return self._requesters[key]
+
+    async def _judge_vote_again(
+        self, cause: Event, vote: ApprovalDecisionSubmitted, policy: Policy
+    ) -> list[Decision]:
+        """Judge a redelivered vote as it was judged first, against the session as it was
+        then, and append what of that the log lacks: nothing when it holds it all (not a
+        refusal of a vote that counted), the rest when the service stopped halfway."""
+        log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
+        upto = next((index for index, event in enumerate(log) if event.id == cause.id), len(log))
+        decisions = judge_vote(fold(log[: upto + 1]), vote, policy, cause.time)
+        recorded = {event.id for event in log}
+        missing = [event for event in self._derive(cause, decisions) if event.id not in recorded]
+        await self._store.append_pipelined(missing)
+        self._sessions.forget(cause.tenant, cause.session_id)
+        return decisions
+
+    def _settle_timers(
+        self, cause: Event, vote: ApprovalDecisionSubmitted, decisions: Sequence[Decision]
+    ) -> None:
+        if any(isinstance(d.payload, ApprovalGranted | ApprovalDenied) for d in decisions):
+            self._cancel_timer(cause.tenant, cause.session_id, vote.request_id)
 
     async def _already_judged(self, event: Event, scheduled: StepScheduled) -> bool:
         state = (await self._store.load(event.tenant, event.session_id)).state
@@ -220,16 +244,22 @@ class ApprovalHandler:
         self._timers.pop(_timer_key(event.tenant, event.session_id, request.request_id), None)
 
     async def _append(self, cause: Event, decisions: Sequence[Decision]) -> list[Event]:
-        events = [
+        events = self._derive(cause, decisions)
+        # A grant and the authorisation it releases are one decision: sent together, the
+        # tool call starts a round trip sooner.
+        await self._store.append_pipelined(events)
+        return events
+
+    @staticmethod
+    def _derive(cause: Event, decisions: Sequence[Decision]) -> list[Event]:
+        """The events of `decisions`, with the same ids whenever the same cause decides
+        them again."""
+        return [
             cause.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
             )
             for index, decision in enumerate(decisions)
         ]
-        # A grant and the authorisation it releases are one decision: sent together, the
-        # tool call starts a round trip sooner.
-        await self._store.append_pipelined(events)
-        return events
 
 
 def _timer_key(tenant: str, session_id: str, request_id: str) -> str:
