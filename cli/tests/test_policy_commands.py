@@ -27,6 +27,7 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import EventStore
+from helmline.runtime.testing import session_started
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "policies"
 
@@ -178,13 +179,8 @@ async def test_explain_judges_a_federated_tool_as_the_published_registry_declare
         TOOL_REGISTRY_SUBJECT,
         new_event(registry, tenant=TOOLS_TENANT, session_id=TOOLS_SESSION, source="test"),
     )
-    session_id = uuid.uuid4().hex
-    started = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id=session_id,
-        source="test",
-    )
+    started = session_started(tenant)
+    session_id = started.session_id
     step = PlanStep(id="close", tool="tickets__close", arguments={"id": "T-1"})
     for event in (
         started,

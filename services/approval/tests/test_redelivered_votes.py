@@ -3,7 +3,6 @@ leaves the log as one handling would: what the first did not record, and nothing
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -17,11 +16,11 @@ from helmline.contracts import (
     ApprovalDecisionSubmitted,
     ApprovalRequested,
     Event,
-    SessionStarted,
     StepScheduled,
     new_event,
 )
 from helmline.runtime import Appended, Delivery, EventStore, FoldedStates
+from helmline.runtime.testing import session_started
 
 POLICY = "rules: [{name: ask, tool: run_command, effect: require_approval}]\n"
 APPROVER = Actor(id="bo", roles=("approver",))
@@ -39,13 +38,8 @@ async def waiting_vote(
     handler: ApprovalHandler, store: EventStore, tenant: str
 ) -> tuple[str, Delivery]:
     """A session whose call waits for approval, and a grant of it not yet handled."""
-    session_id = uuid.uuid4().hex
-    started = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id=session_id,
-        source="test",
-    )
+    started = session_started(tenant)
+    session_id = started.session_id
     await store.append(started)
     scheduled = started.derive(
         StepScheduled(step_id="a", call_id="a.1", tool="run_command", arguments={"command": "ls"}),

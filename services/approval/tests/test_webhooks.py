@@ -6,7 +6,6 @@ from __future__ import annotations
 import hmac
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,14 +18,11 @@ from helmline.approval._handlers import ApprovalHandler
 from helmline.approval._policy_source import PolicySource
 from helmline.approval._webhooks import WebhookNotifier, signature
 from helmline.contracts import (
-    Actor,
     ApprovalRequested,
-    SessionStarted,
     decode_event,
-    new_event,
 )
 from helmline.runtime import Delivery, EventStore, FoldedStates
-from helmline.runtime.testing import eventually
+from helmline.runtime.testing import eventually, session_started
 
 SECRET = "s3cret"
 
@@ -92,13 +88,7 @@ async def test_each_request_is_announced_signed_and_retried_after_a_failure(
     requests = []
     try:
         for number in range(2):
-            session_id = uuid.uuid4().hex
-            started = new_event(
-                SessionStarted(goal="g", requested_by=Actor(id="ana")),
-                tenant=tenant,
-                session_id=session_id,
-                source="test",
-            )
+            started = session_started(tenant)
             await store.append(started)
             asked = started.derive(
                 ApprovalRequested(

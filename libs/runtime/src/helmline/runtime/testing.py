@@ -201,6 +201,17 @@ async def eventually(
         await asyncio.sleep(interval_s)
 
 
+def session_started(tenant: str, session_id: str | None = None) -> Event:
+    """The `session.started` of a session with no plan, started by "ana" (a new session
+    unless `session_id` names one)."""
+    return new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id=session_id or uuid.uuid4().hex,
+        source="test",
+    )
+
+
 async def run_playbook(
     store: EventStore, tenant: str, playbook: Playbook, requester: Actor, *, timeout_s: float = 60
 ) -> str:
