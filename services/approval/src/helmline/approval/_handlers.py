@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+
+import nats.errors
 
 from helmline.approval._policy import (
     Decision,
@@ -22,6 +26,7 @@ from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
+    ApprovalExpired,
     ApprovalGranted,
     ApprovalRequested,
     Event,
@@ -33,8 +38,13 @@ from helmline.contracts import (
 )
 from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
 
+logger = logging.getLogger(__name__)
+
 SOURCE = "helmline/approval"
 REQUESTER_CACHE_LIMIT = 10_000
+TIMER_RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0)
+"""Pauses before a due timer tries again to record its decision when NATS did not take it
+(the last repeats): a timer fires once, so it must not give up."""
 
 
 class ApprovalHandler:
@@ -170,9 +180,7 @@ class ApprovalHandler:
         log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
         upto = next((index for index, event in enumerate(log) if event.id == cause.id), len(log))
         decisions = judge_vote(fold(log[: upto + 1]), vote, policy, cause.time)
-        recorded = {event.id for event in log}
-        missing = [event for event in self._derive(cause, decisions) if event.id not in recorded]
-        await self._store.append_pipelined(missing)
+        await self._append_missing(cause, decisions, log)
         self._sessions.forget(cause.tenant, cause.session_id)
         return decisions
 
@@ -221,27 +229,44 @@ class ApprovalHandler:
     async def _escalate_at(
         self, event: Event, request: ApprovalRequested, due: datetime, key: str
     ) -> None:
-        delay = (due - datetime.now(UTC)).total_seconds()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        state = (await self._store.load(event.tenant, event.session_id)).state
-        decisions = judge_escalation(state, request, self._policies.current, datetime.now(UTC))
-        await self._append(event, decisions)
+        await _sleep_until(due)
+        await _until_recorded(
+            lambda: self._escalate(event, request), f"the escalation of {request.request_id}"
+        )
         self._sessions.forget(event.tenant, event.session_id)
         self._timers.pop(key, None)
 
+    async def _escalate(self, cause: Event, request: ApprovalRequested) -> None:
+        state = (await self._store.load(cause.tenant, cause.session_id)).state
+        decisions = judge_escalation(state, request, self._policies.current, datetime.now(UTC))
+        await self._append(cause, decisions)
+
     async def _expire_at(self, event: Event, request: ApprovalRequested) -> None:
-        delay = (request.expires_at - datetime.now(UTC)).total_seconds()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        state = (await self._store.load(event.tenant, event.session_id)).state
-        decisions = judge_expiry(
-            state, request.request_id, datetime.now(UTC), self._policies.current
+        await _sleep_until(request.expires_at)
+        await _until_recorded(
+            lambda: self._expire(event, request), f"the expiry of {request.request_id}"
         )
-        await self._append(event, decisions)
         # The cache did not see the expiry; the next decision on the session replays the log.
         self._sessions.forget(event.tenant, event.session_id)
         self._timers.pop(_timer_key(event.tenant, event.session_id, request.request_id), None)
+
+    async def _expire(self, cause: Event, request: ApprovalRequested) -> None:
+        """Deny the request if nobody decided it; or finish an expiry the log holds only in
+        part (the service stopped between its events), judged as of the session then."""
+        log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
+        upto = next(
+            (
+                index
+                for index, event in enumerate(log)
+                if isinstance(event.data, ApprovalExpired)
+                and event.data.request_id == request.request_id
+            ),
+            len(log),
+        )
+        decisions = judge_expiry(
+            fold(log[:upto]), request.request_id, datetime.now(UTC), self._policies.current
+        )
+        await self._append_missing(cause, decisions, log)
 
     async def _append(self, cause: Event, decisions: Sequence[Decision]) -> list[Event]:
         events = self._derive(cause, decisions)
@@ -249,6 +274,14 @@ class ApprovalHandler:
         # tool call starts a round trip sooner.
         await self._store.append_pipelined(events)
         return events
+
+    async def _append_missing(
+        self, cause: Event, decisions: Sequence[Decision], log: Sequence[Event]
+    ) -> None:
+        """Append those of the events of `decisions` that `log` does not hold."""
+        recorded = {event.id for event in log}
+        events = self._derive(cause, decisions)
+        await self._store.append_pipelined([e for e in events if e.id not in recorded])
 
     @staticmethod
     def _derive(cause: Event, decisions: Sequence[Decision]) -> list[Event]:
@@ -268,3 +301,21 @@ def _timer_key(tenant: str, session_id: str, request_id: str) -> str:
 
 def _escalation_key(tenant: str, session_id: str, request_id: str) -> str:
     return f"escalate:{tenant}/{session_id}/{request_id}"
+
+
+async def _sleep_until(due: datetime) -> None:
+    delay = (due - datetime.now(UTC)).total_seconds()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _until_recorded(decide: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run a due timer's `decide` until NATS takes what it appends."""
+    for attempt in itertools.count():
+        try:
+            await decide()
+            return
+        except (nats.errors.Error, TimeoutError) as error:
+            pause = TIMER_RETRY_DELAYS_S[min(attempt, len(TIMER_RETRY_DELAYS_S) - 1)]
+            logger.warning("could not record %s (%r); trying again in %.0f s", what, error, pause)
+            await asyncio.sleep(pause)
