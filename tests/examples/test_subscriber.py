@@ -8,14 +8,12 @@ import sys
 from pathlib import Path
 
 from helmline.contracts import (
-    Actor,
     Event,
-    SessionStarted,
     ToolCallCompleted,
     ToolCallStarted,
-    new_event,
 )
 from helmline.runtime import EventStore
+from helmline.runtime.testing import session_started
 
 SUBSCRIBER = Path(__file__).resolve().parents[2] / "examples" / "subscriber" / "subscriber.py"
 
@@ -51,18 +49,8 @@ def _calls(root: Event, first: int, count: int) -> list[Event]:
 async def test_exactly_the_filtered_events_then_resume_after_restart(
     nats_url: str, store: EventStore, tenant: str
 ) -> None:
-    root = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id="s1",
-        source="test",
-    )
-    other_tenant = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=f"{tenant}x",
-        session_id="s1",
-        source="test",
-    )
+    root = session_started(tenant, "s1")
+    other_tenant = session_started(f"{tenant}x", "s1")
     await store.append_all([root, *_calls(root, 0, 3)])
     await store.append_all([other_tenant, *_calls(other_tenant, 0, 2)])
 

@@ -13,16 +13,13 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import (
     EVENTS_STREAM,
-    Actor,
     ConsumerSpec,
     DeadLetter,
     Event,
-    SessionStarted,
     ThoughtRecorded,
     dead_letter_subject,
     encode_event,
     event_subject,
-    new_event,
     tenant_filter,
 )
 from helmline.runtime import (
@@ -33,7 +30,7 @@ from helmline.runtime import (
     PermanentError,
     RetryableError,
 )
-from helmline.runtime.testing import eventually
+from helmline.runtime.testing import eventually, session_started
 
 
 def _spec(tenant: str, max_deliver: int = 3) -> ConsumerSpec:
@@ -44,15 +41,6 @@ def _spec(tenant: str, max_deliver: int = 3) -> ConsumerSpec:
         description="test consumer",
         max_deliver=max_deliver,
         ack_wait_s=5,
-    )
-
-
-def _started(tenant: str, session_id: str = "s1") -> Event:
-    return new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id=session_id,
-        source="test",
     )
 
 
@@ -119,7 +107,7 @@ async def test_poison_messages_are_dead_lettered_and_the_next_event_is_processed
     tenant: str,
 ) -> None:
     _, recorder = consumer
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     wrong_version = json.loads(encode_event(started))
     wrong_version["schemaversion"] = 99
     subject = event_subject(tenant, "s1", "session.started")
@@ -148,7 +136,7 @@ async def test_retryable_failures_are_redelivered_then_succeed(
     _, recorder = consumer
     recorder.fail["flaky"] = RetryableError
     recorder.fail_times["flaky"] = 2
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     await store.append(_thought(started, "flaky"))
 
     await eventually(lambda: recorder.texts() == ["flaky"], what="flaky handled")
@@ -174,7 +162,7 @@ async def test_a_deferred_message_comes_again_at_its_time_while_the_session_goes
     running = EventConsumer(nc, js, _spec(tenant, max_deliver=2), handler)
     await running.start()
     try:
-        started = _started(tenant)
+        started = session_started(tenant, "s1")
         await store.append_all([_thought(started, "later"), _thought(started, "next")])
         await eventually(lambda: len(handled) == 2, timeout_s=10, what="both handled")
     finally:
@@ -196,9 +184,9 @@ async def test_permanent_failures_and_exhausted_retries_are_dead_lettered(
     recorder.fail["doomed"] = PermanentError
     recorder.fail["broken"] = RuntimeError
     recorder.fail_times["broken"] = 99
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     await store.append(_thought(started, "doomed"))
-    await store.append(_thought(_started(tenant, "s2"), "broken"))
+    await store.append(_thought(session_started(tenant, "s2"), "broken"))
     await store.append(_thought(started, "fine"))
 
     letters = await _dead_letters(js, tenant, 2)
@@ -212,7 +200,7 @@ async def test_one_session_is_handled_in_order(
     consumer: tuple[EventConsumer, Recorder], store: EventStore, tenant: str
 ) -> None:
     _, recorder = consumer
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     texts = [f"n{i}" for i in range(50)]
     await store.append_all([_thought(started, text) for text in texts])
     await eventually(lambda: len(recorder.texts()) == 50, what="all handled")
@@ -254,7 +242,7 @@ async def test_events_that_may_wait_are_handed_over_together_in_order_and_acknow
     gathering: tuple[EventConsumer, Gatherer], store: EventStore, js: JetStreamContext, tenant: str
 ) -> None:
     _, gatherer = gathering
-    one, two = _started(tenant, "s1"), _started(tenant, "s2")
+    one, two = session_started(tenant, "s1"), session_started(tenant, "s2")
     texts = [f"late-{i}" for i in range(20)]
     await store.append_all([_thought(one, text) for text in texts[:10]])
     await store.append_all([_thought(two, text) for text in texts[10:]])
@@ -273,7 +261,7 @@ async def test_an_event_that_may_not_wait_comes_after_those_gathered_before_it(
     gathering: tuple[EventConsumer, Gatherer], store: EventStore, tenant: str
 ) -> None:
     _, gatherer = gathering
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     texts = ["late-a", "late-b", "now", "late-c"]
     await store.append_all([_thought(started, text) for text in texts])
     await eventually(lambda: len(gatherer.texts()) == 4, what="all handled")
@@ -288,7 +276,7 @@ async def test_a_gathering_that_fails_is_handled_event_by_event(
     _, gatherer = gathering
     gatherer.fail_gathering = True
     gatherer.fail = {"late-b": RetryableError}
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     await store.append_all([_thought(started, text) for text in ("late-a", "late-b")])
     # Alone, "late-b" fails once and is delivered again: each event's own fate.
     await eventually(lambda: sorted(gatherer.texts()) == ["late-a", "late-b"], what="handled")

@@ -13,28 +13,20 @@ from nats.js import JetStreamContext
 from helmline.contracts import (
     EVENTS_STREAM,
     PAYLOAD_CLASSES,
-    Actor,
     ConsumerSpec,
-    SessionStarted,
     ThoughtRecorded,
     UpcasterRegistry,
     encode_event,
     event_subject,
-    new_event,
     tenant_filter,
 )
 from helmline.runtime import DeadLetterBox, Delivery, EventConsumer
-from helmline.runtime.testing import eventually
+from helmline.runtime.testing import eventually, session_started
 
 
 def _old_thought(tenant: str) -> bytes:
     """A thought.recorded stored by an old build, at schema version 1."""
-    started = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id="s1",
-        source="test",
-    )
+    started = session_started(tenant, "s1")
     document = json.loads(
         encode_event(started.derive(ThoughtRecorded(kind="decision", text="use wc"), source="test"))
     )

@@ -40,7 +40,7 @@ from helmline.runtime import (
 )
 from helmline.runtime._logging import CHATTY_HTTP_CLIENTS
 from helmline.runtime._tracing import traceparent_for
-from helmline.runtime.testing import eventually
+from helmline.runtime.testing import eventually, session_started
 
 
 def _every_event_of(tenant: str, name: str) -> ConsumerSpec:
@@ -77,12 +77,7 @@ def test_every_event_type_can_be_observed_appended_and_handled() -> None:
 
 def test_a_session_is_counted_once_with_its_duration_and_duplicates_are_not() -> None:
     metrics = ServiceMetrics("planner")
-    started = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant="t",
-        session_id="s",
-        source="test",
-    )
+    started = session_started("t", "s")
     completed = started.derive(SessionCompleted(), source="test")
     metrics.handled(PLANNER_CONSUMER, started, "ok", 0.001)
     assert _samples(metrics)["helmline_sessions_active{}"] == 1
@@ -114,12 +109,7 @@ def test_a_log_line_is_json_with_the_session_and_trace_it_was_written_in() -> No
 async def test_an_event_appended_inside_a_span_carries_that_span(
     store: EventStore, tenant: str
 ) -> None:
-    started = new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id="s",
-        source="test",
-    )
+    started = session_started(tenant, "s")
     assert started.traceparent is not None, "a session begins a trace"
     await store.append(started)
     provider = TracerProvider()
@@ -158,12 +148,7 @@ async def test_with_tracing_off_a_handler_still_continues_the_trace_it_handles(
     )  # no tracer: tracing is off
     await consumer.start()
     try:
-        started = new_event(
-            SessionStarted(goal="g", requested_by=Actor(id="ana")),
-            tenant=tenant,
-            session_id="s",
-            source="test",
-        )
+        started = session_started(tenant, "s")
         await store.append(started)
         await eventually(lambda: len(lines) == 1, what="the session start handled")
 
@@ -194,12 +179,7 @@ async def test_an_intent_continues_the_trace_where_its_sessions_latest_event_lef
     consumer = EventConsumer(nc, js, _every_event_of(tenant, "intent"), note)
     await consumer.start()
     try:
-        started = new_event(
-            SessionStarted(goal="g", requested_by=Actor(id="ana")),
-            tenant=tenant,
-            session_id="s",
-            source="test",
-        )
+        started = session_started(tenant, "s")
         provider = TracerProvider()
         with provider.get_tracer("test").start_as_current_span("planning") as planning:
             thought = started.derive(ThoughtRecorded(kind="reasoning", text="t"), source="test")

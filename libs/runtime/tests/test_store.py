@@ -10,25 +10,14 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import (
     EVENTS_STREAM,
-    Actor,
     Event,
     PlanProposed,
     PlanStep,
-    SessionStarted,
     StepScheduled,
     ThoughtRecorded,
-    new_event,
 )
 from helmline.runtime import ConcurrencyConflict, EventStore
-
-
-def _started(tenant: str, session_id: str = "s1") -> Event:
-    return new_event(
-        SessionStarted(goal="g", requested_by=Actor(id="ana")),
-        tenant=tenant,
-        session_id=session_id,
-        source="test",
-    )
+from helmline.runtime.testing import session_started
 
 
 def _thought(cause: Event, text: str) -> Event:
@@ -38,7 +27,7 @@ def _thought(cause: Event, text: str) -> Event:
 async def test_two_appends_expecting_the_same_sequence_one_wins(
     store: EventStore, tenant: str
 ) -> None:
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     first = await store.append(started, expected_last_seq=0)
 
     results = await asyncio.gather(
@@ -56,13 +45,13 @@ async def test_two_appends_expecting_the_same_sequence_one_wins(
 
 
 async def test_a_new_session_must_expect_zero(store: EventStore, tenant: str) -> None:
-    await store.append(_started(tenant), expected_last_seq=0)
+    await store.append(session_started(tenant, "s1"), expected_last_seq=0)
     with pytest.raises(ConcurrencyConflict):
-        await store.append(_started(tenant), expected_last_seq=0)
+        await store.append(session_started(tenant, "s1"), expected_last_seq=0)
 
 
 async def test_the_same_event_appended_twice_is_stored_once(store: EventStore, tenant: str) -> None:
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     first = await store.append(started)
     again = await store.append(started)
     assert again.duplicate
@@ -74,7 +63,7 @@ async def test_the_same_event_appended_twice_is_stored_once(store: EventStore, t
 async def test_pipelined_events_are_stored_in_the_order_given_and_once(
     store: EventStore, tenant: str
 ) -> None:
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     await store.append(started)
     thoughts = [_thought(started, str(index)) for index in range(50)]
 
@@ -91,15 +80,15 @@ async def test_pipelined_events_are_stored_in_the_order_given_and_once(
 async def test_other_sessions_do_not_move_a_session_sequence(
     store: EventStore, tenant: str
 ) -> None:
-    mine = await store.append(_started(tenant, "mine"), expected_last_seq=0)
-    await store.append(_started(tenant, "other"), expected_last_seq=0)
-    thought = _thought(_started(tenant, "mine"), "still mine")
+    mine = await store.append(session_started(tenant, "mine"), expected_last_seq=0)
+    await store.append(session_started(tenant, "other"), expected_last_seq=0)
+    thought = _thought(session_started(tenant, "mine"), "still mine")
     appended = await store.append(thought, expected_last_seq=mine.seq)
     assert appended.seq > mine.seq
 
 
 async def test_replay_from_any_sequence_and_fold(store: EventStore, tenant: str) -> None:
-    started = _started(tenant)
+    started = session_started(tenant, "s1")
     plan = started.derive(
         PlanProposed(
             revision=1,
@@ -125,7 +114,7 @@ async def test_replay_from_any_sequence_and_fold(store: EventStore, tenant: str)
 async def test_a_session_longer_than_one_read_is_read_whole_in_order(
     store: EventStore, tenant: str
 ) -> None:
-    started, other = _started(tenant), _started(tenant, "another")
+    started, other = session_started(tenant, "s1"), session_started(tenant, "another")
     thoughts = [_thought(started, str(index)) for index in range(2_345)]
     # Another session's events in between, which no read of s1 may return.
     mixed = [e for i, t in enumerate(thoughts) for e in (t, _thought(other, str(i)))]
@@ -154,7 +143,7 @@ async def test_replays_leave_no_consumer_behind(
 ) -> None:
     # The server holds at most 1,000 consumers; each replay makes one, and one left behind
     # would linger for seconds after it ends.
-    await store.append(_started(tenant))
+    await store.append(session_started(tenant, "s1"))
     before = (await js.stream_info(EVENTS_STREAM.name)).state.consumer_count
     for _ in range(20):
         assert (await store.load(tenant, "s1")).last_seq > 0
