@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from helmline.api import new_api_key, store_api_key
 from helmline.contracts import SessionStarted
 from helmline.runtime import EventStore
-from helmline.runtime.testing import eventually
+from helmline.runtime.testing import checkpointed, eventually
 from tests.api.conftest import Issuer, KeyMaker
 
 HELLO: dict[str, Any] = {
@@ -58,21 +58,6 @@ async def waiting_request(
     pending: list[str] = [r for r, a in state["approvals"].items() if a["status"] == "pending"]
     (request_id,) = pending
     return request_id
-
-
-async def made_checkpoints(
-    client: httpx.AsyncClient, key: dict[str, str], session_id: str
-) -> list[dict[str, Any]]:
-    """The session's checkpoints once there are any. They are made off the steps' path: a
-    session may wait for a person before its checkpoint is in."""
-
-    async def listed() -> list[dict[str, Any]]:
-        response = await client.get(f"/sessions/{session_id}/checkpoints", headers=key)
-        found: list[dict[str, Any]] = response.json()
-        return found
-
-    found: list[dict[str, Any]] = await eventually(listed, timeout_s=10, what="a checkpoint")
-    return found
 
 
 def assert_problem(response: httpx.Response, status: int, *words: str) -> None:
@@ -125,7 +110,7 @@ async def test_without_a_valid_credential_the_answer_is_401(
 
 
 async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_waits_for(
-    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
 ) -> None:
     admin = await make_key(tenant, "admin")
     created = await client.post("/sessions", json={"playbook": HELLO}, headers=admin)
@@ -152,7 +137,8 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     assert first.json()["event_count"] == 1
     assert first.json()["status"] in ("pending", "planning")
 
-    checkpoints = await made_checkpoints(client, admin, session_id)
+    await checkpointed(store, tenant, session_id)  # Made off the steps' path.
+    checkpoints = (await client.get(f"/sessions/{session_id}/checkpoints", headers=admin)).json()
     assert [c["step_id"] for c in checkpoints] == ["write"]
 
 
@@ -269,7 +255,8 @@ async def test_rollback_and_fork_append_their_events(
         f"{base}/rollback", json={"checkpoint_id": "nope"}, headers=operator
     )
     assert_problem(missing, 404, "nope")
-    (checkpoint,) = await made_checkpoints(client, operator, session_id)
+    await checkpointed(store, tenant, session_id)  # Made off the steps' path.
+    (checkpoint,) = (await client.get(f"{base}/checkpoints", headers=operator)).json()
     rolled = await client.post(
         f"{base}/rollback", json={"checkpoint_id": checkpoint["checkpoint_id"]}, headers=operator
     )
