@@ -196,6 +196,7 @@ class EventConsumer:
     async def _receive(self, message: Msg) -> None:
         # Returns at once so the next message is read; per-session order is kept by chaining
         # each session's messages on the task of the one before.
+        event = None
         if self._gatherer is not None:
             with contextlib.suppress(UndecodableEvent):  # Dead-lettered when handled.
                 event = decode_event(message.data, self._upcasters)
@@ -207,7 +208,9 @@ class EventConsumer:
         key = self._key_of(message)
         previous = self._tails.get(key)
         task = asyncio.create_task(
-            self._handle(message) if previous is None else self._handle_after(previous, message)
+            self._handle(message, event)
+            if previous is None
+            else self._handle_after(previous, message, event)
         )
         self._follow(task, [key], (message,))
 
@@ -273,8 +276,8 @@ class EventConsumer:
             raise
         except Exception:  # Each is handled alone, which decides its redelivery.
             logger.warning("%d events handled together failed", len(gathered), exc_info=True)
-            for message, _ in gathered:
-                await self._handle(message)
+            for message, event in gathered:
+                await self._handle(message, event)
             return
         seconds = time.perf_counter() - began
         # No await between them yields: the acks leave in one write.
@@ -284,19 +287,24 @@ class EventConsumer:
             for _, event in gathered:
                 self._metrics.handled(self._spec, event, "ok", seconds)
 
-    async def _handle_after(self, previous: asyncio.Task[None] | None, message: Msg) -> None:
+    async def _handle_after(
+        self, previous: asyncio.Task[None] | None, message: Msg, event: Event | None
+    ) -> None:
         if previous is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(previous)
-        await self._handle(message)
+        await self._handle(message, event)
 
-    async def _handle(self, message: Msg) -> None:
+    async def _handle(self, message: Msg, event: Event | None = None) -> None:
+        """Handle a message (`event`: its body, when it was decoded already)."""
         seq, deliveries, _ = ack_position(message.reply)
-        try:
-            event = decode_event(message.data, self._upcasters)
-        except UndecodableEvent as error:
-            await self._dead_letter(message, "undecodable", f"undecodable: {error}", deliveries)
-            return
+        if event is None:
+            try:
+                event = decode_event(message.data, self._upcasters)
+            except UndecodableEvent as error:
+                reason = f"undecodable: {error}"
+                await self._dead_letter(message, "undecodable", reason, deliveries)
+                return
         began = time.perf_counter()
         with self._context_of(event, await self._trace_of(event)) as span:
             outcome = await self._settle(message, Delivery(event, seq, deliveries))

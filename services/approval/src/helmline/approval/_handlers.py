@@ -180,7 +180,7 @@ class ApprovalHandler:
         log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
         upto = next((index for index, event in enumerate(log) if event.id == cause.id), len(log))
         decisions = judge_vote(fold(log[: upto + 1]), vote, policy, cause.time)
-        await self._append_missing(cause, decisions, log)
+        await self._append(cause, decisions, log)
         self._sessions.forget(cause.tenant, cause.session_id)
         return decisions
 
@@ -266,33 +266,25 @@ class ApprovalHandler:
         decisions = judge_expiry(
             fold(log[:upto]), request.request_id, datetime.now(UTC), self._policies.current
         )
-        await self._append_missing(cause, decisions, log)
+        await self._append(cause, decisions, log)
 
-    async def _append(self, cause: Event, decisions: Sequence[Decision]) -> list[Event]:
-        events = self._derive(cause, decisions)
-        # A grant and the authorisation it releases are one decision: sent together, the
-        # tool call starts a round trip sooner.
-        await self._store.append_pipelined(events)
-        return events
-
-    async def _append_missing(
-        self, cause: Event, decisions: Sequence[Decision], log: Sequence[Event]
-    ) -> None:
-        """Append those of the events of `decisions` that `log` does not hold."""
-        recorded = {event.id for event in log}
-        events = self._derive(cause, decisions)
-        await self._store.append_pipelined([e for e in events if e.id not in recorded])
-
-    @staticmethod
-    def _derive(cause: Event, decisions: Sequence[Decision]) -> list[Event]:
-        """The events of `decisions`, with the same ids whenever the same cause decides
-        them again."""
-        return [
+    async def _append(
+        self, cause: Event, decisions: Sequence[Decision], log: Sequence[Event] = ()
+    ) -> list[Event]:
+        """Append the events of `decisions` that `log` does not hold already (the same
+        cause deciding the same thing again derives the same ids); those appended."""
+        derived = [
             cause.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
             )
             for index, decision in enumerate(decisions)
         ]
+        recorded = {event.id for event in log}
+        events = [event for event in derived if event.id not in recorded]
+        # A grant and the authorisation it releases are one decision: sent together, the
+        # tool call starts a round trip sooner.
+        await self._store.append_pipelined(events)
+        return events
 
 
 def _timer_key(tenant: str, session_id: str, request_id: str) -> str:
