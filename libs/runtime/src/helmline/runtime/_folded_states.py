@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import TypeVar
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
@@ -41,6 +42,9 @@ _REMEMBERED = 1_000
 
 _INDEX_WRITES = 5
 """Attempts to write a session's index while other writers keep changing it."""
+
+
+Value = TypeVar("Value")
 
 
 @cache
@@ -131,11 +135,7 @@ class FoldedStates:
         process (a cache meeting the session): a session with no state stored yet is then
         folded on from there, not read again from its start, where its largest events are
         (the playbook, the plan); and that read counts as the interval's."""
-        session = (tenant, session_id)
-        self._folded_elsewhere[session] = (snapshot, self._clock())
-        self._folded_elsewhere.move_to_end(session)
-        while len(self._folded_elsewhere) > _REMEMBERED:
-            self._folded_elsewhere.popitem(last=False)
+        _keep_latest(self._folded_elsewhere, (tenant, session_id), (snapshot, self._clock()))
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         """Store the session's states due up to `seq`, one at each `every` of its events
@@ -236,10 +236,7 @@ class FoldedStates:
         return SessionSnapshot(folding.state(), last_seq), due
 
     def _remember(self, session: tuple[str, str], index: _Index) -> None:
-        self._known[session] = index
-        self._known.move_to_end(session)
-        while len(self._known) > _REMEMBERED:
-            self._known.popitem(last=False)
+        _keep_latest(self._known, session, index)
 
     async def _nearest(
         self, tenant: str, session_id: str, stored: tuple[int, ...], up_to_seq: int | None
@@ -305,6 +302,17 @@ class _Index:
     def unstored_events(self) -> int:
         """Events folded here since the newest stored state."""
         return _events_in(self.latest) - self.stored_events if self.latest else 0
+
+
+def _keep_latest(
+    kept: OrderedDict[tuple[str, str], Value], session: tuple[str, str], value: Value
+) -> None:
+    """Keep `value` for the session, forgetting the sessions used longest ago past
+    `_REMEMBERED`."""
+    kept[session] = value
+    kept.move_to_end(session)
+    while len(kept) > _REMEMBERED:
+        kept.popitem(last=False)
 
 
 def _events_in(snapshot: SessionSnapshot | None) -> int:
