@@ -487,3 +487,27 @@ async def test_a_sessions_events_advanced_through_together_fold_as_one_by_one(
     redelivered = Delivery(events[60], seqs[60], deliveries=2)
     state = await sessions.advance_through([redelivered, *deliveries[61:]])
     assert state == fold(events)
+
+
+async def test_a_full_cache_forgets_the_session_used_longest_ago(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    def started(session_id: str) -> Event:
+        return new_event(
+            SessionStarted(goal="g", requested_by=ANA),
+            tenant=tenant,
+            session_id=session_id,
+            source="t",
+        )
+
+    first, second, third = (started(session_id) for session_id in ("first", "second", "third"))
+    later = first.derive(CheckpointCreated(checkpoint_id="cp", step_id="s", at_seq=1), source="t")
+    sessions = SessionCache(FoldedStates(js, store), capacity=2)
+    for event in (first, second, later, third):
+        seq = (await store.append(event)).seq
+        await sessions.advance(Delivery(event, seq, deliveries=1))
+
+    # The first session met is still in use; the second, untouched since, made room.
+    assert sessions.holds(tenant, "first")
+    assert not sessions.holds(tenant, "second")
+    assert sessions.holds(tenant, "third")

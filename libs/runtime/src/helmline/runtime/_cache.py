@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+from cachetools import LRUCache
 
 from helmline.contracts import Event, SessionState, evolve, fold
 from helmline.runtime._consumer import Delivery
@@ -13,7 +14,7 @@ from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._store import SessionSnapshot
 
 ENDED_KEPT = 100
-"""How many ended sessions a cache keeps (those that ended last)."""
+"""How many ended sessions a cache keeps (those met last)."""
 
 
 class SessionCache:
@@ -37,12 +38,12 @@ class SessionCache:
         held here that is the log's own (later ones add only the events the service
         consumes and appends)."""
         self._states = states
-        self._capacity = capacity
         self._on_load = on_load
-        self._sessions: dict[tuple[str, str], _Entry] = {}
+        # A session evicted (used longest ago) is rebuilt from the log if it comes back.
+        self._sessions: LRUCache[tuple[str, str], _Entry] = LRUCache(capacity)
         # Events may follow a session's end (its last checkpoint, made off the steps' path):
         # the latest ended sessions are kept, so that such an event costs no replay.
-        self._ended: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._ended: LRUCache[tuple[str, str], _Entry] = LRUCache(ENDED_KEPT)
 
     async def advance(self, delivery: Delivery) -> SessionState:
         """The session's state with the delivered event applied (exactly once).
@@ -122,14 +123,8 @@ class SessionCache:
         if entry.state.is_terminal:
             self._sessions.pop(key, None)
             self._ended[key] = entry
-            self._ended.move_to_end(key)
-            while len(self._ended) > ENDED_KEPT:
-                self._ended.popitem(last=False)
-            return
-        if key not in self._sessions and len(self._sessions) >= self._capacity:
-            # Evict the oldest entry; it is rebuilt from the log if it comes back.
-            self._sessions.pop(next(iter(self._sessions)))
-        self._sessions[key] = entry
+        else:
+            self._sessions[key] = entry
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 import nats.errors
+from cachetools import LRUCache
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -130,7 +131,7 @@ class EventConsumer:
         self._upcasters = upcasters
         self._metrics = metrics
         self._tracer = tracer or NoOpTracer()
-        self._session_traces: dict[str, str | None] = {}
+        self._session_traces: LRUCache[str, str | None] = LRUCache(SESSION_TRACES_KEPT)
         self._subscription: Subscription | None = None
         self._retries: Subscription | None = None
         self._tails: dict[str, asyncio.Task[None]] = {}
@@ -333,7 +334,7 @@ class EventConsumer:
         usually seen, and costs no read on its way from the person to the tool."""
         key = f"{event.tenant}/{event.session_id}"
         if event.traceparent is not None:
-            self._note_trace(key, event.traceparent)
+            self._session_traces[key] = event.traceparent
             return event.traceparent
         if event.causation_id is not None:
             return None
@@ -347,13 +348,8 @@ class EventConsumer:
                     next=True,
                 )
                 traceparent = (first.headers or {}).get(Headers.TRACEPARENT)
-            self._note_trace(key, traceparent)
+            self._session_traces[key] = traceparent
         return self._session_traces[key]
-
-    def _note_trace(self, key: str, traceparent: str | None) -> None:
-        if key not in self._session_traces and len(self._session_traces) >= SESSION_TRACES_KEPT:
-            self._session_traces.clear()
-        self._session_traces[key] = traceparent
 
     async def _settle(self, message: Msg, delivery: Delivery) -> str:
         """Run the handler and ack, nak or dead-letter the message; say which."""

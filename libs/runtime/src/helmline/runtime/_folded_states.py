@@ -12,12 +12,11 @@ import json
 import logging
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TypeVar
 
+from cachetools import LRUCache
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -42,9 +41,6 @@ _REMEMBERED = 1_000
 
 _INDEX_WRITES = 5
 """Attempts to write a session's index while other writers keep changing it."""
-
-
-Value = TypeVar("Value")
 
 
 @cache
@@ -89,9 +85,10 @@ class FoldedStates:
         self._interval_s = interval_s
         self._clock = clock
         self._bucket: KeyValue | None = None
-        self._known: OrderedDict[tuple[str, str], _Index] = OrderedDict()
-        self._folded_elsewhere: OrderedDict[tuple[str, str], tuple[SessionSnapshot, float]] = (
-            OrderedDict()
+        # Per session, for the sessions met most recently.
+        self._known: LRUCache[tuple[str, str], _Index] = LRUCache(_REMEMBERED)
+        self._folded_elsewhere: LRUCache[tuple[str, str], tuple[SessionSnapshot, float]] = LRUCache(
+            _REMEMBERED
         )
 
     async def load(
@@ -135,7 +132,7 @@ class FoldedStates:
         process (a cache meeting the session): a session with no state stored yet is then
         folded on from there, not read again from its start, where its largest events are
         (the playbook, the plan); and that read counts as the interval's."""
-        _keep_latest(self._folded_elsewhere, (tenant, session_id), (snapshot, self._clock()))
+        self._folded_elsewhere[tenant, session_id] = (snapshot, self._clock())
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
         """Store the session's states due up to `seq`, one at each `every` of its events
@@ -159,7 +156,7 @@ class FoldedStates:
             elsewhere, read_at = noted
             if elsewhere.last_seq <= seq:
                 index = replace(index, latest=elsewhere, folded_at=read_at)
-        self._remember(session, index)
+        self._known[session] = index
         folded_to = index.latest.last_seq if index.latest else max(index.seqs, default=0)
         # The session has at most one event per sequence since the last fold: until enough
         # sequences passed for `every` unstored events, there is nothing to read. Among busy
@@ -177,7 +174,7 @@ class FoldedStates:
         due = [snapshot for snapshot in due if snapshot.last_seq not in index.seqs]
         if not due:
             folded_here = replace(index, latest=folded, stored_events=stored_events, folded_at=now)
-            self._remember(session, folded_here)
+            self._known[session] = folded_here
             return False
         # The states first, then the index that points to them: a crash between leaves
         # unreferenced states, never a reference to nothing.
@@ -197,7 +194,7 @@ class FoldedStates:
                 index = await self._read_index(tenant, session_id)
                 continue
             stored = _events_in(due[-1])
-            self._remember(session, _Index(seqs, revision, folded, stored, folded_at=now))
+            self._known[session] = _Index(seqs, revision, folded, stored, folded_at=now)
             return True
         logger.warning(
             "could not index the states of %s/%s up to %d: its index kept changing",
@@ -234,9 +231,6 @@ class FoldedStates:
         if due and due[-1].last_seq == last_seq:
             return due[-1], due
         return SessionSnapshot(folding.state(), last_seq), due
-
-    def _remember(self, session: tuple[str, str], index: _Index) -> None:
-        _keep_latest(self._known, session, index)
 
     async def _nearest(
         self, tenant: str, session_id: str, stored: tuple[int, ...], up_to_seq: int | None
@@ -302,17 +296,6 @@ class _Index:
     def unstored_events(self) -> int:
         """Events folded here since the newest stored state."""
         return _events_in(self.latest) - self.stored_events if self.latest else 0
-
-
-def _keep_latest(
-    kept: OrderedDict[tuple[str, str], Value], session: tuple[str, str], value: Value
-) -> None:
-    """Keep `value` for the session, forgetting the sessions used longest ago past
-    `_REMEMBERED`."""
-    kept[session] = value
-    kept.move_to_end(session)
-    while len(kept) > _REMEMBERED:
-        kept.popitem(last=False)
 
 
 def _events_in(snapshot: SessionSnapshot | None) -> int:

@@ -16,11 +16,10 @@ A new event type that should show on a dashboard needs one line in a table.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypeVar
 
+from cachetools import LRUCache
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from helmline.contracts import (
@@ -62,9 +61,8 @@ NAMESPACE = "helmline"
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 BYTES_BUCKETS = tuple(float(4**power) * 1024 for power in range(1, 12))
 REMEMBERED = 10_000
-"""Start times kept per kind (sessions, steps, approvals) to measure durations; oldest dropped."""
-
-_T = TypeVar("_T")
+"""Start times kept per kind (sessions, steps, approvals) to measure durations; those used
+longest ago are dropped."""
 
 
 class ServiceMetrics:
@@ -222,7 +220,7 @@ class ServiceMetrics:
         self._session_starts = _Clock()
         self._step_starts = _Clock()
         self._approval_asks = _Clock()
-        self._call_servers: OrderedDict[str, str] = OrderedDict()
+        self._call_servers: LRUCache[str, str] = LRUCache(REMEMBERED)
         self.approvals_waiting.set_function(lambda: len(self._approval_asks))
         self.oldest_approval.set_function(self._approval_asks.oldest_age_s)
 
@@ -290,7 +288,7 @@ class ServiceMetrics:
 
     def _tool_call_started(self, event: Event) -> None:
         assert isinstance(event.data, ToolCallStarted)
-        _remember(self._call_servers, _call_key(event, event.data.call_id), event.data.server)
+        self._call_servers[_call_key(event, event.data.call_id)] = event.data.server
 
     def _tool_call_ended(self, event: Event) -> None:
         assert isinstance(event.data, ToolCallCompleted | ToolCallFailed)
@@ -414,16 +412,16 @@ _ON_HANDLE: dict[type[Payload], Observer] = {
 
 
 class _Clock:
-    """When things started, by key, bounded: the oldest are forgotten first."""
+    """When things started, by key, bounded: those used longest ago are forgotten first."""
 
     def __init__(self) -> None:
-        self._starts: OrderedDict[str, datetime] = OrderedDict()
+        self._starts: LRUCache[str, datetime] = LRUCache(REMEMBERED)
 
     def __len__(self) -> int:
         return len(self._starts)
 
     def start(self, key: str, at: datetime) -> None:
-        _remember(self._starts, key, at)
+        self._starts[key] = at
 
     def peek(self, key: str) -> datetime | None:
         return self._starts.get(key)
@@ -436,13 +434,6 @@ class _Clock:
             return 0.0
         oldest = min(self._starts.values())
         return max(0.0, time.time() - oldest.timestamp())
-
-
-def _remember(table: OrderedDict[str, _T], key: str, value: _T) -> None:
-    table[key] = value
-    table.move_to_end(key)
-    while len(table) > REMEMBERED:
-        table.popitem(last=False)
 
 
 def _session_key(event: Event) -> str:

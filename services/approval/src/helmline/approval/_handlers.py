@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import nats.errors
+from cachetools import LRUCache
 
 from helmline.approval._policy import (
     Decision,
@@ -66,7 +67,7 @@ class ApprovalHandler:
         self._sessions = SessionCache(states)
         # Who started a session never changes, so it is looked up once per session, and
         # only when some rule asks about the requester or a tool requires a permission.
-        self._requesters: dict[tuple[str, str], Actor | None] = {}
+        self._requesters: LRUCache[tuple[str, str], Actor | None] = LRUCache(REQUESTER_CACHE_LIMIT)
 
     async def __call__(self, delivery: Delivery) -> None:
         event = delivery.event
@@ -165,8 +166,6 @@ class ApprovalHandler:
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)
         if key not in self._requesters:
-            if len(self._requesters) >= REQUESTER_CACHE_LIMIT:
-                self._requesters.clear()
             state = (await self._store.load(event.tenant, event.session_id)).state
             self._requesters[key] = state.requested_by
         return self._requesters[key]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
+from cachetools import LRUCache
 from pydantic import JsonValue
 
 from helmline.approval._document import (
@@ -364,7 +365,9 @@ class Policy:
         unless the tool requires a permission: see `needs_requester`)."""
         # Screens are compiled here, once: the blocks of a call's candidates are cut from them.
         self._blocks = _blocks(self._rules)
-        self._candidates: dict[tuple[str, str, str], tuple[_Block, ...]] = {}
+        self._candidates: LRUCache[tuple[str, str, str], tuple[_Block, ...]] = LRUCache(
+            _CANDIDATE_CACHE_LIMIT
+        )
 
     def __len__(self) -> int:
         return len(self._rules)
@@ -460,8 +463,6 @@ class Policy:
                 for block in self._blocks
                 if (narrowed := block.narrowed_to(kept)) is not None
             )
-            if len(self._candidates) >= _CANDIDATE_CACHE_LIMIT:
-                self._candidates.clear()  # Tenants come and go; start over rather than grow.
             self._candidates[key] = candidates
         return candidates
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from pathlib import Path
-from typing import Generic, TypeVar
 
+from cachetools import LRUCache
 from nats.errors import Error as NatsError
 
 from helmline.contracts import (
@@ -51,28 +50,6 @@ logger = logging.getLogger(__name__)
 
 SessionKey = tuple[str, str]
 CallKey = tuple[str, str, str]
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class _Recent(Generic[K, V]):
-    """A mapping that forgets its oldest entries beyond a capacity."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._entries: OrderedDict[K, V] = OrderedDict()
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def put(self, key: K, value: V) -> None:
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
-
-    def pop(self, key: K) -> V | None:
-        return self._entries.pop(key, None)
 
 
 class SandboxHandler:
@@ -96,14 +73,14 @@ class SandboxHandler:
         )
         # Sessions whose latest state this process snapshotted: that snapshot is the
         # "before" of their next call, so only the first call of a session takes one.
-        self._snapshotted: _Recent[SessionKey, None] = _Recent(memory)
+        self._snapshotted: LRUCache[SessionKey, None] = LRUCache(memory)
         self._running: dict[CallKey, asyncio.Event] = {}
         self._reaper = Reaper()
         # What this process learnt from the log, kept to answer without reading it again.
-        self._cancelled: _Recent[SessionKey, None] = _Recent(memory)
-        self._finished: _Recent[CallKey, None] = _Recent(memory)
+        self._cancelled: LRUCache[SessionKey, None] = LRUCache(memory)
+        self._finished: LRUCache[CallKey, None] = LRUCache(memory)
         # Results that ran but could not be appended; appended on the redelivery.
-        self._unrecorded: _Recent[CallKey, list[Event]] = _Recent(memory)
+        self._unrecorded: LRUCache[CallKey, list[Event]] = LRUCache(memory)
 
     @property
     def running(self) -> int:
@@ -128,7 +105,7 @@ class SandboxHandler:
 
         Returns how many running calls were stopped. Calling it again changes nothing.
         """
-        self._cancelled.put((tenant, session_id), None)
+        self._cancelled[tenant, session_id] = None
         stopped = 0
         for (call_tenant, call_session, _), cancel in self._running.items():
             if (call_tenant, call_session) == (tenant, session_id) and not cancel.is_set():
@@ -144,7 +121,7 @@ class SandboxHandler:
         key = (cause.tenant, cause.session_id, request.call_id)
         if key in self._running or key in self._finished:
             return  # Running here now, or done: the run records (or recorded) the result.
-        unrecorded = self._unrecorded.pop(key)
+        unrecorded = self._unrecorded.pop(key, None)
         if unrecorded is not None:
             await self._record(key, unrecorded)
             return
@@ -152,7 +129,7 @@ class SandboxHandler:
             log = await self._store.read_all(cause.tenant, cause.session_id)
             match progress_of((stored.event for stored in log), request.call_id):
                 case Progress.FINISHED:
-                    self._finished.put(key, None)
+                    self._finished[key] = None
                     return
                 case Progress.STARTED:
                     logger.warning("call %s was interrupted; failing it", request.call_id)
@@ -196,7 +173,7 @@ class SandboxHandler:
         if mutating:
             taken = await self._snapshot(workspace, session, snapshot_id(cause, "after"))
             after.append(snapshotted(cause, taken, request.call_id))
-            self._snapshotted.put(session, None)
+            self._snapshotted[session] = None
         await self._record(key, [*before, *after, *results(cause, request, outcome, duration_ms)])
 
     async def _snapshot(self, workspace: Path, session: SessionKey, snapshot: str) -> Snapshot:
@@ -213,6 +190,6 @@ class SandboxHandler:
             await self._store.append_all(events)
         except Exception as error:
             # The call has run: keep its result for the redelivery rather than lose it.
-            self._unrecorded.put(key, events)
+            self._unrecorded[key] = events
             raise RetryableError(f"could not record the result of call {key[2]}") from error
-        self._finished.put(key, None)
+        self._finished[key] = None

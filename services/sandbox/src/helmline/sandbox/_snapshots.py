@@ -13,10 +13,10 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachetools import LRUCache
 from nats.js import JetStreamContext
 from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
@@ -121,8 +121,8 @@ class WorkspaceSnapshots:
         self._store: ObjectStore | None = None
         # Both only spare work (an object store lookup, reading a file), so forgetting is
         # safe: they are bounded rather than kept for every workspace ever seen.
-        self._stored_blobs: set[str] = set()
-        self._caches: OrderedDict[Path, HashCache] = OrderedDict()
+        self._stored_blobs: LRUCache[str, None] = LRUCache(_KNOWN_BLOBS)
+        self._caches: LRUCache[Path, HashCache] = LRUCache(_CACHED_WORKSPACES)
 
     async def _bucket(self) -> ObjectStore:
         if self._store is None:
@@ -130,12 +130,9 @@ class WorkspaceSnapshots:
         return self._store
 
     def _cache_of(self, workspace: Path) -> HashCache:
-        cache = self._caches.pop(workspace, None) or HashCache()
-        self._caches[workspace] = cache
-        while len(self._caches) > _CACHED_WORKSPACES:
-            self._caches.popitem(last=False)
-        if len(self._stored_blobs) > _KNOWN_BLOBS:
-            self._stored_blobs.clear()
+        cache = self._caches.get(workspace)
+        if cache is None:
+            cache = self._caches[workspace] = HashCache()
         return cache
 
     async def take(
@@ -156,7 +153,7 @@ class WorkspaceSnapshots:
         for entry in files:
             if entry.sha256 not in self._stored_blobs and entry.sha256 not in missing:
                 if await _exists(bucket, _blob_name(entry.sha256)):
-                    self._stored_blobs.add(entry.sha256)
+                    self._stored_blobs[entry.sha256] = None
                 else:
                     missing[entry.sha256] = entry
         uploading = sum(entry.size for entry in missing.values())
@@ -176,7 +173,7 @@ class WorkspaceSnapshots:
                 # Changed since the scan (a command still writing): the manifest would lie.
                 return _refused(snapshot, uploading, self._max_bytes, changing=entry.path)
             await bucket.put(_blob_name(sha256), data)
-            self._stored_blobs.add(sha256)
+            self._stored_blobs[sha256] = None
         await bucket.put(_manifest_name(tenant, session_id, snapshot_id), encode_manifest(manifest))
         return Snapshot(
             snapshot.snapshot_id,
