@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,18 @@ def per_decision_us(
     policy: Policy, tool: str, arguments: dict[str, Any], deciding_rule: str = "last"
 ) -> float:
     requester = Actor(id="dev", roles=("developer",))
-    expected = policy.judge(tenant="team-7-a", tool=tool, arguments=arguments, requester=requester)
+    at = datetime.now(UTC)
+    expected = policy.judge(
+        tenant="team-7-a", tool=tool, arguments=arguments, requester=requester, at=at
+    )
     assert expected.rule == deciding_rule, expected
     timings = []
     for _ in range(5):
         began = time.perf_counter()
         for _ in range(DECISIONS):
-            policy.judge(tenant="team-7-a", tool=tool, arguments=arguments, requester=requester)
+            policy.judge(
+                tenant="team-7-a", tool=tool, arguments=arguments, requester=requester, at=at
+            )
         timings.append((time.perf_counter() - began) / DECISIONS * 1e6)
     return min(timings)
 

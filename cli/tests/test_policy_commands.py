@@ -22,6 +22,7 @@ from helmline.contracts import (
     PlanStep,
     SessionStarted,
     StepScheduled,
+    ToolCallDenied,
     ToolRegistryPublished,
     ToolSpec,
     new_event,
@@ -37,7 +38,7 @@ def test_check_accepts_a_valid_file_and_prints_its_hash() -> None:
     result = CliRunner().invoke(app, ["policy", "check", str(path)])
 
     assert result.exit_code == 0, result.output
-    assert "valid, 8 rules" in result.stdout
+    assert "valid, 9 rules" in result.stdout
     assert parse_policy(path.read_bytes(), source="x").hash in result.stdout
 
 
@@ -74,7 +75,9 @@ async def _session_waiting_on_a_command(store: EventStore, tenant: str) -> str:
     )
     wipe = PlanStep(id="wipe", tool="run_command", arguments={"command": "rm -rf build"})
     policy = default_policy()
-    verdict = policy.judge(tenant=tenant, tool="run_command", arguments=wipe.arguments)
+    verdict = policy.judge(
+        tenant=tenant, tool="run_command", arguments=wipe.arguments, at=datetime.now(UTC)
+    )
     assert verdict.approval is not None
     events = [
         started,
@@ -146,6 +149,51 @@ async def test_explain_shows_the_recorded_rule_and_why_each_rule_did_or_did_not_
     assert other.exit_code == 0, other.output
     assert "is NOT the one it was decided under" in other.stdout
     assert "verdict: deny by rule no-rm: nothing is deleted" in other.stdout
+
+
+async def test_explain_reads_a_time_window_as_of_when_the_decision_was_recorded(
+    store: EventStore, nats_url: str, tenant: str, tmp_path: Path
+) -> None:
+    started = session_started(tenant)
+    step = PlanStep(id="wipe", tool="run_command", arguments={"command": "rm -rf build"})
+    # Decided on a Saturday; the explanation is asked for on any other day as well.
+    saturday = datetime(2026, 12, 5, 10, tzinfo=UTC)
+    denied = started.derive(
+        ToolCallDenied(
+            call_id="wipe.1", step_id="wipe", tool="run_command", reason="r", rule="weekend"
+        ),
+        source="test",
+    )
+    for event in (
+        started,
+        started.derive(PlanProposed(revision=1, steps=(step,)), source="test"),
+        started.derive(
+            StepScheduled(
+                step_id="wipe", call_id="wipe.1", tool=step.tool, arguments=step.arguments
+            ),
+            source="test",
+        ),
+        denied.model_copy(update={"time": saturday}),
+    ):
+        await store.append(event)
+    policy = tmp_path / "weekend.yaml"
+    policy.write_text(
+        "rules:\n"
+        "  - name: weekend\n    during: {days: sat-sun}\n    effect: deny\n"
+        "  - name: weekdays\n    effect: allow\n"
+    )
+
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["policy", "explain", started.session_id, "wipe", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url, "HELMLINE_POLICY": str(policy)},
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "judged as of 2026-12-05T10:00:00+00:00" in result.stdout
+    assert "  1. weekend: MATCHED (within 00:00-24:00 UTC on sat, sun)" in result.stdout
+    assert "verdict: deny by rule weekend" in result.stdout
 
 
 async def test_explain_names_the_steps_when_the_step_is_unknown(

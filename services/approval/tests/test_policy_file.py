@@ -87,6 +87,22 @@ def _problems(text: str) -> list[str]:
             "      expires_in: 5m\n      escalate_after: 5m\n      escalate_to: [lead]\n",
             "5: rules[0].approval: escalate_after must come before expires_in",
         ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    during:\n      days: [mon, funday]\n",
+            "5: rules[0].during.days: 'funday' is not a day: use mon, tue",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    during:\n      hours: 9am-5pm\n",
+            "5: rules[0].during.hours: '9am-5pm' is not a span of hours",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    during: {hours: '08:00-24:30'}\n",
+            "4: rules[0].during.hours: '08:00-24:30' names a time of day",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    during:\n      timezone: Europe/Paname\n",
+            "5: rules[0].during.timezone: unknown time zone 'Europe/Paname'",
+        ),
     ],
 )
 def test_every_problem_names_its_line_and_field(text: str, expected: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -73,6 +74,18 @@ rules:
     risk: low
     tool: '*_file*'
     effect: allow
+  - name: releases-in-office-hours
+    tool: run_command
+    arguments:
+      command: {regex: '^release\\b'}
+    during: {days: mon-fri, hours: 09:00-17:00, timezone: Europe/Berlin}
+    effect: allow
+  - name: vacuum-on-saturday-night
+    tool: run_command
+    arguments:
+      command: {regex: '^vacuum\\b'}
+    during: {days: sat, hours: 22:00-04:00, timezone: America/New_York}
+    effect: allow
   - name: critical-never
     risk: critical
     effect: deny
@@ -88,6 +101,11 @@ DEV = Actor(id="dev", roles=("developer",))
 INTERN = Actor(id="ian", roles=("intern",))
 ANA = Actor(id="ana", roles=("developer",))
 CI = Actor(id="ci-deploy", kind="service")
+WEDNESDAY_NOON = datetime(2026, 12, 2, 12, tzinfo=UTC)
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 def call(
@@ -96,6 +114,7 @@ def call(
     tenant: str = "acme",
     requester: Actor | None = DEV,
     risk: Risk | None = None,
+    at: datetime = WEDNESDAY_NOON,
     **arguments: Any,
 ) -> dict[str, Any]:
     return {
@@ -104,6 +123,7 @@ def call(
         "arguments": arguments,
         "declared_risk": risk,
         "requester": requester,
+        "at": at,
     }
 
 
@@ -361,6 +381,61 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "deny",
         "critical-never",
     ),
+    # Time windows, read in the rule's zone: Berlin is UTC+1 in winter, +2 in summer.
+    (
+        "release at 10:00 in Berlin on a Wednesday",
+        call("run_command", at=utc("2026-12-02T09:00"), command="release v2"),
+        "allow",
+        "releases-in-office-hours",
+    ),
+    (
+        "release at 08:30 in Berlin, before the window",
+        call("run_command", at=utc("2026-12-02T07:30"), command="release v2"),
+        "require_approval",
+        "remaining-commands",
+    ),
+    (
+        "release at 09:30 in Berlin in summer, the same UTC time",
+        call("run_command", at=utc("2026-07-01T07:30"), command="release v2"),
+        "allow",
+        "releases-in-office-hours",
+    ),
+    (
+        "release at 17:00 in Berlin: the end is not in the window",
+        call("run_command", at=utc("2026-12-02T16:00"), command="release v2"),
+        "require_approval",
+        "remaining-commands",
+    ),
+    (
+        "release on a Saturday",
+        call("run_command", at=utc("2026-12-05T10:00"), command="release v2"),
+        "require_approval",
+        "remaining-commands",
+    ),
+    (
+        "vacuum at 23:00 on Saturday in New York",
+        call("run_command", at=utc("2026-12-06T04:00"), command="vacuum db"),
+        "allow",
+        "vacuum-on-saturday-night",
+    ),
+    (
+        "vacuum at 03:00 on Sunday in New York: the window runs past midnight",
+        call("run_command", at=utc("2026-12-06T08:00"), command="vacuum db"),
+        "allow",
+        "vacuum-on-saturday-night",
+    ),
+    (
+        "vacuum at 05:00 on Sunday in New York, after the window closed",
+        call("run_command", at=utc("2026-12-06T10:00"), command="vacuum db"),
+        "require_approval",
+        "remaining-commands",
+    ),
+    (
+        "vacuum at 23:00 on Friday in New York, already Saturday in UTC",
+        call("run_command", at=utc("2026-12-05T04:00"), command="vacuum db"),
+        "require_approval",
+        "remaining-commands",
+    ),
 ]
 
 
@@ -401,6 +476,7 @@ def test_explain_names_why_each_earlier_rule_did_not_match() -> None:
         arguments={"path": "README.md", "content": ""},
         declared_risk=None,
         requester=DEV,
+        at=WEDNESDAY_NOON,
     )
     assert facts is not None
     checks, verdict = POLICY.explain(facts)
@@ -458,6 +534,25 @@ def test_many_regex_rules_on_one_argument_decide_as_if_tried_one_by_one() -> Non
                 arguments=arguments,
                 declared_risk=None,
                 requester=None,
+                at=WEDNESDAY_NOON,
             )
             assert facts is not None
             assert policy.evaluate(facts).rule == _first_match_one_by_one(policy, facts), arguments
+
+
+def test_explain_names_the_time_window_a_call_fell_outside_of() -> None:
+    facts = POLICY.facts(
+        tenant="acme",
+        tool="run_command",
+        arguments={"command": "release v2"},
+        declared_risk=None,
+        requester=DEV,
+        at=utc("2026-12-05T10:00"),
+    )
+    assert facts is not None
+    checks, verdict = POLICY.explain(facts)
+    assert verdict.rule == "remaining-commands"
+    failed = {c.rule: c.failed for c in checks}
+    assert failed["releases-in-office-hours"] == (
+        "not: within 09:00-17:00 Europe/Berlin on mon, tue, wed, thu, fri"
+    )

@@ -164,7 +164,12 @@ def test_the_requester_is_needed_only_for_tools_requiring_a_permission() -> None
 def test_a_permission_condition_matches_the_tool_s_permission_and_explains_itself() -> None:
     def explained(tool: str, **arguments: Any) -> tuple[Any, ...]:
         facts = RULES.facts(
-            tenant="t", tool=tool, arguments=arguments, declared_risk="high", requester=WRITER
+            tenant="t",
+            tool=tool,
+            arguments=arguments,
+            declared_risk="high",
+            requester=WRITER,
+            at=datetime.now(UTC),
         )
         assert facts is not None
         return RULES.explain(facts)
@@ -180,7 +185,12 @@ def test_a_permission_condition_matches_the_tool_s_permission_and_explains_itsel
 
 def test_explain_tries_no_rule_for_a_requester_lacking_the_permission() -> None:
     facts = RULES.facts(
-        tenant="t", tool=PUSH.name, arguments={"branch": "b"}, declared_risk=None, requester=READER
+        tenant="t",
+        tool=PUSH.name,
+        arguments={"branch": "b"},
+        declared_risk=None,
+        requester=READER,
+        at=datetime.now(UTC),
     )
     assert facts is not None
     checks, verdict = RULES.explain(facts)

@@ -7,6 +7,7 @@ a file the service accepts, and `explain` reasons exactly as the service decides
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -82,7 +83,7 @@ def explain(
 
     state, events, tools = _run_async(load())
     policy = _attempt(lambda: active_policy(policy_file, tools))
-    explanation = _attempt(lambda: explain_step(state, events, step, policy))
+    explanation = _attempt(lambda: explain_step(state, events, step, policy, datetime.now(UTC)))
     for line in explanation_lines(explanation):
         stdout().print(line, highlight=False, markup=False, soft_wrap=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from helmline.approval import Policy, RuleCheck, Verdict
 from helmline.cli._errors import CliError
@@ -29,6 +30,8 @@ class StepExplanation:
     requester: str
     recorded: Recorded | None
     """The policy's decision as recorded: the first decision event about the call."""
+    judged_at: datetime
+    """The moment the call is judged as of: when the decision was recorded, else now."""
     outcome: str | None
     """What became of an approval request, when one was made."""
     policy: Policy
@@ -42,16 +45,20 @@ class StepExplanation:
 
 
 def explain_step(
-    state: SessionState, events: Sequence[Event], step_id: str, policy: Policy
+    state: SessionState, events: Sequence[Event], step_id: str, policy: Policy, now: datetime
 ) -> StepExplanation:
-    """Explain the latest call of a step, or `CliError` when there is nothing to explain."""
+    """Explain the latest call of a step, or `CliError` when there is nothing to explain.
+
+    The call is judged as of the moment its decision was recorded (or `now`, before any),
+    so that a rule's time window is read as it was then."""
     step = state.steps.get(step_id)
     if step is None:
         known = ", ".join(state.steps) or "none"
         raise CliError(f"session {state.session_id} has no step {step_id!r} (steps: {known})")
     if step.call_id is None:
         raise CliError(f"step {step_id} has not been scheduled yet: no decision to explain")
-    recorded = _first_decision(events, step.call_id)
+    first = _first_decision(events, step.call_id)
+    recorded, judged_at = (first.data, first.time) if first is not None else (None, now)
     requester = state.requested_by
     facts = policy.facts(
         tenant=state.tenant,
@@ -59,10 +66,13 @@ def explain_step(
         arguments=step.arguments,
         declared_risk=step.risk,
         requester=requester,
+        at=judged_at,
     )
     if facts is None:
         checks: tuple[RuleCheck, ...] = ()
-        verdict = policy.judge(tenant=state.tenant, tool=step.tool, arguments=step.arguments)
+        verdict = policy.judge(
+            tenant=state.tenant, tool=step.tool, arguments=step.arguments, at=judged_at
+        )
     else:
         checks, verdict = policy.explain(facts)
     approval = state.approvals.get(step.approval_request_id or "")
@@ -81,6 +91,7 @@ def explain_step(
             else "unknown"
         ),
         recorded=recorded,
+        judged_at=judged_at,
         outcome=outcome,
         policy=policy,
         checks=checks,
@@ -112,6 +123,7 @@ def explanation_lines(explanation: StepExplanation) -> list[str]:
             f"policy {policy.source} ({policy.hash}) is NOT the one it was decided under; "
             "below is how this policy judges the call"
         )
+    lines.append(f"judged as of {explanation.judged_at.isoformat(timespec='seconds')}")
     for position, check in enumerate(explanation.checks, start=1):
         if check.failed is None:
             held = "; ".join(check.held) or "no conditions"
@@ -123,14 +135,20 @@ def explanation_lines(explanation: StepExplanation) -> list[str]:
     return lines
 
 
-def _first_decision(events: Sequence[Event], call_id: str) -> Recorded | None:
+@dataclass(frozen=True)
+class _Decided:
+    data: Recorded
+    time: datetime
+
+
+def _first_decision(events: Sequence[Event], call_id: str) -> _Decided | None:
     for event in events:
         data = event.data
         if (
             isinstance(data, ApprovalRequested | ToolCallAuthorized | ToolCallDenied)
             and data.call_id == call_id
         ):
-            return data
+            return _Decided(data, event.time)
     return None
 
 

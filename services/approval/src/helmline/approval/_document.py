@@ -7,8 +7,9 @@ states holds (a condition left out matches anything); the first rule that matche
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import time, timedelta
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -77,6 +78,71 @@ class ArgumentCondition(_Strict):
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min ({self.min}) is above max ({self.max})")
         return self
+
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_HOURS = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
+
+
+def _weekdays(value: object) -> object:
+    # `days: mon-fri`, `days: [mon-wed, sat]`: a range runs forward and may wrap (fri-mon).
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple):
+        return value
+    days: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"{name!r} is not a day such as mon or a range such as mon-fri")
+        first, _, last = name.strip().lower().partition("-")
+        for day in (first, last or first):
+            if day not in WEEKDAYS:
+                raise ValueError(f"{day!r} is not a day: use {', '.join(WEEKDAYS)}")
+        start, end = WEEKDAYS.index(first), WEEKDAYS.index(last or first)
+        days += [WEEKDAYS[(start + offset) % 7] for offset in range((end - start) % 7 + 1)]
+    return tuple(dict.fromkeys(days))
+
+
+class TimeWindow(_Strict):
+    """When a rule applies: on some days of the week, between two times of day, in a time
+    zone. A window whose end is not after its start runs past midnight into the next day."""
+
+    days: Annotated[tuple[str, ...], BeforeValidator(_weekdays), Field(min_length=1)] = WEEKDAYS
+    """Days the window opens on: `mon` ... `sun`, or ranges such as `mon-fri`."""
+    hours: str = "00:00-24:00"
+    """`HH:MM-HH:MM`, from (inclusive) to (exclusive); `24:00` is the end of the day."""
+    timezone: str = "UTC"
+    """IANA time zone the days and hours are read in, such as `Europe/Berlin`."""
+
+    @field_validator("hours")
+    @classmethod
+    def _reads_as_hours(cls, hours: str) -> str:
+        match = _HOURS.match(hours)
+        if match is None:
+            raise ValueError(f"{hours!r} is not a span of hours such as 09:00-17:30")
+        start_h, start_m, end_h, end_m = (int(part) for part in match.groups())
+        if start_h > 23 or start_m > 59 or end_m > 59 or end_h > 24 or (end_h == 24 and end_m):
+            raise ValueError(f"{hours!r} names a time of day that does not exist")
+        if (start_h, start_m) == (end_h % 24, end_m):
+            raise ValueError(f"{hours!r} is empty: a whole day is 00:00-24:00")
+        return hours
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, timezone: str) -> str:
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError) as error:
+            raise ValueError(
+                f"unknown time zone {timezone!r} (use a name such as UTC or Europe/Berlin)"
+            ) from error
+        return timezone
+
+    def span(self) -> tuple[time, time | None]:
+        """The hours as times of day; an end of `24:00` is None (the end of the day)."""
+        match = _HOURS.match(self.hours)
+        assert match is not None  # Checked when read.
+        start_h, start_m, end_h, end_m = (int(part) for part in match.groups())
+        return time(start_h, start_m), None if end_h == 24 else time(end_h, end_m)
 
 
 class ApprovalTerms(_Strict):
@@ -150,6 +216,9 @@ class RuleDocument(_Strict):
     """Risk levels of the call (the tool's own risk, raised by the plan if it says so)."""
     arguments: dict[str, ArgumentCondition] = Field(default_factory=dict)
     """Conditions on arguments by name; a call without the argument does not match."""
+    during: TimeWindow | None = None
+    """When the rule applies, judged at the time the call is judged (when it is scheduled,
+    or when a person decides on it)."""
     effect: Effect
     """What happens to a matching call."""
     reason: str | None = None

@@ -88,6 +88,7 @@ def judge_plan(
             arguments=step.arguments,
             declared_risk=step.risk,
             requester=requester,
+            at=now,
         )
         if verdict.effect == "require_approval":
             risky.append((step.id, step.tool, verdict))
@@ -146,6 +147,7 @@ def judge_step(
         arguments=scheduled.arguments,
         declared_risk=scheduled.risk,
         requester=requester,
+        at=now,
     )
     payload: Payload
     match verdict.effect:
@@ -297,6 +299,7 @@ def judge_vote(
             arguments=arguments,
             declared_risk=request.risk,
             requester=state.requested_by,
+            at=now,
         )
         if verdict.effect == "deny" or (
             verdict.effect == "require_approval" and verdict.rule != request.rule

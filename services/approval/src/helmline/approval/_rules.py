@@ -13,8 +13,9 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from typing import Protocol
+from zoneinfo import ZoneInfo
 
 from cachetools import LRUCache
 from pydantic import JsonValue
@@ -23,10 +24,12 @@ from helmline.approval._document import (
     MISSING_PERMISSION_RULE,
     NO_RULE_MATCHED,
     UNKNOWN_TOOL_RULE,
+    WEEKDAYS,
     ApprovalTerms,
     Effect,
     PolicyDocument,
     RuleDocument,
+    TimeWindow,
 )
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
 
@@ -49,6 +52,8 @@ class CallFacts:
     arguments: Mapping[str, JsonValue]
     requester: Actor | None
     """Who started the session, with their roles; None when unknown."""
+    at: datetime
+    """When the call is judged (time windows are read at this moment)."""
     permission: str | None = None
     """The permission the tool requires (its `required_permission`); None when it asks for
     none."""
@@ -250,6 +255,41 @@ class _ArgumentWithin:
 
 
 @dataclass(frozen=True, slots=True)
+class _During:
+    window: TimeWindow
+    zone: ZoneInfo
+    days: frozenset[int]
+    """Days the window opens on, as `datetime.weekday()` numbers."""
+    start: time
+    end: time | None
+    """None: the end of the day."""
+
+    @staticmethod
+    def of(window: TimeWindow) -> _During:
+        start, end = window.span()
+        days = frozenset(WEEKDAYS.index(day) for day in window.days)
+        return _During(window, ZoneInfo(window.timezone), days, start, end)
+
+    def holds(self, facts: CallFacts) -> bool:
+        local = facts.at.astimezone(self.zone)
+        moment, day = local.time(), local.weekday()
+        if self.end is None or self.start < self.end:
+            return (
+                day in self.days
+                and self.start <= moment
+                and (self.end is None or moment < self.end)
+            )
+        # Past midnight: the evening of a listed day, or the morning after one.
+        return (day in self.days and moment >= self.start) or (
+            (day - 1) % 7 in self.days and moment < self.end
+        )
+
+    def describe(self) -> str:
+        days = ", ".join(self.window.days) if len(self.days) < 7 else "any day"
+        return f"within {self.window.hours} {self.window.timezone} on {days}"
+
+
+@dataclass(frozen=True, slots=True)
 class _Rule:
     name: str
     verdict_template: RuleDocument
@@ -257,8 +297,9 @@ class _Rule:
     static: tuple[_Condition, ...]
     """Conditions on tenant, tool and server: the same for every call of one tool."""
     dynamic: tuple[_Condition, ...]
-    """Conditions on the requester, the risk, the tool's permission and the arguments (a
-    published registry may change a tool's permission, so it is not cached per tool)."""
+    """Conditions on the requester, the risk, the tool's permission, the arguments and the
+    time (a published registry may change a tool's permission, so it is not cached per
+    tool)."""
 
     def matches_call(self, facts: CallFacts) -> bool:
         # A plain loop: this runs for every candidate rule of every call, and all() over a
@@ -325,6 +366,8 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
             dynamic.append(_ArgumentContains(name, re.compile(condition.regex)))
         if condition.min is not None or condition.max is not None:
             dynamic.append(_ArgumentWithin(name, condition.min, condition.max))
+    if rule.during is not None:
+        dynamic.append(_During.of(rule.during))
     approval = None
     if rule.effect == "require_approval":
         terms = rule.approval or defaults
@@ -392,15 +435,24 @@ class Policy:
         arguments: Mapping[str, JsonValue],
         declared_risk: Risk | None,
         requester: Actor | None,
+        at: datetime,
     ) -> CallFacts | None:
-        """The facts of a call, or None for a tool the catalogue does not know."""
+        """The facts of a call judged at `at`, or None for a tool the catalogue does not
+        know."""
         spec = self.tools.get(tool)
         if spec is None:
             return None
         # A plan may raise a step's risk, never lower it below the tool's own.
         risk = max(spec.risk, declared_risk or spec.risk, key=RISK_ORDER.index)
         return CallFacts(
-            tenant, tool, spec.server, risk, arguments, requester, spec.required_permission
+            tenant=tenant,
+            tool=tool,
+            server=spec.server,
+            risk=risk,
+            arguments=arguments,
+            requester=requester,
+            at=at,
+            permission=spec.required_permission,
         )
 
     def judge(
@@ -409,16 +461,19 @@ class Policy:
         tenant: str,
         tool: str,
         arguments: Mapping[str, JsonValue],
+        at: datetime,
         declared_risk: Risk | None = None,
         requester: Actor | None = None,
     ) -> Verdict:
-        """The verdict on a call: unknown tools are denied, then the first matching rule."""
+        """The verdict on a call judged at `at`: unknown tools are denied, then the first
+        matching rule."""
         facts = self.facts(
             tenant=tenant,
             tool=tool,
             arguments=arguments,
             declared_risk=declared_risk,
             requester=requester,
+            at=at,
         )
         if facts is None:
             return unknown_tool_verdict(tool, declared_risk)
