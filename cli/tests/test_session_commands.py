@@ -214,6 +214,48 @@ async def test_approve_grants_the_only_pending_request(nats_url: str, session: S
     assert "approver" in decision.decided_by.roles
 
 
+async def test_approve_similar_lets_the_grant_stand_for_later_calls_for_a_while(
+    nats_url: str, session: Session
+) -> None:
+    await session.plan_and_ask("r1")
+    asked_at = datetime.now(UTC)
+
+    result = await helmline(
+        nats_url,
+        *("approve", session.id, "-t", session.tenant, "--similar", "3", "--similar-for", "30m"),
+        "--no-wait",
+    )
+
+    assert result.exit_code == 0, result.output
+    (decision,) = _decisions(await session.events())
+    assert decision.similar_limit == 3
+    assert decision.similar_until is not None
+    lasting = decision.similar_until - asked_at
+    assert timedelta(minutes=30) <= lasting < timedelta(minutes=31)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--similar-for", "30m"], "--similar-for goes with --similar N"),
+        (["--similar", "2", "--similar-for", "soon"], "'soon' is not a duration such as 30s"),
+        (["--similar", "0"], "Invalid value for '--similar'"),
+    ],
+    ids=["duration alone", "not a duration", "no calls"],
+)
+async def test_a_wrong_standing_grant_appends_nothing(
+    args: list[str], message: str, nats_url: str, session: Session
+) -> None:
+    await session.plan_and_ask("r1")
+    before = len(await session.events())
+
+    result = await helmline(nats_url, "approve", session.id, "-t", session.tenant, *args)
+
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(await session.events()) == before
+
+
 async def test_deny_names_one_request_of_several(nats_url: str, session: Session) -> None:
     await session.plan_and_ask("r1", "r2")
 

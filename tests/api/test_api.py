@@ -3,6 +3,7 @@ roles and tenant isolation."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -163,6 +164,37 @@ async def test_a_grant_with_modified_arguments_runs_them_and_records_the_comment
     assert approval["comment"] == "lines, not bytes"
     assert approval["modified_arguments"] == {"command": "wc -l n.txt"}
     assert_problem(await client.post(url, json=decision, headers=approver), 409, "already")
+
+
+async def test_a_grant_may_stand_for_similar_calls_until_a_given_time(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    operator = await make_key(tenant, "operator")
+    approver = await make_key(tenant, "approver")
+    session_id = await start(client, operator)
+    request_id = await waiting_request(client, approver, session_id)
+    url = f"/sessions/{session_id}/approvals/{request_id}"
+    until_then = (datetime.now(UTC) + timedelta(minutes=30)).replace(microsecond=0)
+    for wrong, words in (
+        ({"decision": "deny", "similar_limit": 2}, "only go with a grant"),
+        ({"decision": "grant", "similar_until": until_then.isoformat()}, "goes with similar_limit"),
+        (
+            {"decision": "grant", "similar_limit": 2, "similar_until": "2020-01-01T00:00:00Z"},
+            "not in the future",
+        ),
+        (
+            {"decision": "grant", "similar_limit": 2, "similar_until": "2030-01-01T00:00"},
+            "timezone",
+        ),
+    ):
+        assert_problem(await client.post(url, json=wrong, headers=approver), 422, words)
+
+    grant = {"decision": "grant", "similar_limit": 2, "similar_until": until_then.isoformat()}
+    assert (await client.post(url, json=grant, headers=approver)).status_code == 202
+    state = await until(client, approver, session_id, "completed", "failed")
+    approval = state["approvals"][request_id]
+    assert approval["similar_limit"] == 2
+    assert datetime.fromisoformat(approval["similar_until"]) == until_then
 
 
 async def test_a_denial_fails_the_session(

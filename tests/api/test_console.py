@@ -81,6 +81,7 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
 
     await approval.locator("input[name=comment]").fill("looks fine")
+    await approval.get_by_label("Also approve the next").fill("2")
     await approval.get_by_role("button", name="Approve").click()
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     await expect(page.locator('li[data-step-id="count"] .badge').first).to_have_text("succeeded")
@@ -92,6 +93,7 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
     (decided,) = state["approvals"].values()
     assert decided["comment"] == "looks fine"
+    assert decided["similar_limit"] == 2  # A standing grant for the next similar calls.
     assert decided["decided_by"][0]["id"].startswith("key:")
 
 

@@ -6,6 +6,7 @@ import getpass
 import os
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from pydantic import ValidationError
@@ -31,6 +32,17 @@ Control = Literal["pause", "resume", "cancel"]
 
 
 DEFAULT_ROLES = ("operator", "approver")
+
+
+@dataclass(frozen=True, slots=True)
+class StandingGrant:
+    """ "Approve similar calls": a grant that also stands for later calls of the same tool
+    that the same policy rule sends to approval in the session."""
+
+    limit: int
+    """How many such calls it approves."""
+    until: datetime | None
+    """When it ends; None: the approval service's default (an hour after the grant)."""
 
 
 def current_actor(name: str | None = None, roles: tuple[str, ...] = ()) -> Actor:
@@ -97,6 +109,7 @@ def decision_submitted(
     actor: Actor,
     comment: str,
     modified_arguments: Arguments | None = None,
+    similar: StandingGrant | None = None,
 ) -> Event:
     payload = ApprovalDecisionSubmitted(
         request_id=request_id,
@@ -104,6 +117,8 @@ def decision_submitted(
         decided_by=actor,
         comment=comment,
         modified_arguments=modified_arguments,
+        similar_limit=similar.limit if similar else None,
+        similar_until=similar.until if similar else None,
     )
     return _intent(payload, tenant, session_id)
 

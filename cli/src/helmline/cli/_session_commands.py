@@ -11,6 +11,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
@@ -20,7 +21,7 @@ from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir, Json, SessionId, Tenant
 
 if TYPE_CHECKING:
-    from helmline.cli._intents import Control
+    from helmline.cli._intents import Control, StandingGrant
     from helmline.cli._sessions import ArgumentChange
 
 DEFAULT_TENANT = "default"
@@ -295,6 +296,26 @@ def approve(
             help="Change one argument, FIELD=VALUE (VALUE is JSON, or else text); repeat it.",
         ),
     ] = [],  # noqa: B006 - Typer reads the default; it is never mutated
+    similar: Annotated[
+        int | None,
+        typer.Option(
+            "--similar",
+            min=1,
+            max=1000,
+            help="Also approve up to N later calls of the same tool that the same policy "
+            "rule sends to approval in this session.",
+            show_default=False,
+        ),
+    ] = None,
+    similar_for: Annotated[
+        str | None,
+        typer.Option(
+            "--similar-for",
+            help="With --similar: how long that standing grant holds, such as 30m or 4h "
+            "[default: 1h].",
+            show_default=False,
+        ),
+    ] = None,
     acting: Acting = None,
     roles: Roles = [],  # noqa: B006
     wait: Answer = True,
@@ -307,8 +328,21 @@ def approve(
     with the reason (exit status 1).
     """
     change = _argument_change(arguments, set_fields)
+    standing = _standing_grant(similar, similar_for)
     identity = (acting, tuple(roles))
-    _decide("grant", session, request, every, comment, tenant, data_dir, identity, change, wait)
+    _decide(
+        "grant",
+        session,
+        request,
+        every,
+        comment,
+        tenant,
+        data_dir,
+        identity,
+        wait=wait,
+        change=change,
+        similar=standing,
+    )
 
 
 def deny(
@@ -324,7 +358,7 @@ def deny(
 ) -> None:
     """Deny a pending approval request (the only one, the one named, or --all)."""
     identity = (acting, tuple(roles))
-    _decide("deny", session, request, every, comment, tenant, data_dir, identity, None, wait)
+    _decide("deny", session, request, every, comment, tenant, data_dir, identity, wait=wait)
 
 
 def pause(
@@ -377,6 +411,25 @@ def _argument_change(arguments: str | None, set_fields: list[str]) -> ArgumentCh
     return ArgumentChange(replace, fields)
 
 
+def _standing_grant(similar: int | None, similar_for: str | None) -> StandingGrant | None:
+    from helmline.approval import parse_duration
+    from helmline.cli._intents import StandingGrant
+
+    if similar is None:
+        if similar_for is not None:
+            _fail(CliError("--similar-for goes with --similar N", exit_code=2))
+        return None
+    if similar_for is None:
+        return StandingGrant(similar, None)
+    try:
+        lasting = parse_duration(similar_for)
+    except ValueError as error:
+        _fail(CliError(f"--similar-for: {error}", exit_code=2))
+    if lasting <= timedelta(0):
+        _fail(CliError("--similar-for must be longer than zero", exit_code=2))
+    return StandingGrant(similar, datetime.now(UTC) + lasting)
+
+
 def _decide(
     decision: Literal["grant", "deny"],
     session: str,
@@ -386,8 +439,10 @@ def _decide(
     tenant: str,
     data_dir: Path | None,
     identity: tuple[str | None, tuple[str, ...]],
-    change: ArgumentChange | None,
+    *,
     wait: bool,
+    change: ArgumentChange | None = None,
+    similar: StandingGrant | None = None,
 ) -> None:
     from helmline.cli._connection import connect
     from helmline.cli._display import stdout
@@ -418,6 +473,7 @@ def _decide(
                 comment=comment,
                 actor=actor,
                 arguments=change,
+                similar=similar,
                 wait_s=ANSWER_TIMEOUT_S if wait else 0,
             )
 

@@ -18,6 +18,7 @@ from helmline.cli._follow import following, session_ids
 from helmline.cli._intents import (
     Control,
     Goal,
+    StandingGrant,
     control_requested,
     current_actor,
     decision_submitted,
@@ -96,6 +97,7 @@ async def decide(
     comment: str,
     actor: Actor,
     arguments: ArgumentChange | None = None,
+    similar: StandingGrant | None = None,
     wait_s: float = ANSWER_TIMEOUT_S,
 ) -> list[Decided]:
     """Submit the decision on the chosen pending requests and wait up to `wait_s` for each
@@ -116,6 +118,7 @@ async def decide(
             actor=actor,
             comment=comment,
             modified_arguments=arguments.applied_to(request) if arguments else None,
+            similar=similar,
         )
         await log.store.append(event)
         submitted[event.id] = request

@@ -310,6 +310,16 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         return;
       }
     }
+    const similarField = form.elements.namedItem("similar") as HTMLInputElement | null;
+    const similar = similarField ? Number(similarField.value || "0") : 0;
+    if (decision === "grant" && similar !== 0) {
+      if (!Number.isInteger(similar) || similar < 0 || similar > 1000) {
+        notice("Similar calls to approve: a whole number from 0 to 1000.", true);
+        similarField!.focus();
+        return;
+      }
+      body.similar_limit = similar;
+    }
     approvalKey = null; // Redraw the panel once the decision is in.
     await act(`approvals/${requestId}`, body, decision === "grant" ? "approved" : "denied");
   };
@@ -374,6 +384,7 @@ function approvalForm(a: Approval): string {
     <p>${esc(a.scope === "plan" ? "The plan" : `Step ${a.step_id}: ${a.tool}`)} — ${esc(a.reason)}</p>
     <p><small>may decide: ${esc(a.approver_roles.join(", "))} · expires ${esc(when(a.expires_at))}</small></p>
     ${a.arguments ? `<label>Arguments (edit to approve with changes)<textarea name="arguments" rows="${Math.min(12, args.split("\n").length + 1)}">${esc(args)}</textarea></label>` : ""}
+    ${a.scope === "step" ? `<label>Also approve the next <input name="similar" type="number" min="0" max="1000" step="1" value="0" inputmode="numeric"> similar calls (same tool, same rule) for an hour</label>` : ""}
     <label>Comment <input name="comment" autocomplete="off"></label>
     <button type="button" data-action="grant" class="primary">Approve</button>
     <button type="button" data-action="deny" class="danger">Deny</button>

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from helmline.api._auth import Approver, Operator, Principal, Viewer
 from helmline.api._problems import PROBLEM_RESPONSES, ProblemDetails, conflict, forbidden, not_found
@@ -90,6 +91,9 @@ class Decision(BaseModel):
     """Arguments to run the call with instead of the requested ones (grant only)."""
     similar_limit: int | None = Field(default=None, ge=1, le=1000)
     """Let the grant also stand for up to this many later calls of the same tool and rule."""
+    similar_until: AwareDatetime | None = None
+    """With `similar_limit`: when that standing grant ends (an hour after the grant when
+    not given)."""
 
     @model_validator(mode="after")
     def _modifications_only_with_grant(self) -> Decision:
@@ -97,6 +101,11 @@ class Decision(BaseModel):
             self.modified_arguments is not None or self.similar_limit is not None
         ):
             raise ValueError("modified_arguments and similar_limit only go with a grant")
+        if self.similar_until is not None:
+            if self.similar_limit is None:
+                raise ValueError("similar_until goes with similar_limit")
+            if self.similar_until <= datetime.now(UTC):
+                raise ValueError("similar_until is not in the future")
         return self
 
 
@@ -250,6 +259,7 @@ async def decide(
         comment=body.comment,
         modified_arguments=body.modified_arguments,
         similar_limit=body.similar_limit,
+        similar_until=body.similar_until,
     )
     return await _accepted(request, principal, session_id, payload)
 

@@ -9,6 +9,7 @@ from helmline.approval._document import (
     ArgumentCondition,
     PolicyDocument,
     RuleDocument,
+    parse_duration,
 )
 from helmline.approval._policy_file import (
     BUILT_IN,
@@ -35,6 +36,7 @@ __all__ = [
     "Verdict",
     "default_policy",
     "load_policy",
+    "parse_duration",
     "parse_policy",
     "policy_hash",
 ]

@@ -22,14 +22,17 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+def parse_duration(text: str) -> timedelta:
+    """A duration as people write it, in a policy or on the command line: 90s, 10m, 2h, 1d."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration such as 30s, 10m, 2h or 1d")
+    return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+
+
 def _duration(value: object) -> object:
-    # People write "90s", "10m", "2h"; a bare number is seconds, as pydantic reads it.
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match is None:
-            raise ValueError(f"{value!r} is not a duration such as 30s, 10m, 2h or 1d")
-        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-    return value
+    # A bare number is seconds, as pydantic reads it.
+    return parse_duration(value) if isinstance(value, str) else value
 
 
 def _one_or_many(value: object) -> object:
