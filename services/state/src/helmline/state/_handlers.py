@@ -46,17 +46,17 @@ class StateHandler:
                 await self._advance_rollbacks(event)
             case ToolCallFailed() | ToolCallDenied() as outcome if is_undo_step(outcome.step_id):
                 await self._advance_rollbacks(event)
-            case ToolCallCompleted() | WorkspaceSnapshotted() | WorkspaceRestored():
-                await self.handle_gathered([delivery])
             case _:
-                pass  # Failures of the plan's own steps.
+                # Completions (checkpoints), snapshots, and failures of the plan's own steps.
+                await self.handle_gathered([delivery])
 
     def may_wait(self, event: Event) -> bool:
-        """Checkpoints, and the snapshots they note, may be made late; a rollback may not
-        wait, nor may the outcome of one of its undo calls."""
+        """Checkpoints, and the snapshots they note, may be made late, and a plan step's
+        failure (which calls for nothing) may wait with them; a rollback may not wait, nor
+        may the outcome of one of its undo calls."""
         match event.data:
-            case ToolCallCompleted() as completed:
-                return not is_undo_step(completed.step_id)
+            case ToolCallCompleted() | ToolCallFailed() | ToolCallDenied() as outcome:
+                return not is_undo_step(outcome.step_id)
             case WorkspaceSnapshotted() | WorkspaceRestored():
                 return True
             case _:
@@ -102,8 +102,9 @@ class StateHandler:
                 self._sessions.record(state, [checkpoint])
                 return [checkpoint]
             case _ if self._sessions.holds(event.tenant, event.session_id):
-                # A snapshot, kept up in a state held in memory for the next checkpoint; a
-                # session not held is replayed at its next completion, this event included.
+                # A snapshot or a failure, kept up in a state held in memory for the next
+                # checkpoint; a session not held is replayed at its next completion, this
+                # event included.
                 await self._sessions.advance(delivery)
         return []
 
