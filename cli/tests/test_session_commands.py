@@ -28,6 +28,7 @@ from helmline.contracts import (
     ApprovalDecisionSubmitted,
     ApprovalDenied,
     ApprovalRequested,
+    ArgumentCondition,
     CheckpointCreated,
     Event,
     Payload,
@@ -223,6 +224,7 @@ async def test_approve_similar_lets_the_grant_stand_for_later_calls_for_a_while(
     result = await helmline(
         nats_url,
         *("approve", session.id, "-t", session.tenant, "--similar", "3", "--similar-for", "30m"),
+        *("--similar-where", "command~^wc (-c|-l) ", "--similar-where", "command=*.txt"),
         "--no-wait",
     )
 
@@ -232,16 +234,29 @@ async def test_approve_similar_lets_the_grant_stand_for_later_calls_for_a_while(
     assert decision.similar_until is not None
     lasting = decision.similar_until - asked_at
     assert timedelta(minutes=30) <= lasting < timedelta(minutes=31)
+    assert decision.similar_where == {
+        "command": ArgumentCondition(regex="^wc (-c|-l) ", glob=("*.txt",))
+    }
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--similar-for", "30m"], "--similar-for goes with --similar N"),
+        (["--similar-for", "30m"], "--similar-for and --similar-where go with --similar N"),
+        (["--similar-where", "path=a/*"], "--similar-for and --similar-where go with --similar N"),
+        (["--similar", "2", "--similar-where", "path"], "write NAME=GLOB or NAME~REGEX"),
+        (["--similar", "2", "--similar-where", "cmd~(x"], "invalid regular expression"),
         (["--similar", "2", "--similar-for", "soon"], "'soon' is not a duration such as 30s"),
         (["--similar", "0"], "Invalid value for '--similar'"),
     ],
-    ids=["duration alone", "not a duration", "no calls"],
+    ids=[
+        "duration alone",
+        "condition alone",
+        "not a condition",
+        "bad regex",
+        "not a duration",
+        "no calls",
+    ],
 )
 async def test_a_wrong_standing_grant_appends_nothing(
     args: list[str], message: str, nats_url: str, session: Session

@@ -177,7 +177,11 @@ async def test_a_grant_may_stand_for_similar_calls_until_a_given_time(
     until_then = (datetime.now(UTC) + timedelta(minutes=30)).replace(microsecond=0)
     for wrong, words in (
         ({"decision": "deny", "similar_limit": 2}, "only go with a grant"),
-        ({"decision": "grant", "similar_until": until_then.isoformat()}, "goes with similar_limit"),
+        ({"decision": "grant", "similar_until": until_then.isoformat()}, "go with similar_limit"),
+        (
+            {"decision": "grant", "similar_limit": 2, "similar_where": {"command": {}}},
+            "an argument condition needs glob, regex, min or max",
+        ),
         (
             {"decision": "grant", "similar_limit": 2, "similar_until": "2020-01-01T00:00:00Z"},
             "not in the future",
@@ -189,12 +193,18 @@ async def test_a_grant_may_stand_for_similar_calls_until_a_given_time(
     ):
         assert_problem(await client.post(url, json=wrong, headers=approver), 422, words)
 
-    grant = {"decision": "grant", "similar_limit": 2, "similar_until": until_then.isoformat()}
+    grant = {
+        "decision": "grant",
+        "similar_limit": 2,
+        "similar_until": until_then.isoformat(),
+        "similar_where": {"command": {"regex": "^wc "}},
+    }
     assert (await client.post(url, json=grant, headers=approver)).status_code == 202
     state = await until(client, approver, session_id, "completed", "failed")
     approval = state["approvals"][request_id]
     assert approval["similar_limit"] == 2
     assert datetime.fromisoformat(approval["similar_until"]) == until_then
+    assert approval["similar_where"]["command"]["regex"] == "^wc "
 
 
 async def test_a_denial_fails_the_session(

@@ -15,6 +15,7 @@ from pydantic.fields import FieldInfo
 
 from helmline.contracts import (
     PAYLOAD_CLASSES,
+    ArgumentCondition,
     Event,
     Payload,
     PlanStep,
@@ -36,6 +37,14 @@ _json: st.SearchStrategy[Any] = st.recursive(
         st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
     ),
     max_leaves=6,
+)
+# A condition must say something and its regex compile, which no annotation tells.
+_argument_conditions = st.builds(
+    ArgumentCondition,
+    glob=st.none() | st.just(("src/**", "*.md")),
+    regex=st.just("^ls\\b"),
+    min=st.none() | st.just(1.0),
+    max=st.none() | st.just(10.0),
 )
 _times = st.datetimes(
     min_value=datetime(2020, 1, 1), max_value=datetime(2035, 1, 1), timezones=st.just(UTC)
@@ -63,6 +72,8 @@ def _for_annotation(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[A
         return st.dictionaries(key, _for_annotation(args[1], []), max_size=3)
     if annotation is Playbook:
         return _playbooks()
+    if annotation is ArgumentCondition:
+        return _argument_conditions
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return _for_model(annotation)
     if annotation is bool:

@@ -342,6 +342,58 @@ def test_approve_similar_stops_at_its_end_and_covers_only_its_tool_and_rule() ->
     assert isinstance(judged(critical_read, NOW), ApprovalRequested)
 
 
+def test_approve_similar_limited_to_some_arguments_covers_only_calls_meeting_them() -> None:
+    state, events, started = _waiting()
+    where = {"command": {"regex": "^ls( |$)"}, "timeout_s": {"max": 60}}
+    state, (granted, _), _ = _vote(
+        state, events, started, ANA, similar_limit=5, similar_where=where
+    )
+    assert isinstance(granted, ApprovalGranted)
+    assert granted.similar_where is not None
+    assert state.approvals["s.1"].similar_where == granted.similar_where
+
+    def judged(**arguments: Any) -> Any:
+        (decision,) = judge_step(
+            _scheduled_as("b", **arguments),
+            DEFAULT,
+            tenant="t",
+            requester=ANA,
+            now=NOW,
+            session=state,
+        )
+        return decision.payload
+
+    assert isinstance(judged(command="ls -l", timeout_s=30), ToolCallAuthorized)
+    # A call lacking an argument a condition names does not meet it.
+    assert isinstance(judged(command="ls -l"), ApprovalRequested)
+    assert isinstance(judged(command="lsblk", timeout_s=30), ApprovalRequested)
+    assert isinstance(judged(command="ls", timeout_s=600), ApprovalRequested)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        (
+            {"similar_where": {"command": {"glob": "ls*"}}},
+            'limits an "approve similar" grant: give similar_limit too',
+        ),
+        (
+            {"similar_limit": 2, "similar_where": {"comand": {"glob": "ls*"}}},
+            "run_command has no argument 'comand' to limit to",
+        ),
+    ],
+    ids=["without a limit", "unknown argument"],
+)
+def test_a_grant_limited_to_what_cannot_be_limited_is_refused(
+    changes: dict[str, Any], reason: str
+) -> None:
+    state, events, started = _waiting()
+    state, decisions, note = _vote(state, events, started, ANA, **changes)
+    assert decisions == []
+    assert reason in (note or "")
+    assert state.approvals["s.1"].status == "pending"
+
+
 def test_a_request_carries_what_the_plan_says_the_step_is_for() -> None:
     started = new_event(
         SessionStarted(goal="g", requested_by=ANA), tenant="t", session_id="s1", source="test"

@@ -15,6 +15,7 @@ from helmline.cli._errors import CliError
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
+    ArgumentCondition,
     Arguments,
     Event,
     Payload,
@@ -43,6 +44,8 @@ class StandingGrant:
     """How many such calls it approves."""
     until: datetime | None
     """When it ends; None: the approval service's default (an hour after the grant)."""
+    where: dict[str, ArgumentCondition] | None = None
+    """Conditions on the later calls' arguments that it is limited to."""
 
 
 def current_actor(name: str | None = None, roles: tuple[str, ...] = ()) -> Actor:
@@ -119,6 +122,7 @@ def decision_submitted(
         modified_arguments=modified_arguments,
         similar_limit=similar.limit if similar else None,
         similar_until=similar.until if similar else None,
+        similar_where=similar.where if similar else None,
     )
     return _intent(payload, tenant, session_id)
 

@@ -23,6 +23,7 @@ from helmline.cli._options import DataDir, Json, SessionId, Tenant
 if TYPE_CHECKING:
     from helmline.cli._intents import Control, StandingGrant
     from helmline.cli._sessions import ArgumentChange
+    from helmline.contracts import ArgumentCondition
 
 DEFAULT_TENANT = "default"
 INTERRUPTED = 130
@@ -316,6 +317,14 @@ def approve(
             show_default=False,
         ),
     ] = None,
+    similar_where: Annotated[
+        list[str],
+        typer.Option(
+            "--similar-where",
+            help="With --similar: only later calls whose argument matches, NAME=GLOB (a path "
+            "glob) or NAME~REGEX; repeat it for more arguments.",
+        ),
+    ] = [],  # noqa: B006
     acting: Acting = None,
     roles: Roles = [],  # noqa: B006
     wait: Answer = True,
@@ -328,7 +337,7 @@ def approve(
     with the reason (exit status 1).
     """
     change = _argument_change(arguments, set_fields)
-    standing = _standing_grant(similar, similar_for)
+    standing = _standing_grant(similar, similar_for, similar_where)
     identity = (acting, tuple(roles))
     _decide(
         "grant",
@@ -411,23 +420,53 @@ def _argument_change(arguments: str | None, set_fields: list[str]) -> ArgumentCh
     return ArgumentChange(replace, fields)
 
 
-def _standing_grant(similar: int | None, similar_for: str | None) -> StandingGrant | None:
+def _standing_grant(
+    similar: int | None, similar_for: str | None, similar_where: list[str]
+) -> StandingGrant | None:
     from helmline.approval import parse_duration
     from helmline.cli._intents import StandingGrant
 
     if similar is None:
-        if similar_for is not None:
-            _fail(CliError("--similar-for goes with --similar N", exit_code=2))
+        if similar_for is not None or similar_where:
+            _fail(CliError("--similar-for and --similar-where go with --similar N", exit_code=2))
         return None
-    if similar_for is None:
-        return StandingGrant(similar, None)
+    until = None
+    if similar_for is not None:
+        try:
+            lasting = parse_duration(similar_for)
+        except ValueError as error:
+            _fail(CliError(f"--similar-for: {error}", exit_code=2))
+        if lasting <= timedelta(0):
+            _fail(CliError("--similar-for must be longer than zero", exit_code=2))
+        until = datetime.now(UTC) + lasting
+    return StandingGrant(similar, until, _argument_conditions(similar_where) or None)
+
+
+def _argument_conditions(written: list[str]) -> dict[str, ArgumentCondition]:
+    """`NAME=GLOB` and `NAME~REGEX`, as conditions by argument name (both on one name: both
+    must hold)."""
+    from pydantic import ValidationError
+
+    from helmline.contracts import ArgumentCondition
+
+    tests: dict[str, dict[str, str]] = {}
+    for condition in written:
+        # Whichever sign comes first ends the name (a glob may hold `~`, a regex `=`).
+        signs = [at for at in (condition.find("="), condition.find("~")) if at > 0]
+        at = min(signs, default=-1)
+        name, value = condition[:at].strip(), condition[at + 1 :]
+        if at < 0 or not name or not value:
+            _fail(
+                CliError(
+                    f"--similar-where {condition!r}: write NAME=GLOB or NAME~REGEX", exit_code=2
+                )
+            )
+        tests.setdefault(name, {})["glob" if condition[at] == "=" else "regex"] = value
     try:
-        lasting = parse_duration(similar_for)
-    except ValueError as error:
-        _fail(CliError(f"--similar-for: {error}", exit_code=2))
-    if lasting <= timedelta(0):
-        _fail(CliError("--similar-for must be longer than zero", exit_code=2))
-    return StandingGrant(similar, datetime.now(UTC) + lasting)
+        return {name: ArgumentCondition.model_validate(test) for name, test in tests.items()}
+    except ValidationError as error:
+        problem = error.errors()[0]["msg"].removeprefix("Value error, ")
+        _fail(CliError(f"--similar-where: {problem}", exit_code=2))
 
 
 def _decide(

@@ -167,14 +167,17 @@ from helmline.contracts._topology import (
 )
 from helmline.contracts._values import (
     Actor,
+    ArgumentCondition,
     Arguments,
     LimitHit,
+    Patterns,
     ResourceUsage,
     Risk,
     SandboxLimits,
     SessionId,
     TenantId,
     ToolError,
+    one_or_many,
 )
 from helmline.contracts._versions import (
     UPCASTERS,
@@ -234,6 +237,7 @@ __all__ = [
     "ApprovalRequested",
     "ApprovalState",
     "ApprovalVoteCounted",
+    "ArgumentCondition",
     "Arguments",
     "CallPointer",
     "CheckpointCreated",
@@ -262,6 +266,7 @@ __all__ = [
     "ModelUsage",
     "NatsPermissions",
     "ObjectStoreSpec",
+    "Patterns",
     "Payload",
     "PlanApproved",
     "PlanProposed",
@@ -340,6 +345,7 @@ __all__ = [
     "nats_permissions",
     "nats_permissions_table",
     "new_event",
+    "one_or_many",
     "parse_event_subject",
     "published_by",
     "retry_subject",

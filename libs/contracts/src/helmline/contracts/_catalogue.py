@@ -17,6 +17,7 @@ from helmline.contracts._plans import PlanStep, Playbook
 from helmline.contracts._tools import ToolEffect, ToolSpec
 from helmline.contracts._values import (
     Actor,
+    ArgumentCondition,
     Arguments,
     Contract,
     LimitHit,
@@ -340,6 +341,9 @@ class ApprovalDecisionSubmitted(Payload):
     tool that the same policy rule sends to approval ("approve similar calls")."""
     similar_until: datetime | None = None
     """Until when that standing grant holds; an hour after the grant when not given."""
+    similar_where: dict[str, ArgumentCondition] | None = None
+    """With `similar_limit`: conditions on the later calls' arguments, by name, that each
+    must meet to run under the grant (only this user's rows, only paths under `build/`)."""
 
 
 class ApprovalGranted(Payload):
@@ -359,6 +363,8 @@ class ApprovalGranted(Payload):
     also approves in the session; None for this call only."""
     similar_until: datetime | None = None
     """When that standing grant ends."""
+    similar_where: dict[str, ArgumentCondition] | None = None
+    """Conditions on the later calls' arguments that the standing grant is limited to."""
 
 
 class ApprovalDenied(Payload):

@@ -76,7 +76,14 @@ from helmline.contracts._envelope import Event
 from helmline.contracts._exchanges import CriterionResult
 from helmline.contracts._plans import PlanStep
 from helmline.contracts._tools import ToolEffect
-from helmline.contracts._values import Actor, Arguments, LimitHit, Risk, ToolError
+from helmline.contracts._values import (
+    Actor,
+    ArgumentCondition,
+    Arguments,
+    LimitHit,
+    Risk,
+    ToolError,
+)
 
 SessionStatus = Literal[
     "pending", "planning", "executing", "waiting", "paused", "completed", "failed", "cancelled"
@@ -197,6 +204,8 @@ class ApprovalState:
     """How many later similar calls the grant also approves; None for this call only."""
     similar_until: datetime | None = None
     """When that standing grant ends."""
+    similar_where: dict[str, ArgumentCondition] | None = None
+    """Conditions on the later calls' arguments that the standing grant is limited to."""
     similar_used: int = 0
     """Later calls authorised under the standing grant so far."""
 
@@ -711,6 +720,7 @@ class SessionFold:
                         self.approvals[data.request_id],
                         similar_limit=data.similar_limit,
                         similar_until=data.similar_until,
+                        similar_where=data.similar_where,
                     )
             case ApprovalDenied():
                 self._decide(

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 # Identifiers end up as NATS subject tokens, so they must never contain dots, wildcards
 # or whitespace; the patterns below are the single definition of what is allowed.
@@ -21,6 +31,16 @@ Risk = Literal["low", "medium", "high", "critical"]
 
 Arguments = dict[str, JsonValue]
 """Tool arguments as JSON, validated by the tool gateway against the tool's JSON Schema."""
+
+
+def one_or_many(value: object) -> object:
+    """Read one item as a list of one: people write `tool: run_command` as often as
+    `tool: [run_command, write_file]`, and mean the same kind of thing."""
+    return [value] if isinstance(value, str) else value
+
+
+Patterns = Annotated[tuple[str, ...], BeforeValidator(one_or_many), Field(min_length=1)]
+"""One or more globs (or names), given as a string or a list."""
 
 
 class Contract(BaseModel):
@@ -111,3 +131,36 @@ class LimitHit(Contract):
     """The configured value of that limit (seconds, MiB, count or bytes)."""
     command: str | None = None
     """The command that hit it, for run_command."""
+
+
+class ArgumentCondition(Contract):
+    """A condition on one argument of a tool call; every test given must hold, and a call
+    without the argument does not meet it. Policy rules and "approve similar" grants use it."""
+
+    glob: Patterns | None = None
+    """Path globs, any of which the (normalised) string value must match: `*` stays within
+    one folder, `**` crosses folders, `?` is one character."""
+    regex: str | None = None
+    """A regular expression the string value must contain a match of (Python `re.search`)."""
+    min: float | None = None
+    """Smallest allowed number (inclusive)."""
+    max: float | None = None
+    """Largest allowed number (inclusive)."""
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"invalid regular expression: {error}") from error
+        return pattern
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ArgumentCondition:
+        if self.glob is None and self.regex is None and self.min is None and self.max is None:
+            raise ValueError("an argument condition needs glob, regex, min or max")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self

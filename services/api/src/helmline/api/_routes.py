@@ -15,6 +15,7 @@ from helmline.api._reads import SessionFilter, SessionLister, SessionSummary, lo
 from helmline.contracts import (
     BUILTIN_TOOLS,
     ApprovalDecisionSubmitted,
+    ArgumentCondition,
     Arguments,
     CheckpointState,
     Event,
@@ -94,6 +95,9 @@ class Decision(BaseModel):
     similar_until: AwareDatetime | None = None
     """With `similar_limit`: when that standing grant ends (an hour after the grant when
     not given)."""
+    similar_where: dict[str, ArgumentCondition] | None = None
+    """With `similar_limit`: conditions on the later calls' arguments, by name, that each
+    must meet to run under the grant (as a policy rule's `arguments`)."""
 
     @model_validator(mode="after")
     def _modifications_only_with_grant(self) -> Decision:
@@ -101,11 +105,12 @@ class Decision(BaseModel):
             self.modified_arguments is not None or self.similar_limit is not None
         ):
             raise ValueError("modified_arguments and similar_limit only go with a grant")
-        if self.similar_until is not None:
-            if self.similar_limit is None:
-                raise ValueError("similar_until goes with similar_limit")
-            if self.similar_until <= datetime.now(UTC):
-                raise ValueError("similar_until is not in the future")
+        if self.similar_limit is None and (
+            self.similar_until is not None or self.similar_where is not None
+        ):
+            raise ValueError("similar_until and similar_where go with similar_limit")
+        if self.similar_until is not None and self.similar_until <= datetime.now(UTC):
+            raise ValueError("similar_until is not in the future")
         return self
 
 
@@ -260,6 +265,7 @@ async def decide(
         modified_arguments=body.modified_arguments,
         similar_limit=body.similar_limit,
         similar_until=body.similar_until,
+        similar_where=body.similar_where,
     )
     return await _accepted(request, principal, session_id, payload)
 

@@ -6,7 +6,6 @@ explain a decision exactly as the service makes it.
 
 from helmline.approval._document import (
     ApprovalTerms,
-    ArgumentCondition,
     PolicyDocument,
     RuleDocument,
     parse_duration,
@@ -25,7 +24,6 @@ from helmline.yamlfile import Problem
 __all__ = [
     "BUILT_IN",
     "ApprovalTerms",
-    "ArgumentCondition",
     "CallFacts",
     "Policy",
     "PolicyDocument",

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from helmline.contracts import Risk
+from helmline.contracts import ArgumentCondition, Patterns, Risk, one_or_many
 
 DEFAULT_APPROVAL_EXPIRY = timedelta(minutes=10)
 DEFAULT_APPROVER_ROLES = ("approver", "admin")
@@ -35,52 +35,14 @@ def _duration(value: object) -> object:
     return parse_duration(value) if isinstance(value, str) else value
 
 
-def _one_or_many(value: object) -> object:
-    # `tool: run_command` and `tool: [run_command, write_file]` mean the same kind of thing.
-    return [value] if isinstance(value, str) else value
-
-
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
-Patterns = Annotated[tuple[str, ...], BeforeValidator(_one_or_many), Field(min_length=1)]
-Names = Annotated[tuple[str, ...], BeforeValidator(_one_or_many), Field(min_length=1)]
-Risks = Annotated[tuple[Risk, ...], BeforeValidator(_one_or_many), Field(min_length=1)]
+Names = Patterns
+Risks = Annotated[tuple[Risk, ...], BeforeValidator(one_or_many), Field(min_length=1)]
 Effect = Literal["allow", "deny", "require_approval"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ArgumentCondition(_Strict):
-    """A condition on one argument of the call; every test given must hold."""
-
-    glob: Patterns | None = None
-    """Path globs, any of which the (normalised) string value must match: `*` stays within
-    one folder, `**` crosses folders, `?` is one character."""
-    regex: str | None = None
-    """A regular expression the string value must contain a match of (Python `re.search`)."""
-    min: float | None = None
-    """Smallest allowed number (inclusive)."""
-    max: float | None = None
-    """Largest allowed number (inclusive)."""
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, pattern: str | None) -> str | None:
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise ValueError(f"invalid regular expression: {error}") from error
-        return pattern
-
-    @model_validator(mode="after")
-    def _says_something(self) -> ArgumentCondition:
-        if self.glob is None and self.regex is None and self.min is None and self.max is None:
-            raise ValueError("an argument condition needs glob, regex, min or max")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) is above max ({self.max})")
-        return self
 
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from helmline.approval._document import DEFAULT_APPROVER_ROLES, PLAN_APPROVAL_RULE
-from helmline.approval._rules import RISK_ORDER, Policy, Verdict
+from helmline.approval._rules import RISK_ORDER, Policy, Verdict, arguments_meet
 from helmline.contracts import (
     Actor,
     ApprovalDecisionRefused,
@@ -163,7 +163,7 @@ def judge_step(
         case "allow":
             payload = _authorized(scheduled, verdict, policy.hash)
         case "require_approval" if (
-            standing := _standing_grant(session, scheduled.tool, verdict.rule, now)
+            standing := _standing_grant(session, scheduled, verdict.rule, now)
             or _plan_grant(session, approved_plan, scheduled)
         ) is not None:
             payload = _authorized(scheduled, verdict, policy.hash, standing.request_id)
@@ -234,7 +234,7 @@ def _plan_grant(
 
 
 def _standing_grant(
-    session: SessionState | None, tool: str, rule: str, now: datetime
+    session: SessionState | None, scheduled: StepScheduled, rule: str, now: datetime
 ) -> ApprovalState | None:
     if session is None:
         return None
@@ -244,8 +244,9 @@ def _standing_grant(
             and request.similar_limit is not None
             and request.similar_used < request.similar_limit
             and (request.similar_until is None or now < request.similar_until)
-            and request.tool == tool
+            and request.tool == scheduled.tool
             and request.rule == rule
+            and arguments_meet(request.similar_where or {}, scheduled.arguments)
         ):
             return request
     return None
@@ -285,6 +286,9 @@ def judge_vote(
             *_deny_call(request, reason, policy.hash),
             *_reject_plan(request, reason, voter, policy.hash),
         ]
+    scope_problem = _similar_scope_problem(request, vote, policy)
+    if scope_problem is not None:
+        return _refuse(vote, scope_problem)
     arguments = vote.modified_arguments
     if arguments is None:
         arguments = request.arguments or {}
@@ -341,6 +345,7 @@ def judge_vote(
         modified_arguments=vote.modified_arguments,
         similar_limit=vote.similar_limit,
         similar_until=similar_until,
+        similar_where=vote.similar_where,
     )
     decisions = [Decision(granted, f"decided/{request.request_id}")]
     if authorized is not None:
@@ -373,12 +378,28 @@ def _granters(
         if (
             earlier.decision == "grant"
             and earlier.modified_arguments == vote.modified_arguments
-            and (earlier.similar_limit, earlier.similar_until)
-            == (vote.similar_limit, vote.similar_until)
+            and (earlier.similar_limit, earlier.similar_until, earlier.similar_where)
+            == (vote.similar_limit, vote.similar_until, vote.similar_where)
             and _may_decide(earlier.decided_by, roles)
         ):
             granters.setdefault(earlier.decided_by.id, earlier.decided_by)
     return tuple(granters.values())
+
+
+def _similar_scope_problem(
+    request: ApprovalState, vote: ApprovalDecisionSubmitted, policy: Policy
+) -> str | None:
+    """Why the conditions a standing grant is limited to cannot stand, if they cannot."""
+    if vote.similar_where is None:
+        return None
+    if vote.similar_limit is None:
+        return 'similar_where limits an "approve similar" grant: give similar_limit too'
+    spec = policy.tools.get(request.tool or "")
+    properties = spec.parameters.get("properties", {}) if spec is not None else {}
+    unknown = sorted(name for name in vote.similar_where if name not in properties)
+    if unknown:
+        return f"{request.tool} has no argument {', '.join(map(repr, unknown))} to limit to"
+    return None
 
 
 def _modified_arguments_problem(

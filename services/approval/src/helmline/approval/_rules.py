@@ -31,7 +31,7 @@ from helmline.approval._document import (
     RuleDocument,
     TimeWindow,
 )
-from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, ArgumentCondition, Risk, ToolSpec
 
 RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
 _CANDIDATE_CACHE_LIMIT = 4096
@@ -215,7 +215,10 @@ class _ArgumentMatchesPath:
     regex: re.Pattern[str]
 
     def holds(self, facts: CallFacts) -> bool:
-        value = facts.arguments.get(self.name)
+        return self.meets(facts.arguments)
+
+    def meets(self, arguments: Mapping[str, JsonValue]) -> bool:
+        value = arguments.get(self.name)
         # Normalised, so that `src/../etc/passwd` is judged as the `etc/passwd` it reaches.
         return isinstance(value, str) and self.regex.match(posixpath.normpath(value)) is not None
 
@@ -229,7 +232,10 @@ class _ArgumentContains:
     regex: re.Pattern[str]
 
     def holds(self, facts: CallFacts) -> bool:
-        value = facts.arguments.get(self.name)
+        return self.meets(facts.arguments)
+
+    def meets(self, arguments: Mapping[str, JsonValue]) -> bool:
+        value = arguments.get(self.name)
         return isinstance(value, str) and self.regex.search(value) is not None
 
     def describe(self) -> str:
@@ -243,7 +249,10 @@ class _ArgumentWithin:
     high: float | None
 
     def holds(self, facts: CallFacts) -> bool:
-        value = facts.arguments.get(self.name)
+        return self.meets(facts.arguments)
+
+    def meets(self, arguments: Mapping[str, JsonValue]) -> bool:
+        value = arguments.get(self.name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False
         return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
@@ -340,6 +349,30 @@ def _default_reason(rule: RuleDocument) -> str:
             return f"policy rule {rule.name} asks a person to approve"
 
 
+_ArgumentTest = _ArgumentMatchesPath | _ArgumentContains | _ArgumentWithin
+
+
+def _argument_tests(conditions: Mapping[str, ArgumentCondition]) -> list[_ArgumentTest]:
+    tests: list[_ArgumentTest] = []
+    for name, condition in conditions.items():
+        if condition.glob is not None:
+            tests.append(
+                _ArgumentMatchesPath(name, condition.glob, _path_glob_regex(condition.glob))
+            )
+        if condition.regex is not None:
+            tests.append(_ArgumentContains(name, re.compile(condition.regex)))
+        if condition.min is not None or condition.max is not None:
+            tests.append(_ArgumentWithin(name, condition.min, condition.max))
+    return tests
+
+
+def arguments_meet(
+    conditions: Mapping[str, ArgumentCondition], arguments: Mapping[str, JsonValue]
+) -> bool:
+    """Whether the arguments meet every condition, as a policy rule's `arguments` would."""
+    return all(test.meets(arguments) for test in _argument_tests(conditions))
+
+
 def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
     static: list[_Condition] = []
     dynamic: list[_Condition] = []
@@ -357,15 +390,7 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
         dynamic.append(_RoleIs(frozenset(rule.role)))
     if rule.permission is not None:
         dynamic.append(_PermissionIs(rule.permission, _glob_regex(rule.permission)))
-    for name, condition in rule.arguments.items():
-        if condition.glob is not None:
-            dynamic.append(
-                _ArgumentMatchesPath(name, condition.glob, _path_glob_regex(condition.glob))
-            )
-        if condition.regex is not None:
-            dynamic.append(_ArgumentContains(name, re.compile(condition.regex)))
-        if condition.min is not None or condition.max is not None:
-            dynamic.append(_ArgumentWithin(name, condition.min, condition.max))
+    dynamic += _argument_tests(rule.arguments)
     if rule.during is not None:
         dynamic.append(_During.of(rule.during))
     approval = None
