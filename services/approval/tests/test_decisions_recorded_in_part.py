@@ -22,6 +22,7 @@ from helmline.contracts import (
     ApprovalRequested,
     Event,
     StepScheduled,
+    ToolCallDenied,
     new_event,
 )
 from helmline.runtime import Appended, Delivery, EventStore, FoldedStates
@@ -117,6 +118,35 @@ async def test_a_grant_recorded_without_its_authorisation_gets_it_when_the_vote_
 
     after = await types_after_the_vote(store, tenant, session_id)
     assert after == ["approval.granted", "tool.call.authorized"]
+
+
+async def test_a_grant_recorded_before_the_policy_changed_denies_the_call_it_would_release(
+    js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    source = PolicySource(policy)
+    restarted = ApprovalHandler(store, FoldedStates(js, store), source)
+    killed = ApprovalHandler(KilledAfterFirstAppend(js), FoldedStates(js, store), source)
+    try:
+        session_id, vote = await waiting_vote(restarted, store, tenant)
+        with pytest.raises(asyncio.CancelledError):
+            await killed(vote)
+        # Edited while the service was down: commands are refused from now on.
+        policy.write_text("rules: [{name: no-commands, tool: run_command, effect: deny}]\n")
+        assert source.reload_if_changed()
+
+        await restarted(Delivery(vote.event, vote.seq, 2))
+    finally:
+        for handler in (restarted, killed):
+            await handler.close()
+
+    # Not left waiting for an authorisation that never comes, and the command never runs.
+    after = await types_after_the_vote(store, tenant, session_id)
+    assert after == ["approval.granted", "tool.call.denied"]
+    denied = (await store.read_all(tenant, session_id))[-1].event.data
+    assert isinstance(denied, ToolCallDenied)
+    assert denied.reason.startswith("granted, but the policy changed before the call was released")
 
 
 async def test_a_vote_handled_in_full_and_delivered_again_records_nothing_more(

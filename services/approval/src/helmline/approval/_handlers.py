@@ -19,6 +19,7 @@ from helmline.approval._policy import (
     judge_plan,
     judge_step,
     judge_vote,
+    judge_vote_again,
 )
 from helmline.approval._policy_source import PolicySource
 from helmline.approval._rules import Policy
@@ -178,7 +179,8 @@ class ApprovalHandler:
         refusal of a vote that counted), the rest when the service stopped halfway."""
         log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
         upto = next((index for index, event in enumerate(log) if event.id == cause.id), len(log))
-        decisions = judge_vote(fold(log[: upto + 1]), vote, policy, cause.time)
+        recorded = [event.data for event in log[upto + 1 :] if event.causation_id == cause.id]
+        decisions = judge_vote_again(fold(log[: upto + 1]), vote, policy, cause.time, recorded)
         await self._append(cause, decisions, log)
         self._sessions.forget(cause.tenant, cause.session_id)
         return decisions

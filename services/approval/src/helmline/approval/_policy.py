@@ -5,6 +5,7 @@ Every decision event records the rule that made it and the hash of the policy in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -355,6 +356,30 @@ def judge_vote(
         approval = PlanApproved(revision=revision, approved_by=granters[0], policy_hash=policy.hash)
         decisions.append(Decision(approval, f"plan.approved/{revision}"))
     return decisions
+
+
+def judge_vote_again(
+    before: SessionState,
+    vote: ApprovalDecisionSubmitted,
+    policy: Policy,
+    now: datetime,
+    recorded: Sequence[Payload],
+) -> list[Decision]:
+    """A vote delivered again, judged as it was first: against the session `before` it,
+    given what the log already holds of its decisions (`recorded`).
+
+    Should the log hold its grant while the policy in force would now refuse it (the policy
+    changed between the grant's recording and the rest), the grant stands and the call it
+    would have released is denied: the session must not wait for an authorisation that
+    never comes, and what the policy now refuses does not run."""
+    decisions = judge_vote(before, vote, policy, now)
+    granted = any(isinstance(payload, ApprovalGranted) for payload in recorded)
+    if not granted or any(isinstance(d.payload, ApprovalGranted) for d in decisions):
+        return decisions
+    refusals = [d.payload for d in decisions if isinstance(d.payload, ApprovalDecisionRefused)]
+    why = refusals[0].reason if refusals else "the policy in force no longer allows it"
+    reason = f"granted, but the policy changed before the call was released: {why}"
+    return _deny_call(before.approvals[vote.request_id], reason, policy.hash)
 
 
 def _refuse(vote: ApprovalDecisionSubmitted, reason: str) -> list[Decision]:
