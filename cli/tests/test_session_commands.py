@@ -27,6 +27,7 @@ from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
+    ApprovalGranted,
     ApprovalRequested,
     ArgumentCondition,
     CheckpointCreated,
@@ -403,6 +404,27 @@ async def test_show_lists_steps_results_approvals_and_checkpoints(
         "run_command is high risk",
         "cp-write",
     ):
+        assert shown in result.stdout
+
+
+async def test_show_lists_the_standing_grants_and_what_they_cover(
+    nats_url: str, session: Session
+) -> None:
+    await session.plan_and_ask("r1")
+    await session.emit(
+        ApprovalGranted(
+            request_id="r1",
+            decided_by=(Actor(id="ana", roles=("approver",)),),
+            similar_limit=3,
+            similar_until=datetime.now(UTC) + timedelta(minutes=30),
+            similar_where={"command": ArgumentCondition(regex="^wc ")},
+        )
+    )
+
+    result = await helmline(nats_url, "show", session.id, "-t", session.tenant)
+
+    assert result.exit_code == 0, result.output
+    for shown in ("standing grants (approve similar)", "0 of 3", '{"command": {"regex": "^wc "}}'):
         assert shown in result.stdout
 
 

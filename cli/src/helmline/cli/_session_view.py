@@ -111,6 +111,9 @@ def render_session(console: Console, state: SessionState) -> None:
     if pending:
         console.print(approvals_table(pending))
         console.print(f"decide with: {decide_command(state)}  (or helmline deny ...)")
+    standing = [a for a in state.approvals.values() if a.status == "granted" and a.similar_limit]
+    if standing:
+        console.print(standing_grants_table(standing))
     if state.checkpoints:
         console.print(checkpoints_table(state))
 
@@ -196,6 +199,27 @@ def approvals_table(pending: tuple[ApprovalState, ...]) -> Table:
             request.risk,
             Text(request.reason),
             _time(request.expires_at),
+        )
+    return table
+
+
+def standing_grants_table(grants: list[ApprovalState]) -> Table:
+    """ "Approve similar" grants: what later calls each covers, and how much of it is used."""
+    table = Table(title="standing grants (approve similar)", title_justify="left")
+    for column in ("request", "tool", "rule", "used", "until", "only where"):
+        table.add_column(column, no_wrap=column != "only where", overflow="fold")
+    for grant in grants:
+        where = {
+            name: condition.model_dump(mode="json", exclude_none=True)
+            for name, condition in (grant.similar_where or {}).items()
+        }
+        table.add_row(
+            grant.request_id,
+            grant.tool or "",
+            grant.rule or "",
+            f"{grant.similar_used} of {grant.similar_limit}",
+            _time(grant.similar_until),
+            Text(json.dumps(where) if where else "any arguments"),
         )
     return table
 
