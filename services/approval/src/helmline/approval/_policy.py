@@ -419,7 +419,9 @@ def _similar_scope_problem(
         return None
     if vote.similar_limit is None:
         return 'similar_where limits an "approve similar" grant: give similar_limit too'
-    spec = policy.tools.get(request.tool or "")
+    if request.tool is None:
+        return "the plan's approval stands for no later calls: drop similar_where"
+    spec = policy.tools.get(request.tool)
     properties = spec.parameters.get("properties", {}) if spec is not None else {}
     unknown = sorted(name for name in vote.similar_where if name not in properties)
     if unknown:
