@@ -86,6 +86,7 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     await expect(page.locator('li[data-step-id="count"] .badge').first).to_have_text("succeeded")
     await expect(page.locator("form.approval")).to_have_count(0)
+    await expect(page.locator("p.grant")).to_contain_text("0 of 2 used")
     await page.locator('details[data-step="count"] summary').click()
     await expect(page.locator('details[data-step="count"]')).to_contain_text("n.txt")
     await screenshot(page, "completed")

@@ -149,6 +149,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       </div>
       <p id="notice" role="status" aria-live="polite"></p>
       <section id="approvals" aria-label="Approvals"></section>
+      <div id="grants"></div>
       <div class="columns">
         <section><h2>Plan</h2><ol id="steps" class="timeline"></ol></section>
         <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts"></ol></section>
@@ -196,6 +197,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       button.disabled = ended || (action === "pause" && (s.pause_requested || s.status === "paused")) || (action === "resume" && !s.pause_requested && s.status !== "paused");
     }
     renderApprovals(s);
+    document.getElementById("grants")!.innerHTML = Object.values(s.approvals)
+      .filter((a) => a.status === "granted" && a.similar_limit)
+      .map(standingGrant)
+      .join("");
     document.getElementById("steps")!.innerHTML = steps.map((step) => stepItem(step, openDetails.has(step.id))).join("");
     document.getElementById("thinking")!.textContent = s.status === "planning" ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
@@ -375,6 +380,12 @@ function callItem(call: ToolCall): string {
     ${call.output !== undefined ? `<h4>Output</h4><pre>${json(call.output)}</pre>` : ""}
     ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${json(call.error)}</pre>` : ""}
   </details>`;
+}
+
+function standingGrant(a: Approval): string {
+  const where = a.similar_where ? ` · only where ${esc(JSON.stringify(a.similar_where))}` : "";
+  return `<p class="grant">${badge("granted", "standing grant")} ${esc(a.tool ?? "")} calls like ${esc(a.request_id)}:
+    ${a.similar_used} of ${a.similar_limit} used${a.similar_until ? ` · until ${esc(when(a.similar_until))}` : ""}${where}</p>`;
 }
 
 function approvalForm(a: Approval): string {

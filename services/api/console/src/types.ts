@@ -47,6 +47,10 @@ export interface Approval {
   approver_roles: string[];
   comment: string;
   modified_arguments: Record<string, unknown> | null;
+  similar_limit: number | null;
+  similar_until: string | null;
+  similar_where: Record<string, unknown> | null;
+  similar_used: number;
 }
 
 export interface Checkpoint {
