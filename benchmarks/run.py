@@ -1,7 +1,10 @@
 """`make bench`: run every benchmark and print one JSON line per figure.
 
 Figures are measured, never asserted: the machines are shared and noisy, so compare
-figures of one run with each other (each line carries its target for reference).
+figures of one run with each other (each line carries its target for reference). Each line
+also says how busy the machine's processors were while its benchmark ran, and how much of
+them the hypervisor gave to other machines (`steal_pct`): on a shared host that share alone
+can double every latency, so two runs compare only at a similar steal.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import approval
@@ -50,11 +54,38 @@ uvloop, as the other services do: what runs in this process (the gateway's handl
 replay, a rebuild, the sandbox's launches) is measured on the loop its service runs it on."""
 
 
+PROCESSOR_TIMES = Path("/proc/stat")
+"""Its first line: the processors' time so far in user, nice, system, idle, iowait, irq,
+softirq and steal (then guest time, already counted in user)."""
+
+
+def processor_times() -> list[int] | None:
+    """The processors' time so far by kind, where the system tells it (Linux)."""
+    try:
+        return [int(ticks) for ticks in PROCESSOR_TIMES.read_text().splitlines()[0].split()[1:9]]
+    except OSError:
+        return None
+
+
+def machine_during(before: list[int], after: list[int]) -> dict[str, float]:
+    """How busy the processors were, and how much of them was stolen, between two readings."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        late - early for early, late in zip(before, after, strict=True)
+    )
+    total = max(1, user + nice + system + idle + iowait + irq + softirq + steal)
+    busy = user + nice + system + irq + softirq
+    return {"busy_pct": round(100 * busy / total, 1), "steal_pct": round(100 * steal / total, 1)}
+
+
 def main(selected: list[str]) -> None:
     for name in selected or list(BENCHMARKS):
         run = asyncio.run if name in ON_ASYNCIO else uvloop.run
-        for figure in run(BENCHMARKS[name]()):
-            print(json.dumps({"bench": name, **figure}), flush=True)
+        before = processor_times()
+        figures = run(BENCHMARKS[name]())
+        after = processor_times()
+        machine = machine_during(before, after) if before and after else {}
+        for figure in figures:
+            print(json.dumps({"bench": name, **figure, "machine": machine}), flush=True)
 
 
 if __name__ == "__main__":
