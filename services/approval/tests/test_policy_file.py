@@ -96,6 +96,10 @@ def _problems(text: str) -> list[str]:
             "5: rules[0].during.hours: '9am-5pm' is not a span of hours",
         ),
         (
+            "rules:\n  - name: a\n    effect: allow\n    during: {hours: 10:30}\n",
+            "4: rules[0].during.hours: hours are a span such as 09:00-17:30, from and to",
+        ),
+        (
             "rules:\n  - name: a\n    effect: allow\n    during: {hours: '08:00-24:30'}\n",
             "4: rules[0].during.hours: '08:00-24:30' names a time of day",
         ),

@@ -78,9 +78,12 @@ class TimeWindow(_Strict):
     timezone: str = "UTC"
     """IANA time zone the days and hours are read in, such as `Europe/Berlin`."""
 
-    @field_validator("hours")
+    @field_validator("hours", mode="before")
     @classmethod
-    def _reads_as_hours(cls, hours: str) -> str:
+    def _reads_as_hours(cls, hours: object) -> str:
+        if not isinstance(hours, str):
+            # YAML reads an unquoted 10:30 as the number 630 (minutes in base 60).
+            raise ValueError("hours are a span such as 09:00-17:30, from and to")
         match = _HOURS.match(hours)
         if match is None:
             raise ValueError(f"{hours!r} is not a span of hours such as 09:00-17:30")
