@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +168,38 @@ async def test_a_request_that_expires_while_the_approval_service_is_down_is_deni
     assert state.approvals[request.request_id].status == "expired"
     assert state.steps["cmd"].status == "denied"
     assert "expired" in (state.steps["cmd"].reason or "")
+
+
+async def test_a_rule_holds_only_within_its_time_window_by_the_service_s_clock(
+    stack: PolicyStack, store: EventStore, tenant: str
+) -> None:
+    now = datetime.now(UTC)
+
+    def hours(start: timedelta, end: timedelta) -> str:
+        # Past midnight is fine: a window ending before it starts runs into the next day.
+        return f"{now + start:%H:%M}-{now + end:%H:%M}"
+
+    windows = (
+        "rules:\n"
+        "  - name: open-now\n    arguments: {command: {regex: '^echo open'}}\n"
+        f"    during: {{hours: '{hours(timedelta(hours=-1), timedelta(hours=1))}'}}\n"
+        "    effect: allow\n"
+        "  - name: open-later\n    arguments: {command: {regex: '^echo later'}}\n"
+        f"    during: {{hours: '{hours(timedelta(hours=1), timedelta(hours=2))}'}}\n"
+        "    effect: allow\n"
+        "  - name: the-rest\n    effect: deny\n    reason: outside its window\n"
+    )
+    async with stack.policy_in_force(windows):
+        opened, _ = await _start(store, tenant, "echo open")
+        later, _ = await _start(store, tenant, "echo later")
+        ran = await _until(store, tenant, opened, "completed", "failed")
+        refused = await _until(store, tenant, later, "completed", "failed")
+
+    assert ran.status == "completed", ran.outcome
+    assert refused.status == "failed"
+    events = [stored.event.data for stored in await store.read_all(tenant, later)]
+    (denied,) = [e for e in events if isinstance(e, ToolCallDenied)]
+    assert (denied.rule, denied.reason) == ("the-rest", "outside its window")
 
 
 async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_arguments(
