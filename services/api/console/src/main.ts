@@ -324,6 +324,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         return;
       }
       body.similar_limit = similar;
+      const lasting = Number((form.elements.namedItem("similar_for") as HTMLSelectElement).value);
+      body.similar_until = new Date(Date.now() + lasting * 60_000).toISOString();
     }
     approvalKey = null; // Redraw the panel once the decision is in.
     await act(`approvals/${requestId}`, body, decision === "grant" ? "approved" : "denied");
@@ -395,7 +397,10 @@ function approvalForm(a: Approval): string {
     <p>${esc(a.scope === "plan" ? "The plan" : `Step ${a.step_id}: ${a.tool}`)} — ${esc(a.reason)}</p>
     <p><small>may decide: ${esc(a.approver_roles.join(", "))} · expires ${esc(when(a.expires_at))}</small></p>
     ${a.arguments ? `<label>Arguments (edit to approve with changes)<textarea name="arguments" rows="${Math.min(12, args.split("\n").length + 1)}">${esc(args)}</textarea></label>` : ""}
-    ${a.scope === "step" ? `<label>Also approve the next <input name="similar" type="number" min="0" max="1000" step="1" value="0" inputmode="numeric"> similar calls (same tool, same rule) for an hour</label>` : ""}
+    ${a.scope === "step" ? `<label>Also approve the next <input name="similar" type="number" min="0" max="1000" step="1" value="0" inputmode="numeric"> similar calls (same tool, same rule)</label>
+    <label>for <select name="similar_for" aria-label="Similar calls approved for">
+      <option value="15">15 minutes</option><option value="60" selected>an hour</option><option value="240">4 hours</option><option value="1440">a day</option>
+    </select></label>` : ""}
     <label>Comment <input name="comment" autocomplete="off"></label>
     <button type="button" data-action="grant" class="primary">Approve</button>
     <button type="button" data-action="deny" class="danger">Deny</button>
