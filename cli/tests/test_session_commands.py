@@ -272,6 +272,40 @@ async def test_a_wrong_standing_grant_appends_nothing(
     assert len(await session.events()) == before
 
 
+async def test_approvals_lists_every_waiting_request_of_the_tenant_soonest_expiry_first(
+    nats_url: str, store: EventStore, session: Session
+) -> None:
+    await session.plan_and_ask("r1", "r2")
+    other_run = await helmline(nats_url, "run", "-p", str(HELLO), "-t", session.tenant, "--json")
+    other = Session(store, session.tenant, json.loads(other_run.stdout)["session_id"])
+    await other.plan_and_ask()
+    soon = _approval_request("r3").model_copy(
+        update={"expires_at": datetime.now(UTC) + timedelta(minutes=1), "quorum": 2}
+    )
+    await other.emit(soon)
+    await session.emit(ApprovalDenied(request_id="r2", decided_by=Actor(id="ana")))
+
+    listed = await helmline(nats_url, "approvals", "-t", session.tenant, "--json")
+    shown = await helmline(nats_url, "approvals", "-t", session.tenant)
+
+    assert listed.exit_code == 0, listed.output
+    queue = json.loads(listed.stdout)
+    assert [(item["session_id"], item["request_id"]) for item in queue] == [
+        (other.id, "r3"),
+        (session.id, "r1"),
+    ]
+    assert (queue[0]["quorum"], queue[0]["tool"], queue[0]["risk"]) == (2, "run_command", "high")
+    assert shown.exit_code == 0, shown.output
+    for text in ("approval requests waiting", other.id, "r3", "(2 people)", "helmline approve"):
+        assert text in shown.stdout
+
+
+async def test_approvals_says_when_nothing_waits(nats_url: str, tenant: str) -> None:
+    result = await helmline(nats_url, "approvals", "-t", tenant)
+    assert result.exit_code == 0, result.output
+    assert f"No approval request waits in tenant {tenant!r}." in result.stdout
+
+
 async def test_deny_names_one_request_of_several(nats_url: str, session: Session) -> None:
     await session.plan_and_ask("r1", "r2")
 

@@ -23,7 +23,7 @@ from helmline.cli._options import DataDir, Json, SessionId, Tenant
 if TYPE_CHECKING:
     from helmline.cli._intents import Control, StandingGrant
     from helmline.cli._sessions import ArgumentChange
-    from helmline.contracts import ArgumentCondition
+    from helmline.contracts import ArgumentCondition, SessionState
 
 DEFAULT_TENANT = "default"
 INTERRUPTED = 130
@@ -102,7 +102,7 @@ def run(
     from helmline.cli._sessions import EXIT_CODES, needs_a_person, start_session, watch
     from helmline.cli._tool_commands import known_tools
     from helmline.cli._watch import SessionProgress
-    from helmline.contracts import Playbook, SessionState
+    from helmline.contracts import Playbook
 
     if (goal is None) == (playbook is None):
         _fail(
@@ -161,12 +161,40 @@ def sessions(
     tenant: Tenant = DEFAULT_TENANT, as_json: Json = False, data_dir: DataDir = None
 ) -> None:
     """List the tenant's sessions with their status, oldest first."""
-    from helmline.cli._connection import connect
     from helmline.cli._display import stdout
-    from helmline.cli._intents import check_identifiers
     from helmline.cli._session_view import render_sessions, sessions_json
+
+    states = _tenant_sessions(tenant, data_dir)
+    if as_json:
+        typer.echo(sessions_json(states))
+    else:
+        render_sessions(stdout(), states, tenant=tenant)
+
+
+def approvals(
+    tenant: Tenant = DEFAULT_TENANT, as_json: Json = False, data_dir: DataDir = None
+) -> None:
+    """The approval queue: every request waiting for a person in the tenant's sessions, the
+    soonest to expire first."""
+    from helmline.cli._display import stdout
+    from helmline.cli._session_view import (
+        approval_queue,
+        approval_queue_json,
+        render_approval_queue,
+    )
+
+    queue = approval_queue(_tenant_sessions(tenant, data_dir))
+    if as_json:
+        typer.echo(approval_queue_json(queue))
+    else:
+        render_approval_queue(stdout(), queue, tenant=tenant)
+
+
+def _tenant_sessions(tenant: str, data_dir: Path | None) -> list[SessionState]:
+    """Every session of the tenant, folded from its log, oldest first."""
+    from helmline.cli._connection import connect
+    from helmline.cli._intents import check_identifiers
     from helmline.cli._sessions import list_sessions
-    from helmline.contracts import SessionState
 
     _attempt(lambda: check_identifiers(tenant, "check"))
     url = _nats_url(data_dir)
@@ -175,11 +203,7 @@ def sessions(
         async with connect(url) as log:
             return await list_sessions(log, tenant)
 
-    states = _run_async(load())
-    if as_json:
-        typer.echo(sessions_json(states))
-    else:
-        render_sessions(stdout(), states, tenant=tenant)
+    return _run_async(load())
 
 
 def show(

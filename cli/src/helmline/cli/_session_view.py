@@ -181,6 +181,63 @@ def decide_command(state: SessionState) -> str:
     return f"helmline approve {state.session_id}{tenant}{which}"
 
 
+def approval_queue(states: list[SessionState]) -> list[tuple[SessionState, ApprovalState]]:
+    """Every pending request of the sessions, the soonest to expire first."""
+    queue = [(state, request) for state in states for request in state.pending_approvals]
+    return sorted(queue, key=lambda item: item[1].expires_at)
+
+
+def approval_queue_json(queue: list[tuple[SessionState, ApprovalState]]) -> str:
+    return json.dumps(
+        [
+            {
+                "session_id": state.session_id,
+                "tenant": state.tenant,
+                "request_id": request.request_id,
+                "scope": request.scope,
+                "step_id": request.step_id,
+                "tool": request.tool,
+                "arguments": request.arguments,
+                "risk": request.risk,
+                "reason": request.reason,
+                "rule": request.rule,
+                "approver_roles": list(request.approver_roles),
+                "quorum": request.quorum,
+                "grants": sum(1 for vote in request.votes if vote.decision == "grant"),
+                "expires_at": _iso(request.expires_at),
+            }
+            for state, request in queue
+        ],
+        indent=2,
+    )
+
+
+def render_approval_queue(
+    console: Console, queue: list[tuple[SessionState, ApprovalState]], *, tenant: str
+) -> None:
+    if not queue:
+        console.print(f"No approval request waits in tenant {tenant!r}.")
+        return
+    table = Table(title=f"approval requests waiting in tenant {tenant!r}", title_justify="left")
+    for column in ("expires", "session", "request", "step", "tool", "risk", "may decide"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason")
+    for state, request in queue:
+        roles = ", ".join(request.approver_roles) or "approver, admin"
+        table.add_row(
+            _time(request.expires_at),
+            state.session_id,
+            request.request_id,
+            request.step_id or "(the plan)",
+            request.tool or "",
+            request.risk,
+            f"{roles}" + (f" ({request.quorum} people)" if request.quorum > 1 else ""),
+            Text(request.reason),
+        )
+    console.print(table)
+    console.print("decide with: helmline approve SESSION --request REQUEST (or helmline deny ...)")
+
+
 def approvals_table(pending: tuple[ApprovalState, ...]) -> Table:
     table = Table(title="pending approvals", title_justify="left")
     table.add_column("request", no_wrap=True)
