@@ -84,6 +84,7 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     await approval.locator("input[name=comment]").fill("looks fine")
     await approval.get_by_label("Also approve the next").fill("2")
     await approval.get_by_label("Similar calls approved for").select_option(label="4 hours")
+    await approval.get_by_label("only where").fill("command~^wc ")
     await approval.get_by_role("button", name="Approve").click()
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     await expect(page.locator('li[data-step-id="count"] .badge').first).to_have_text("succeeded")
@@ -99,6 +100,7 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     assert decided["similar_limit"] == 2  # A standing grant for the next similar calls.
     lasting = datetime.fromisoformat(decided["similar_until"]) - datetime.now(UTC)
     assert timedelta(hours=3, minutes=50) < lasting <= timedelta(hours=4)
+    assert decided["similar_where"]["command"]["regex"] == "^wc "
     assert decided["decided_by"][0]["id"].startswith("key:")
 
 

@@ -326,6 +326,20 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       body.similar_limit = similar;
       const lasting = Number((form.elements.namedItem("similar_for") as HTMLSelectElement).value);
       body.similar_until = new Date(Date.now() + lasting * 60_000).toISOString();
+      const whereField = form.elements.namedItem("similar_where") as HTMLInputElement;
+      const where = whereField.value; // Untrimmed: a pattern's spaces may matter.
+      if (where.trim()) {
+        // As the CLI's --similar-where: whichever of = and ~ comes first ends the name.
+        const at = Math.min(...[where.indexOf("="), where.indexOf("~")].filter((i) => i > 0));
+        const name = Number.isFinite(at) ? where.slice(0, at).trim() : "";
+        const value = Number.isFinite(at) ? where.slice(at + 1) : "";
+        if (!name || !value) {
+          notice("Only where: write NAME=GLOB (a path glob) or NAME~REGEX.", true);
+          whereField.focus();
+          return;
+        }
+        body.similar_where = { [name]: where[at] === "=" ? { glob: [value] } : { regex: value } };
+      }
     }
     approvalKey = null; // Redraw the panel once the decision is in.
     await act(`approvals/${requestId}`, body, decision === "grant" ? "approved" : "denied");
@@ -400,7 +414,8 @@ function approvalForm(a: Approval): string {
     ${a.scope === "step" ? `<label>Also approve the next <input name="similar" type="number" min="0" max="1000" step="1" value="0" inputmode="numeric"> similar calls (same tool, same rule)</label>
     <label>for <select name="similar_for" aria-label="Similar calls approved for">
       <option value="15">15 minutes</option><option value="60" selected>an hour</option><option value="240">4 hours</option><option value="1440">a day</option>
-    </select></label>` : ""}
+    </select></label>
+    <label>only where <input name="similar_where" autocomplete="off" placeholder="path=build/** or command~^make test"></label>` : ""}
     <label>Comment <input name="comment" autocomplete="off"></label>
     <button type="button" data-action="grant" class="primary">Approve</button>
     <button type="button" data-action="deny" class="danger">Deny</button>
