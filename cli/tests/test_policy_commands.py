@@ -18,6 +18,7 @@ from helmline.contracts import (
     TOOLS_TENANT,
     Actor,
     ApprovalRequested,
+    Event,
     PlanProposed,
     PlanStep,
     SessionStarted,
@@ -65,6 +66,18 @@ def test_check_names_a_missing_file(tmp_path: Path) -> None:
     assert "nope.yaml:1: cannot read" in result.stderr
 
 
+def _planned_and_scheduled(started: Event, step: PlanStep) -> list[Event]:
+    """A session's first events: started, a plan of one step, and its first call scheduled."""
+    scheduled = StepScheduled(
+        step_id=step.id, call_id=f"{step.id}.1", tool=step.tool, arguments=step.arguments
+    )
+    return [
+        started,
+        started.derive(PlanProposed(revision=1, steps=(step,)), source="test"),
+        started.derive(scheduled, source="test"),
+    ]
+
+
 async def _session_waiting_on_a_command(store: EventStore, tenant: str) -> str:
     session_id = uuid.uuid4().hex
     started = new_event(
@@ -80,14 +93,7 @@ async def _session_waiting_on_a_command(store: EventStore, tenant: str) -> str:
     )
     assert verdict.approval is not None
     events = [
-        started,
-        started.derive(PlanProposed(revision=1, steps=(wipe,)), source="test"),
-        started.derive(
-            StepScheduled(
-                step_id="wipe", call_id="wipe.1", tool="run_command", arguments=wipe.arguments
-            ),
-            source="test",
-        ),
+        *_planned_and_scheduled(started, wipe),
         started.derive(
             ApprovalRequested(
                 request_id="wipe.1",
@@ -165,14 +171,7 @@ async def test_explain_reads_a_time_window_as_of_when_the_decision_was_recorded(
         source="test",
     )
     for event in (
-        started,
-        started.derive(PlanProposed(revision=1, steps=(step,)), source="test"),
-        started.derive(
-            StepScheduled(
-                step_id="wipe", call_id="wipe.1", tool=step.tool, arguments=step.arguments
-            ),
-            source="test",
-        ),
+        *_planned_and_scheduled(started, step),
         denied.model_copy(update={"time": saturday}),
     ):
         await store.append(event)
@@ -230,16 +229,7 @@ async def test_explain_judges_a_federated_tool_as_the_published_registry_declare
     started = session_started(tenant)
     session_id = started.session_id
     step = PlanStep(id="close", tool="tickets__close", arguments={"id": "T-1"})
-    for event in (
-        started,
-        started.derive(PlanProposed(revision=1, steps=(step,)), source="test"),
-        started.derive(
-            StepScheduled(
-                step_id="close", call_id="close.1", tool=step.tool, arguments=step.arguments
-            ),
-            source="test",
-        ),
-    ):
+    for event in _planned_and_scheduled(started, step):
         await store.append(event)
 
     result = await asyncio.to_thread(

@@ -541,14 +541,7 @@ def test_many_regex_rules_on_one_argument_decide_as_if_tried_one_by_one() -> Non
 
 
 def test_explain_names_the_time_window_a_call_fell_outside_of() -> None:
-    facts = POLICY.facts(
-        tenant="acme",
-        tool="run_command",
-        arguments={"command": "release v2"},
-        declared_risk=None,
-        requester=DEV,
-        at=utc("2026-12-05T10:00"),
-    )
+    facts = POLICY.facts(**call("run_command", at=utc("2026-12-05T10:00"), command="release v2"))
     assert facts is not None
     checks, verdict = POLICY.explain(facts)
     assert verdict.rule == "remaining-commands"

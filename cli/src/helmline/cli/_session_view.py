@@ -203,7 +203,6 @@ def approval_queue_json(queue: list[tuple[SessionState, ApprovalState]]) -> str:
                 "rule": request.rule,
                 "approver_roles": list(request.approver_roles),
                 "quorum": request.quorum,
-                "grants": sum(1 for vote in request.votes if vote.decision == "grant"),
                 "expires_at": _iso(request.expires_at),
             }
             for state, request in queue

@@ -51,7 +51,7 @@ _HOURS = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 
 def _weekdays(value: object) -> object:
     # `days: mon-fri`, `days: [mon-wed, sat]`: a range runs forward and may wrap (fri-mon).
-    names = [value] if isinstance(value, str) else value
+    names = one_or_many(value)
     if not isinstance(names, list | tuple):
         return value
     days: list[str] = []
@@ -65,6 +65,15 @@ def _weekdays(value: object) -> object:
         start, end = WEEKDAYS.index(first), WEEKDAYS.index(last or first)
         days += [WEEKDAYS[(start + offset) % 7] for offset in range((end - start) % 7 + 1)]
     return tuple(dict.fromkeys(days))
+
+
+def _hours_and_minutes(hours: str) -> tuple[int, int, int, int] | None:
+    """`HH:MM-HH:MM` as its four numbers, or None when it is not written so."""
+    match = _HOURS.match(hours)
+    if match is None:
+        return None
+    start_h, start_m, end_h, end_m = (int(part) for part in match.groups())
+    return start_h, start_m, end_h, end_m
 
 
 class TimeWindow(_Strict):
@@ -84,10 +93,10 @@ class TimeWindow(_Strict):
         if not isinstance(hours, str):
             # YAML reads an unquoted 10:30 as the number 630 (minutes in base 60).
             raise ValueError("hours are a span such as 09:00-17:30, from and to")
-        match = _HOURS.match(hours)
-        if match is None:
+        parts = _hours_and_minutes(hours)
+        if parts is None:
             raise ValueError(f"{hours!r} is not a span of hours such as 09:00-17:30")
-        start_h, start_m, end_h, end_m = (int(part) for part in match.groups())
+        start_h, start_m, end_h, end_m = parts
         if start_h > 23 or start_m > 59 or end_m > 59 or end_h > 24 or (end_h == 24 and end_m):
             raise ValueError(f"{hours!r} names a time of day that does not exist")
         if (start_h, start_m) == (end_h % 24, end_m):
@@ -107,9 +116,9 @@ class TimeWindow(_Strict):
 
     def span(self) -> tuple[time, time | None]:
         """The hours as times of day; an end of `24:00` is None (the end of the day)."""
-        match = _HOURS.match(self.hours)
-        assert match is not None  # Checked when read.
-        start_h, start_m, end_h, end_m = (int(part) for part in match.groups())
+        parts = _hours_and_minutes(self.hours)
+        assert parts is not None  # Checked when read.
+        start_h, start_m, end_h, end_m = parts
         return time(start_h, start_m), None if end_h == 24 else time(end_h, end_m)
 
 
