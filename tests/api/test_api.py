@@ -156,10 +156,18 @@ async def test_a_grant_with_modified_arguments_runs_them_and_records_the_comment
         "modified_arguments": {"command": "wc -l n.txt"},
     }
     url = f"/sessions/{session_id}/approvals/{request_id}"
-    assert (await client.post(url, json=decision, headers=approver)).status_code == 202
+    accepted = await client.post(url, json=decision, headers=approver)
+    assert accepted.status_code == 202
     state = await until(client, approver, session_id, "completed", "failed")
     assert state["status"] == "completed", state["outcome"]
     assert state["steps"]["count"]["output"]["stdout"].strip().startswith("2")
+    # The approval service's answer names the decision the API appended as its cause.
+    (granted,) = [
+        s.event
+        for s in await store.read_all(tenant, session_id)
+        if s.event.type == "approval.granted"
+    ]
+    assert str(granted.causation_id) == accepted.json()["event_id"]
     approval = state["approvals"][request_id]
     assert approval["comment"] == "lines, not bytes"
     assert approval["modified_arguments"] == {"command": "wc -l n.txt"}

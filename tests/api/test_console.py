@@ -86,6 +86,8 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     await approval.get_by_label("Similar calls approved for").select_option(label="4 hours")
     await approval.get_by_label("only where").fill("command~^wc ")
     await approval.get_by_role("button", name="Approve").click()
+    # What the approval service made of the decision, not only that the API took it.
+    await expect(page.locator("#notice")).to_have_text("Approved, with the next 2 similar calls.")
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     await expect(page.locator('li[data-step-id="count"] .badge').first).to_have_text("succeeded")
     await expect(page.locator("form.approval")).to_have_count(0)
@@ -102,6 +104,33 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     assert timedelta(hours=3, minutes=50) < lasting <= timedelta(hours=4)
     assert decided["similar_where"]["command"]["regex"] == "^wc "
     assert decided["decided_by"][0]["id"].startswith("key:")
+
+
+async def test_a_decision_the_approval_service_refuses_is_reported_and_the_request_stays_open(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin)
+    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
+    await page.locator(f'tr[data-session="{session_id}"] a').click()
+    approval = page.locator("form.approval")
+    # The API takes the decision; the approval service finds the arguments off the schema.
+    await approval.get_by_label("Arguments").fill('{"command": 5}')
+    await approval.get_by_role("button", name="Approve").click()
+    notice = page.locator("#notice")
+    await expect(notice).to_contain_text("Your decision was refused")
+    await expect(notice).to_contain_text("command")
+    await expect(notice).to_have_class("error")
+    # What the person typed is still there to correct.
+    await expect(approval.get_by_label("Arguments")).to_have_value('{"command": 5}')
+    await screenshot(page, "decision-refused")
+
+    state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
+    assert state["status"] == "waiting"
+    assert [a["status"] for a in state["approvals"].values()] == ["pending"]
+    await approval.get_by_role("button", name="Deny").click()
+    await expect(notice).to_have_text("Denied.")
+    await expect(page.locator("#summary .badge").first).to_have_text("failed")
 
 
 async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:

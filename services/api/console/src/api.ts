@@ -53,7 +53,14 @@ export type Connection = "connecting" | "live" | "reconnecting";
 export interface StreamEvent {
   seq: number;
   type: string;
-  data: { data: Record<string, unknown>; time: string; sessionid: string };
+  data: { data: Record<string, unknown>; time: string; sessionid: string; causationid?: string };
+}
+
+/** What the API answers a command with: its event is in the log. */
+export interface Accepted {
+  session_id: string;
+  seq: number;
+  event_id: string;
 }
 
 /** Follows an SSE path until stopped, reconnecting after any loss without gaps. */

@@ -1,6 +1,6 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
-import { api, ApiError, type Connection, EventFeed, keepKey, storedKey, type StreamEvent, Unauthorized } from "./api";
+import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, storedKey, type StreamEvent, Unauthorized } from "./api";
 import type { Approval, Checkpoint, Me, SessionState, SessionSummary, Step } from "./types";
 import "./style.css";
 
@@ -16,6 +16,8 @@ let teardown: (() => void) | null = null;
 // take the live feed from the newer one or draw over it.
 let navigations = 0;
 type Current = () => boolean;
+// How the approval service answers a person's decision.
+const ANSWERS = new Set(["approval.granted", "approval.denied", "approval.vote_counted", "approval.decision_refused"]);
 
 const escapeMap: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 function esc(value: unknown): string {
@@ -170,14 +172,35 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       el.className = error ? "error" : "";
     }
   };
-  const act = async (path: string, body: unknown, done: string): Promise<void> => {
+  const act = async (path: string, body: unknown, done: string): Promise<Accepted | null> => {
     try {
-      await api(`/sessions/${sessionId}/${path}`, { method: "POST", body });
+      const accepted = await api<Accepted>(`/sessions/${sessionId}/${path}`, { method: "POST", body });
       notice(done);
+      return accepted;
     } catch (error) {
       if (error instanceof ApiError) notice(error.detail, true);
       else throw error;
+      return null;
     }
+  };
+
+  // The approval service judges a decision after the API took it: the page says what came
+  // of each sent from here. Answers carry their decision's event id as causation; one may
+  // arrive before the API's response does.
+  const unanswered = new Set<string>();
+  const answers = new Map<string, StreamEvent>();
+  const tellAnswer = (answer: StreamEvent): void => {
+    const data = answer.data.data;
+    if (answer.type === "approval.decision_refused") notice(`Your decision was refused: ${String(data.reason)}`, true);
+    if (answer.type === "approval.vote_counted") notice(`Your approval counted: ${Number(data.grants)} of the ${Number(data.quorum)} approvers needed so far.`);
+    if (answer.type === "approval.granted") notice(data.similar_limit ? `Approved, with the next ${Number(data.similar_limit)} similar calls.` : "Approved.");
+    if (answer.type === "approval.denied") notice("Denied.");
+  };
+  const heard = (event: StreamEvent): void => {
+    const cause = event.data.causationid;
+    if (!cause || !ANSWERS.has(event.type)) return;
+    if (unanswered.delete(cause)) tellAnswer(event);
+    else answers.set(cause, event);
   };
 
   const render = (): void => {
@@ -271,6 +294,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   const refreshSoon = debounce(() => void refresh().catch(fail), 80);
 
   const onEvent = (event: StreamEvent): void => {
+    heard(event);
     const data = event.data.data as Record<string, unknown>;
     const callId = data.call_id as string | undefined;
     if (callId && event.type.startsWith("tool.call.")) {
@@ -341,8 +365,11 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         body.similar_where = { [name]: where[at] === "=" ? { glob: [value] } : { regex: value } };
       }
     }
-    approvalKey = null; // Redraw the panel once the decision is in.
-    await act(`approvals/${requestId}`, body, decision === "grant" ? "approved" : "denied");
+    const accepted = await act(`approvals/${requestId}`, body, "Decision sent; waiting for the approval service…");
+    if (!accepted) return;
+    const answer = answers.get(accepted.event_id);
+    if (answer) tellAnswer(answer);
+    else unanswered.add(accepted.event_id);
   };
 
   const rollback = async (checkpointId: string): Promise<void> => {

@@ -76,6 +76,13 @@ class Accepted(BaseModel):
     session_id: str
     seq: int
     """Stream sequence of the appended event (`GET /sessions/{id}?at_seq=` from there)."""
+    event_id: str
+    """The appended event's id: what the services append in answer to it carry it as their
+    `causationid` (the approval service's answer to a decision, for one)."""
+
+    @classmethod
+    def of(cls, event: Event, seq: int) -> Accepted:
+        return cls(session_id=event.session_id, seq=seq, event_id=str(event.id))
 
 
 class Control(BaseModel):
@@ -142,16 +149,12 @@ def _states(request: Request) -> FoldedStates:
     return states
 
 
-async def _append(request: Request, principal: Principal, session_id: str, payload: Payload) -> int:
-    event: Event = new_event(payload, tenant=principal.tenant, session_id=session_id, source=SOURCE)
-    return (await _store(request).append(event)).seq
-
-
 async def _accepted(
     request: Request, principal: Principal, session_id: str, payload: Payload
 ) -> Accepted:
-    seq = await _append(request, principal, session_id, payload)
-    return Accepted(session_id=session_id, seq=seq)
+    """Append the command's event to the session."""
+    event: Event = new_event(payload, tenant=principal.tenant, session_id=session_id, source=SOURCE)
+    return Accepted.of(event, (await _store(request).append(event)).seq)
 
 
 async def _steer(
@@ -182,7 +185,7 @@ async def create_session(
     # A new id has no events; expecting none only guards against an id collision.
     appended = await _store(request).append(event, expected_last_seq=0)
     response.headers["Location"] = f"/sessions/{session_id}"
-    return Accepted(session_id=session_id, seq=appended.seq)
+    return Accepted.of(event, appended.seq)
 
 
 @router.get("/sessions", tags=["sessions"])
@@ -330,8 +333,8 @@ async def rollback(
         accept_partial=body.accept_partial,
         reason=body.reason,
     )
-    seq = await _append(request, principal, session_id, payload)
-    return RollbackAccepted(session_id=session_id, seq=seq, rollback_id=rollback_id)
+    accepted = await _accepted(request, principal, session_id, payload)
+    return RollbackAccepted(**accepted.model_dump(), rollback_id=rollback_id)
 
 
 @router.post("/sessions/{session_id}/fork", status_code=201, tags=["sessions"], responses=NOT_FOUND)
@@ -368,7 +371,7 @@ async def fork(
     event = new_event(payload, tenant=principal.tenant, session_id=new_id, source=SOURCE)
     appended = await store.append(event, expected_last_seq=0)
     response.headers["Location"] = f"/sessions/{new_id}"
-    return Accepted(session_id=new_id, seq=appended.seq)
+    return Accepted.of(event, appended.seq)
 
 
 @router.get("/tools", tags=["tools"])
