@@ -39,7 +39,7 @@ def test_check_accepts_a_valid_file_and_prints_its_hash() -> None:
     result = CliRunner().invoke(app, ["policy", "check", str(path)])
 
     assert result.exit_code == 0, result.output
-    assert "valid, 9 rules" in result.stdout
+    assert "valid, 10 rules" in result.stdout
     assert parse_policy(path.read_bytes(), source="x").hash in result.stdout
 
 

@@ -202,6 +202,54 @@ async def test_a_rule_holds_only_within_its_time_window_by_the_service_s_clock(
     assert (denied.rule, denied.reason) == ("the-rest", "outside its window")
 
 
+async def test_a_rule_lets_only_so_many_calls_of_a_session_run_and_explain_counts_them(
+    stack: PolicyStack, store: EventStore, tenant: str, helmline: Helmline
+) -> None:
+    limited = (
+        "rules:\n"
+        "  - name: two-echoes-an-hour\n    arguments: {command: {regex: '^echo '}}\n"
+        "    at_most: {calls: 2, per: 1h}\n    effect: allow\n"
+        "  - name: the-rest\n    effect: deny\n    reason: enough echoes\n"
+    )
+    playbook = Playbook(
+        goal="three echoes",
+        steps=tuple(
+            PlanStep(
+                id=f"s{index}",
+                tool="run_command",
+                arguments={"command": f"echo {index}"},
+                depends_on=(f"s{index - 1}",) if index else (),
+            )
+            for index in range(3)
+        ),
+    )
+    sessions = [uuid.uuid4().hex for _ in range(2)]
+    async with stack.policy_in_force(limited):
+        for session_id in sessions:  # One after the other: each counts only its own.
+            started = SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=REQUESTER)
+            await store.append(
+                new_event(started, tenant=tenant, session_id=session_id, source="test")
+            )
+            state = await _until(store, tenant, session_id, "completed", "failed")
+            statuses = [state.steps[f"s{index}"].status for index in range(3)]
+            assert statuses == ["succeeded", "succeeded", "denied"], state.outcome
+        policy = stack.processes.data_dir / "limited.yaml"
+        policy.write_text(limited)
+        code, out, err = await helmline(
+            "policy", "explain", sessions[0], "s2", "--tenant", tenant, "--policy", str(policy)
+        )
+    assert code == 0, err
+    assert (
+        "two-echoes-an-hour: skipped, not: fewer than 2 calls of the session ran under this "
+        "rule in the last 1h"
+    ) in out
+    code, out, err = await helmline(
+        "policy", "explain", sessions[0], "s1", "--tenant", tenant, "--policy", str(policy)
+    )
+    assert code == 0, err
+    assert "two-echoes-an-hour: MATCHED" in out  # Counting only the calls before it.
+
+
 async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_arguments(
     stack: PolicyStack, store: EventStore, tenant: str
 ) -> None:

@@ -568,3 +568,33 @@ def test_a_decided_request_is_not_escalated() -> None:
     assert isinstance(request, ApprovalRequested)
     state, _, _ = _vote(state, events, started, ANA, "deny", policy=ESCALATING)
     assert judge_escalation(state, request, ESCALATING, NOW + timedelta(minutes=11)) == []
+
+
+ASK_TWICE_AN_HOUR = parse_policy(
+    b"""
+rules:
+  - name: ask-twice-an-hour
+    tool: run_command
+    at_most: {calls: 2, per: 1h}
+    effect: require_approval
+  - name: then-no-more
+    effect: deny
+    reason: two commands an hour
+""",
+    source="ask-twice.yaml",
+)
+
+
+def test_a_person_may_not_approve_a_call_once_its_rule_let_enough_calls_run() -> None:
+    state, _, _ = _waiting(ASK_TWICE_AN_HOUR)
+    vote = ApprovalDecisionSubmitted(request_id="s.1", decision="grant", decided_by=ANA)
+    # While the request waited, other calls of the session ran under the same rule.
+    one = {"ask-twice-an-hour": (NOW - timedelta(minutes=5),)}
+    two = {"ask-twice-an-hour": (NOW - timedelta(minutes=30), NOW - timedelta(minutes=5))}
+
+    granted, authorized = (d.payload for d in judge_vote(state, vote, ASK_TWICE_AN_HOUR, NOW, one))
+    assert isinstance(granted, ApprovalGranted)
+    assert isinstance(authorized, ToolCallAuthorized)
+    (refused,) = (d.payload for d in judge_vote(state, vote, ASK_TWICE_AN_HOUR, NOW, two))
+    assert isinstance(refused, ApprovalDecisionRefused)
+    assert "deny by rule then-no-more: two commands an hour" in refused.reason

@@ -107,6 +107,22 @@ def _problems(text: str) -> list[str]:
             "rules:\n  - name: a\n    effect: allow\n    during:\n      timezone: Europe/Paname\n",
             "5: rules[0].during.timezone: unknown time zone 'Europe/Paname'",
         ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    at_most: {calls: 0, per: 1m}\n",
+            "4: rules[0].at_most.calls: Input should be greater than or equal to 1",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    at_most: {calls: 5, per: 0s}\n",
+            "4: rules[0].at_most.per: per must be longer than zero and at most 30 days",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: allow\n    at_most: {calls: 5}\n",
+            "4: rules[0].at_most: missing field 'per'",
+        ),
+        (
+            "rules:\n  - name: a\n    effect: deny\n    at_most: {calls: 5, per: 1h}\n",
+            "2: rules[0]: a deny rule lets no call run, so at_most would count none",
+        ),
     ],
 )
 def test_every_problem_names_its_line_and_field(text: str, expected: str) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -86,6 +87,12 @@ rules:
       command: {regex: '^vacuum\\b'}
     during: {days: sat, hours: 22:00-04:00, timezone: America/New_York}
     effect: allow
+  - name: greps-freely-at-first
+    tool: run_command
+    arguments:
+      command: {regex: '^grep '}
+    at_most: {calls: 3, per: 10m}
+    effect: allow
   - name: critical-never
     risk: critical
     effect: deny
@@ -115,8 +122,10 @@ def call(
     requester: Actor | None = DEV,
     risk: Risk | None = None,
     at: datetime = WEDNESDAY_NOON,
+    earlier: Mapping[str, tuple[datetime, ...]] | None = None,
     **arguments: Any,
 ) -> dict[str, Any]:
+    """A call's facts; `earlier`: when the session's earlier calls ran, by rule."""
     return {
         "tenant": tenant,
         "tool": tool,
@@ -124,7 +133,13 @@ def call(
         "declared_risk": risk,
         "requester": requester,
         "at": at,
+        "rule_uses": earlier or {},
     }
+
+
+def minutes_ago(*minutes: float) -> tuple[datetime, ...]:
+    """Moments before WEDNESDAY_NOON, oldest first."""
+    return tuple(WEDNESDAY_NOON - timedelta(minutes=m) for m in sorted(minutes, reverse=True))
 
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
@@ -436,6 +451,55 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "require_approval",
         "remaining-commands",
     ),
+    (
+        "the session's first grep",
+        call("run_command", command="grep -r TODO src"),
+        "allow",
+        "greps-freely-at-first",
+    ),
+    (
+        "a third grep within 10 minutes",
+        call(
+            "run_command",
+            earlier={"greps-freely-at-first": minutes_ago(9, 1)},
+            command="grep x",
+        ),
+        "allow",
+        "greps-freely-at-first",
+    ),
+    (
+        "a fourth grep within 10 minutes: past the rule's limit",
+        call(
+            "run_command",
+            earlier={"greps-freely-at-first": minutes_ago(9, 5, 1)},
+            command="grep x",
+        ),
+        "require_approval",
+        "remaining-commands",
+    ),
+    (
+        "a fourth grep, the first of them 10 minutes ago: it no longer counts",
+        call(
+            "run_command",
+            earlier={"greps-freely-at-first": minutes_ago(30, 10, 5, 1)},
+            command="grep x",
+        ),
+        "allow",
+        "greps-freely-at-first",
+    ),
+    (
+        "a grep after many calls under other rules: only the rule's own count",
+        call(
+            "run_command",
+            earlier={
+                "short-tests-run": minutes_ago(4, 3, 2, 1),
+                "remaining-commands": minutes_ago(0),
+            },
+            command="grep x",
+        ),
+        "allow",
+        "greps-freely-at-first",
+    ),
 ]
 
 
@@ -548,4 +612,16 @@ def test_explain_names_the_time_window_a_call_fell_outside_of() -> None:
     failed = {c.rule: c.failed for c in checks}
     assert failed["releases-in-office-hours"] == (
         "not: within 09:00-17:00 Europe/Berlin on mon, tue, wed, thu, fri"
+    )
+
+
+def test_explain_names_the_rate_a_call_went_past() -> None:
+    earlier = {"greps-freely-at-first": minutes_ago(8, 6, 2)}
+    facts = POLICY.facts(**call("run_command", earlier=earlier, command="grep x"))
+    assert facts is not None
+    checks, verdict = POLICY.explain(facts)
+    assert verdict.rule == "remaining-commands"
+    failed = {c.rule: c.failed for c in checks}
+    assert failed["greps-freely-at-first"] == (
+        "not: fewer than 3 calls of the session ran under this rule in the last 10m"
     )

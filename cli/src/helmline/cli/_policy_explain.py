@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from helmline.approval import Policy, RuleCheck, Verdict
+from helmline.approval import Policy, RuleCheck, Verdict, uses_by_rule
 from helmline.cli._errors import CliError
 from helmline.contracts import (
     ApprovalRequested,
@@ -50,7 +50,8 @@ def explain_step(
     """Explain the latest call of a step, or `CliError` when there is nothing to explain.
 
     The call is judged as of the moment its decision was recorded (or `now`, before any),
-    so that a rule's time window is read as it was then."""
+    so that a rule's time window is read as it was then, and its `at_most` counts the calls
+    that ran before it."""
     step = state.steps.get(step_id)
     if step is None:
         known = ", ".join(state.steps) or "none"
@@ -59,6 +60,7 @@ def explain_step(
         raise CliError(f"step {step_id} has not been scheduled yet: no decision to explain")
     first = _first_decision(events, step.call_id)
     recorded, judged_at = (first.data, first.time) if first is not None else (None, now)
+    earlier = uses_by_rule(events[: first.position] if first is not None else events)
     requester = state.requested_by
     facts = policy.facts(
         tenant=state.tenant,
@@ -67,6 +69,7 @@ def explain_step(
         declared_risk=step.risk,
         requester=requester,
         at=judged_at,
+        rule_uses=earlier,
     )
     if facts is None:
         checks: tuple[RuleCheck, ...] = ()
@@ -139,16 +142,18 @@ def explanation_lines(explanation: StepExplanation) -> list[str]:
 class _Decided:
     data: Recorded
     time: datetime
+    position: int
+    """Its place among the session's events."""
 
 
 def _first_decision(events: Sequence[Event], call_id: str) -> _Decided | None:
-    for event in events:
+    for position, event in enumerate(events):
         data = event.data
         if (
             isinstance(data, ApprovalRequested | ToolCallAuthorized | ToolCallDenied)
             and data.call_id == call_id
         ):
-            return _Decided(data, event.time)
+            return _Decided(data, event.time, position)
     return None
 
 

@@ -10,6 +10,7 @@ from helmline.approval._document import (
     RuleDocument,
     parse_duration,
 )
+from helmline.approval._policy import uses_by_rule
 from helmline.approval._policy_file import (
     BUILT_IN,
     PolicyFileError,
@@ -37,4 +38,5 @@ __all__ = [
     "parse_duration",
     "parse_policy",
     "policy_hash",
+    "uses_by_rule",
 ]

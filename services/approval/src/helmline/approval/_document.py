@@ -39,6 +39,9 @@ Duration = Annotated[timedelta, BeforeValidator(_duration)]
 Names = Patterns
 Risks = Annotated[tuple[Risk, ...], BeforeValidator(one_or_many), Field(min_length=1)]
 Effect = Literal["allow", "deny", "require_approval"]
+MAX_COUNTED_SPAN = timedelta(days=30)
+"""The longest span an `at_most` condition counts calls in: how far back the approval service
+reads a session's authorisations."""
 
 
 class _Strict(BaseModel):
@@ -122,6 +125,22 @@ class TimeWindow(_Strict):
         return time(start_h, start_m), None if end_h == 24 else time(end_h, end_m)
 
 
+class CallsWithin(_Strict):
+    """How many calls a rule lets run in one session within a sliding time span."""
+
+    calls: int = Field(ge=1, le=10_000)
+    """At most this many calls of the session run under the rule within `per`."""
+    per: Duration
+    """The span, such as 10m or 1h; the oldest call counted drops out once it is older."""
+
+    @field_validator("per")
+    @classmethod
+    def _a_span_to_count_in(cls, per: timedelta) -> timedelta:
+        if not timedelta(0) < per <= MAX_COUNTED_SPAN:
+            raise ValueError("per must be longer than zero and at most 30 days")
+        return per
+
+
 class ApprovalTerms(_Strict):
     """Who must approve, how many of them, and for how long the request waits."""
 
@@ -196,6 +215,10 @@ class RuleDocument(_Strict):
     during: TimeWindow | None = None
     """When the rule applies, judged at the time the call is judged (when it is scheduled,
     or when a person decides on it)."""
+    at_most: CallsWithin | None = None
+    """A rate limit: the rule applies only while fewer than `calls` calls of the session
+    were authorised under it within the last `per`; further calls fall to the rules below
+    (ask a person, say, or deny) until the oldest counted call is older than `per`."""
     effect: Effect
     """What happens to a matching call."""
     reason: str | None = None
@@ -221,6 +244,8 @@ class RuleDocument(_Strict):
             raise ValueError(f"`approval` only applies to require_approval, not {self.effect}")
         if self.effect == "deny" and (self.sandbox_profile is not None or self.network):
             raise ValueError("a deny rule grants nothing: drop sandbox_profile and network")
+        if self.effect == "deny" and self.at_most is not None:
+            raise ValueError("a deny rule lets no call run, so at_most would count none: drop it")
         return self
 
     @field_validator("name")

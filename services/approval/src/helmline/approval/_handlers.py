@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import nats.errors
@@ -20,9 +20,10 @@ from helmline.approval._policy import (
     judge_step,
     judge_vote,
     judge_vote_again,
+    uses_by_rule,
 )
 from helmline.approval._policy_source import PolicySource
-from helmline.approval._rules import Policy
+from helmline.approval._rules import NO_USES, Policy
 from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import (
     Actor,
@@ -35,6 +36,8 @@ from helmline.contracts import (
     PlanProposed,
     SessionState,
     StepScheduled,
+    ToolCallAuthorized,
+    event_subject,
     event_type_filter,
     fold,
 )
@@ -94,8 +97,14 @@ class ApprovalHandler:
                 requester = (
                     await self._requester(event) if policy.needs_requester(data.tool) else None
                 )
+                rule_uses = await self._rule_uses(event, policy, now)
                 decisions = judge_step(
-                    data, policy, tenant=event.tenant, requester=requester, now=now
+                    data,
+                    policy,
+                    tenant=event.tenant,
+                    requester=requester,
+                    now=now,
+                    rule_uses=rule_uses,
                 )
                 if any(isinstance(d.payload, ApprovalRequested) for d in decisions):
                     # Off the hot path (a person would be asked): a standing "approve
@@ -109,6 +118,7 @@ class ApprovalHandler:
                         now=now,
                         session=session,
                         approved_plan=approved_plan,
+                        rule_uses=rule_uses,
                     )
                 await self._append(event, decisions)
             case ApprovalRequested():
@@ -122,7 +132,9 @@ class ApprovalHandler:
                 self._settle_timers(event, data, decisions)
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
-                decisions = judge_vote(state, data, policy, datetime.now(UTC))
+                now = datetime.now(UTC)
+                rule_uses = await self._rule_uses(event, policy, now)
+                decisions = judge_vote(state, data, policy, now, rule_uses)
                 appended = await self._append(event, decisions)
                 self._sessions.record(state, appended)
                 self._settle_timers(event, data, decisions)
@@ -164,6 +176,20 @@ class ApprovalHandler:
         )
         return session, next(plans, None)
 
+    async def _rule_uses(
+        self, event: Event, policy: Policy, now: datetime
+    ) -> Mapping[str, Sequence[datetime]]:
+        """When the session's calls were authorised, by rule, as far back as the policy's
+        `at_most` conditions count; none when no rule counts them. Read from the log rather
+        than a cached fold, so that each replica counts the calls the others let run."""
+        if policy.counted_span is None:
+            return NO_USES
+        authorised = await self._store.read_matching(
+            event_subject(event.tenant, event.session_id, ToolCallAuthorized.TYPE),
+            since=now - policy.counted_span,
+        )
+        return uses_by_rule(stored.event for stored in authorised)
+
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)
         if key not in self._requesters:
@@ -180,7 +206,10 @@ class ApprovalHandler:
         log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
         upto = next((index for index, event in enumerate(log) if event.id == cause.id), len(log))
         recorded = [event.data for event in log[upto + 1 :] if event.causation_id == cause.id]
-        decisions = judge_vote_again(fold(log[: upto + 1]), vote, policy, cause.time, recorded)
+        before = log[: upto + 1]
+        decisions = judge_vote_again(
+            fold(before), vote, policy, cause.time, recorded, uses_by_rule(before)
+        )
         await self._append(cause, decisions, log)
         self._sessions.forget(cause.tenant, cause.session_id)
         return decisions

@@ -5,12 +5,12 @@ Every decision event records the rule that made it and the hash of the policy in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from helmline.approval._document import DEFAULT_APPROVER_ROLES, PLAN_APPROVAL_RULE
-from helmline.approval._rules import RISK_ORDER, Policy, Verdict, arguments_meet
+from helmline.approval._rules import NO_USES, RISK_ORDER, Policy, Verdict, arguments_meet
 from helmline.contracts import (
     Actor,
     ApprovalDecisionRefused,
@@ -21,6 +21,7 @@ from helmline.contracts import (
     ApprovalRequested,
     ApprovalState,
     ApprovalVoteCounted,
+    Event,
     Payload,
     PlanApproved,
     PlanProposed,
@@ -116,6 +117,16 @@ _ARGUMENTS = ArgumentChecker()
 """Compiled argument schemas of the tools judged, shared by every policy in force."""
 
 
+def uses_by_rule(events: Iterable[Event]) -> dict[str, tuple[datetime, ...]]:
+    """When the calls among `events` (a session's, oldest first) were authorised, by the
+    rule that let them run: what `at_most` conditions count."""
+    uses: dict[str, list[datetime]] = {}
+    for event in events:
+        if isinstance(event.data, ToolCallAuthorized) and event.data.rule is not None:
+            uses.setdefault(event.data.rule, []).append(event.time)
+    return {rule: tuple(times) for rule, times in uses.items()}
+
+
 def judge_step(
     scheduled: StepScheduled,
     policy: Policy,
@@ -125,9 +136,12 @@ def judge_step(
     now: datetime,
     session: SessionState | None = None,
     approved_plan: PlanProposed | None = None,
+    rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
 ) -> list[Decision]:
     """Allow, deny or ask a person, as the first matching rule says; a tool that requires a
     permission the requester lacks (or an unknown requester) is denied before any rule.
+    `rule_uses` are when the session's earlier calls ran, by rule (`uses_by_rule`), for
+    `at_most` conditions.
 
     Given the session, a call that would be sent to approval runs at once under a standing
     "approve similar calls" grant of the same rule and tool that has uses and time left, or
@@ -149,6 +163,7 @@ def judge_step(
         declared_risk=scheduled.risk,
         requester=requester,
         at=now,
+        rule_uses=rule_uses,
     )
     payload: Payload
     match verdict.effect:
@@ -254,10 +269,15 @@ def _standing_grant(
 
 
 def judge_vote(
-    state: SessionState, vote: ApprovalDecisionSubmitted, policy: Policy, now: datetime
+    state: SessionState,
+    vote: ApprovalDecisionSubmitted,
+    policy: Policy,
+    now: datetime,
+    rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
 ) -> list[Decision]:
     """What a person's decision on a pending request leads to; never nothing, so that
     whoever decided learns the outcome from the log (granted, denied, counted or refused).
+    `rule_uses`: the session's earlier calls by rule, as for `judge_step`.
 
     One denial by someone allowed to decide denies the request. Grants count once per
     person, and only grants of the very same arguments (and "approve similar" scope) count
@@ -305,6 +325,7 @@ def judge_vote(
             declared_risk=request.risk,
             requester=state.requested_by,
             at=now,
+            rule_uses=rule_uses,
         )
         if verdict.effect == "deny" or (
             verdict.effect == "require_approval" and verdict.rule != request.rule
@@ -364,15 +385,17 @@ def judge_vote_again(
     policy: Policy,
     now: datetime,
     recorded: Sequence[Payload],
+    rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
 ) -> list[Decision]:
-    """A vote delivered again, judged as it was first: against the session `before` it,
-    given what the log already holds of its decisions (`recorded`).
+    """A vote delivered again, judged as it was first: against the session `before` it
+    (whose earlier calls ran as `rule_uses` says), given what the log already holds of its
+    decisions (`recorded`).
 
     Should the log hold its grant while the policy in force would now refuse it (the policy
     changed between the grant's recording and the rest), the grant stands and the call it
     would have released is denied: the session must not wait for an authorisation that
     never comes, and what the policy now refuses does not run."""
-    decisions = judge_vote(before, vote, policy, now)
+    decisions = judge_vote(before, vote, policy, now, rule_uses)
     granted = any(isinstance(payload, ApprovalGranted) for payload in recorded)
     if not granted or any(isinstance(d.payload, ApprovalGranted) for d in decisions):
         return decisions

@@ -11,9 +11,10 @@ import fnmatch
 import itertools
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
+from types import MappingProxyType
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
@@ -26,6 +27,7 @@ from helmline.approval._document import (
     UNKNOWN_TOOL_RULE,
     WEEKDAYS,
     ApprovalTerms,
+    CallsWithin,
     Effect,
     PolicyDocument,
     RuleDocument,
@@ -37,6 +39,8 @@ RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
 _CANDIDATE_CACHE_LIMIT = 4096
 _SCREENED_BLOCK_MIN = 4
 """Fewer consecutive rules than this are cheaper to test one by one than to screen."""
+NO_USES: Mapping[str, Sequence[datetime]] = MappingProxyType({})
+"""No call of the session ran under any rule yet."""
 _UNJOINABLE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(|^\(\?[aiLmsux]+\)")
 """Backreferences and global flags change meaning (or fail) inside a joined pattern."""
 
@@ -54,9 +58,13 @@ class CallFacts:
     """Who started the session, with their roles; None when unknown."""
     at: datetime
     """When the call is judged (time windows are read at this moment)."""
-    permission: str | None = None
+    permission: str | None
     """The permission the tool requires (its `required_permission`); None when it asks for
     none."""
+    rule_uses: Mapping[str, Sequence[datetime]]
+    """When the session's earlier calls were authorised, oldest first, by the rule that
+    let them run (`uses_by_rule`): what `at_most` conditions count. Only the span the policy's
+    longest `at_most` counts in need be given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +307,38 @@ class _During:
 
 
 @dataclass(frozen=True, slots=True)
+class _FewerCallsThan:
+    rule: str
+    limit: CallsWithin
+
+    def holds(self, facts: CallFacts) -> bool:
+        since = facts.at - self.limit.per
+        for counted, authorised_at in enumerate(
+            reversed(facts.rule_uses.get(self.rule, ())), start=1
+        ):
+            if authorised_at <= since:
+                return True
+            if counted >= self.limit.calls:
+                return False
+        return True
+
+    def describe(self) -> str:
+        return (
+            f"fewer than {self.limit.calls} calls of the session ran under this rule in the "
+            f"last {_spoken(self.limit.per)}"
+        )
+
+
+def _spoken(span: timedelta) -> str:
+    """A span as a policy writes it: 90s, 10m, 2h, 1d."""
+    seconds = span.total_seconds()
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length and seconds % length == 0:
+            return f"{seconds // length:g}{unit}"
+    return f"{seconds:g}s"
+
+
+@dataclass(frozen=True, slots=True)
 class _Rule:
     name: str
     verdict_template: RuleDocument
@@ -306,9 +346,9 @@ class _Rule:
     static: tuple[_Condition, ...]
     """Conditions on tenant, tool and server: the same for every call of one tool."""
     dynamic: tuple[_Condition, ...]
-    """Conditions on the requester, the risk, the tool's permission, the arguments and the
-    time (a published registry may change a tool's permission, so it is not cached per
-    tool)."""
+    """Conditions on the requester, the risk, the tool's permission, the arguments, the
+    time and the session's earlier calls (a published registry may change a tool's
+    permission, so it is not cached per tool)."""
 
     def matches_call(self, facts: CallFacts) -> bool:
         # A plain loop: this runs for every candidate rule of every call, and all() over a
@@ -393,6 +433,8 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
     dynamic += _argument_tests(rule.arguments)
     if rule.during is not None:
         dynamic.append(_During.of(rule.during))
+    if rule.at_most is not None:
+        dynamic.append(_FewerCallsThan(rule.name, rule.at_most))
     approval = None
     if rule.effect == "require_approval":
         terms = rule.approval or defaults
@@ -431,6 +473,12 @@ class Policy:
         )
         """Whether any rule looks at who started the session (else it need not be looked up,
         unless the tool requires a permission: see `needs_requester`)."""
+        self.counted_span = max(
+            (rule.at_most.per for rule in document.rules if rule.at_most is not None),
+            default=None,
+        )
+        """How far back `at_most` conditions count the session's calls: the authorisations
+        to read before judging; None when no rule counts them."""
         # Screens are compiled here, once: the blocks of a call's candidates are cut from them.
         self._blocks = _blocks(self._rules)
         self._candidates: LRUCache[tuple[str, str, str], tuple[_Block, ...]] = LRUCache(
@@ -461,9 +509,10 @@ class Policy:
         declared_risk: Risk | None,
         requester: Actor | None,
         at: datetime,
+        rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
     ) -> CallFacts | None:
-        """The facts of a call judged at `at`, or None for a tool the catalogue does not
-        know."""
+        """The facts of a call judged at `at`, after the session's earlier calls ran as
+        `rule_uses` says; or None for a tool the catalogue does not know."""
         spec = self.tools.get(tool)
         if spec is None:
             return None
@@ -478,6 +527,7 @@ class Policy:
             requester=requester,
             at=at,
             permission=spec.required_permission,
+            rule_uses=rule_uses,
         )
 
     def judge(
@@ -489,9 +539,10 @@ class Policy:
         at: datetime,
         declared_risk: Risk | None = None,
         requester: Actor | None = None,
+        rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
     ) -> Verdict:
-        """The verdict on a call judged at `at`: unknown tools are denied, then the first
-        matching rule."""
+        """The verdict on a call judged at `at` (see `facts`): unknown tools are denied,
+        then the first matching rule."""
         facts = self.facts(
             tenant=tenant,
             tool=tool,
@@ -499,6 +550,7 @@ class Policy:
             declared_risk=declared_risk,
             requester=requester,
             at=at,
+            rule_uses=rule_uses,
         )
         if facts is None:
             return unknown_tool_verdict(tool, declared_risk)
