@@ -133,6 +133,57 @@ async def test_a_decision_the_approval_service_refuses_is_reported_and_the_reque
     await expect(page.locator("#summary .badge").first).to_have_text("failed")
 
 
+async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_its_checkpoint(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    playbook = {
+        "goal": "write a note, then read one that is not there",
+        "steps": [
+            {"id": "write", "tool": "write_file", "arguments": {"path": "n.txt", "content": "a"}},
+            {
+                "id": "read",
+                "tool": "read_file",
+                "arguments": {"path": "missing.txt"},
+                "depends_on": ["write"],
+            },
+        ],
+    }
+    created = await client.post("/sessions", json={"playbook": playbook}, headers=admin)
+    origin = created.json()["session_id"]
+    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
+    await page.goto(f"{api_url}/#/sessions/{origin}")
+    await expect(page.locator("#summary .badge").first).to_have_text("failed")
+    retry = page.locator('li[data-step-id="read"]').get_by_role(
+        "button", name="Retry in a new session"
+    )
+    await expect(page.locator('li[data-step-id="write"] button')).to_have_count(0)
+    await retry.click()
+
+    await expect(page.locator("#summary p.fork")).to_contain_text(f"{origin[:12]} after write")
+    forked = page.url.rsplit("/", 1)[-1]
+    assert forked != origin
+    await expect(page.locator("#summary .badge").first).to_have_text("failed")
+    await screenshot(page, "retried-in-a-new-session")
+    state = (await client.get(f"/sessions/{forked}", headers=admin)).json()
+    assert state["fork_of"]["session_id"] == origin
+    assert state["fork_of"]["completed_steps"] == ["write"]
+    assert state["steps"]["write"]["attempts"] == 0  # Done in the origin, not run again.
+    assert state["steps"]["read"]["status"] == "failed"  # Tried again: still no such file.
+    assert state["steps"]["read"]["attempts"] == 1
+
+    # The fork has no checkpoint of its own: once more, from the one it started from.
+    await retry.click()
+    await expect(page).not_to_have_url(re.compile(f"{forked}$"))
+    again = page.url.rsplit("/", 1)[-1]
+    await expect(page.locator("#summary .badge").first).to_have_text("failed")
+    state = (await client.get(f"/sessions/{again}", headers=admin)).json()
+    assert (state["fork_of"]["session_id"], state["fork_of"]["completed_steps"]) == (
+        origin,
+        ["write"],
+    )
+
+
 async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:
     await page.goto(f"{api_url}/#key=hlk_0123456789abcdef_wrong")
     await expect(page.get_by_role("alert")).to_contain_text("refused")

@@ -446,6 +446,18 @@ async def test_a_fork_at_checkpoint_10_completes_on_its_own_and_leaves_its_origi
     )
     assert await store.read_all(tenant, session_id) == origin_log
 
+    # Without --at: from the latest checkpoint, as a retry of what failed after it would be.
+    code, out, err = await helmline("fork", session_id, "--tenant", tenant, "--json")
+    assert code == 0, err
+    latest = await until(store, tenant, json.loads(out)["session_id"], "completed", "failed")
+    assert latest.fork_of is not None
+    assert latest.fork_of.checkpoint_id == done.checkpoints[-1].checkpoint_id
+    assert latest.status == "completed", latest.outcome
+    # That fork ran no step, so it has no checkpoint of its own to fork from.
+    code, _, err = await helmline("fork", latest.session_id, "--tenant", tenant)
+    assert code == 2
+    assert f"session {latest.session_id} has no checkpoint yet" in err
+
 
 async def _logged(store: EventStore, tenant: str, session_id: str, kind: type) -> bool:
     return any(isinstance(s.event.data, kind) for s in await store.read_all(tenant, session_id))

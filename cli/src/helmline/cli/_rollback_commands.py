@@ -160,9 +160,19 @@ def _report(outcome: RollbackState, state: SessionState, *, as_json: bool) -> No
             raise typer.Exit(WAITING)
 
 
+ForkPoint = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="The checkpoint: its id, or its number in `helmline checkpoints`; the latest "
+        "when left out (to retry what failed after it).",
+    ),
+]
+
+
 def fork(
     session: SessionId,
-    at: Checkpoint,
+    at: ForkPoint = None,
     tenant: Tenant = DEFAULT_TENANT,
     as_json: Json = False,
     data_dir: DataDir = None,
@@ -171,10 +181,16 @@ def fork(
     completed steps not run again. The session forked from is left as it is."""
     from helmline.cli._connection import connect
     from helmline.cli._display import stdout
-    from helmline.cli._rollbacks import choose_checkpoint, start_fork
+    from helmline.cli._rollbacks import choose_checkpoint, latest_checkpoint, start_fork
 
     state = _load(session, tenant, data_dir)
-    checkpoint = _attempt(lambda: choose_checkpoint(state, to=at, to_step=None))
+    checkpoint = _attempt(
+        lambda: (
+            latest_checkpoint(state)
+            if at is None
+            else choose_checkpoint(state, to=at, to_step=None)
+        )
+    )
     url = _nats_url(data_dir)
 
     async def start() -> str:

@@ -46,6 +46,17 @@ def choose_checkpoint(
     return after_step[-1]
 
 
+def latest_checkpoint(state: SessionState) -> CheckpointState:
+    """The session's latest checkpoint: where a retry of what failed after it starts."""
+    if not state.checkpoints:
+        raise CliError(
+            f"session {state.session_id} has no checkpoint yet: start its playbook again "
+            "with `helmline run`",
+            exit_code=2,
+        )
+    return state.checkpoints[-1]
+
+
 async def request_rollback(
     log: EventLog,
     tenant: str,

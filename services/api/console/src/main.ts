@@ -213,6 +213,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         <small>${esc(s.mode)} · ${steps.filter((x) => x.status === "succeeded").length}/${steps.length} steps
         ${s.plan_confidence !== null ? ` · plan confidence ${Math.round(s.plan_confidence * 100)} %` : ""}
         · started ${esc(when(s.started_at))}</small></p>
+      ${s.fork_of ? `<p class="fork">started from <a href="#/sessions/${esc(s.fork_of.session_id)}">${esc(s.fork_of.session_id.slice(0, 12))}</a>${s.fork_of.completed_steps.length ? ` after ${esc(s.fork_of.completed_steps.join(", "))}` : ""}</p>` : ""}
       ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`;
     const ended = ["completed", "failed", "cancelled"].includes(s.status);
     for (const button of document.querySelectorAll<HTMLButtonElement>("#controls button")) {
@@ -224,7 +225,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       .filter((a) => a.status === "granted" && a.similar_limit)
       .map(standingGrant)
       .join("");
-    document.getElementById("steps")!.innerHTML = steps.map((step) => stepItem(step, openDetails.has(step.id))).join("");
+    const from = retryPoint(s);
+    document.getElementById("steps")!.innerHTML = steps
+      .map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined))
+      .join("");
     document.getElementById("thinking")!.textContent = s.status === "planning" ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
     thoughts.innerHTML = s.thoughts
@@ -322,6 +326,17 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     if (action === "cancel" && window.confirm("Cancel this session for good?")) void act("cancel", {}, "cancel requested");
     if (action === "grant" || action === "deny") void decide(button, action);
     if (action === "rollback") void rollback(button.dataset.checkpoint!);
+    if (action === "retry") void retry(button.dataset.session!, button.dataset.checkpoint!);
+  };
+
+  const retry = async (origin: string, checkpointId: string): Promise<void> => {
+    try {
+      const forked = await api<Accepted>(`/sessions/${origin}/fork`, { method: "POST", body: { checkpoint_id: checkpointId } });
+      location.hash = `#/sessions/${forked.session_id}`;
+    } catch (error) {
+      if (error instanceof ApiError) notice(error.detail, true);
+      else throw error;
+    }
   };
 
   const decide = async (button: HTMLButtonElement, decision: "grant" | "deny"): Promise<void> => {
@@ -400,7 +415,30 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   };
 }
 
-function stepItem(step: Step, open: boolean): string {
+interface RetryPoint {
+  session: string;
+  checkpoint: string;
+}
+
+/** A failed session stays as it ended: its failed step is tried again in a new session
+ * forked from its latest checkpoint (a fork that has none yet: from the checkpoint it was
+ * forked from), whose completed steps do not run again. Null: there is no checkpoint. */
+function retryPoint(s: SessionState): RetryPoint | null {
+  const latest = s.checkpoints.at(-1);
+  if (latest) return { session: s.session_id, checkpoint: latest.checkpoint_id };
+  if (s.fork_of?.checkpoint_id) return { session: s.fork_of.session_id, checkpoint: s.fork_of.checkpoint_id };
+  return null;
+}
+
+/** `retryFrom`: for a step whose failure ended the session, where a retry starts. */
+function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): string {
+  const retry =
+    retryFrom === undefined
+      ? ""
+      : retryFrom === null
+        ? `<button type="button" disabled title="no checkpoint yet: start the session again">Retry in a new session</button>`
+        : `<button type="button" data-action="retry" data-session="${esc(retryFrom.session)}" data-checkpoint="${esc(retryFrom.checkpoint)}"
+            title="a new session from the latest checkpoint; completed steps do not run again">Retry in a new session</button>`;
   return `<li class="step ${esc(step.status)}" data-step-id="${esc(step.id)}">
     <details data-step="${esc(step.id)}" ${open ? "open" : ""}>
       <summary>${badge(step.status, step.status)} <strong>${esc(step.id)}</strong> ${esc(step.tool)}
@@ -412,7 +450,7 @@ function stepItem(step: Step, open: boolean): string {
       ${step.error ? `<h4>Error</h4><pre class="error">${esc(step.error.kind)}: ${esc(step.error.message)}</pre>` : ""}
       ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
       ${step.retry_at ? `<p><small>tried again at ${esc(when(step.retry_at))}</small></p>` : ""}
-    </details></li>`;
+    </details>${retry}</li>`;
 }
 
 function callItem(call: ToolCall): string {

@@ -80,9 +80,16 @@ export interface Thought {
   step_id: string | null;
 }
 
+export interface ForkOrigin {
+  session_id: string;
+  checkpoint_id: string | null;
+  completed_steps: string[];
+}
+
 export interface SessionState {
   session_id: string;
   status: string;
+  fork_of: ForkOrigin | null;
   goal: string;
   mode: string;
   plan_confidence: number | null;
