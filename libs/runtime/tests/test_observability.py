@@ -18,6 +18,7 @@ from helmline.contracts import (
     EVENTS_STREAM,
     EXAMPLE_PAYLOADS,
     PLANNER_CONSUMER,
+    SANDBOX_CONSUMER,
     Actor,
     ConsumerSpec,
     Event,
@@ -87,6 +88,16 @@ def test_a_session_is_counted_once_with_its_duration_and_duplicates_are_not() ->
     assert samples["helmline_sessions_ended_total{outcome=completed}"] == 1
     assert samples["helmline_session_duration_seconds_count{outcome=completed}"] == 1
     assert samples["helmline_sessions_active{}"] == 0
+
+
+def test_a_session_is_counted_only_by_the_service_that_ends_it() -> None:
+    # The sandbox hears every session start (to restore a fork's workspace), never its end:
+    # counting there, active sessions would only grow, and every start would count twice.
+    sandbox = ServiceMetrics("sandbox")
+    sandbox.handled(SANDBOX_CONSUMER, session_started("t", "s"), "ok", 0.001)
+    samples = _samples(sandbox)
+    assert samples["helmline_sessions_active{}"] == 0
+    assert "helmline_sessions_started_total{mode=playbook}" not in samples
 
 
 def test_a_log_line_is_json_with_the_session_and_trace_it_was_written_in() -> None:

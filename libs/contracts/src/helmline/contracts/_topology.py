@@ -214,6 +214,10 @@ class ConsumerSpec(Contract):
     """Seconds that events the service may handle late gather before it handles them
     together (0: each at once). For work off every critical path, where handling many
     events in one go costs a fraction of handling each alone."""
+    counts_sessions: bool = False
+    """Whether the service's metrics count the sessions this consumer hears start: only
+    for the consumer of the service that also ends them, so that each session is counted
+    once, and ended where it was counted, across all services."""
 
 
 class KeyValueSpec(Contract):
@@ -344,6 +348,7 @@ PLANNER_CONSUMER = consumer_for(
         WorkspaceRestored,
     ),
     "Plans sessions, schedules steps whose dependencies are met, ends sessions.",
+    counts_sessions=True,
 )
 APPROVAL_CONSUMER = consumer_for(
     "approval",

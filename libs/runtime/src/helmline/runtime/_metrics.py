@@ -243,6 +243,7 @@ class ServiceMetrics:
             outcome == "ok"
             and observe is not None
             and event_type_filter(event.type) in consumer.filter_subjects
+            and (consumer.counts_sessions or not isinstance(event.data, SessionStarted))
         ):
             observe(self, event)
 
@@ -408,7 +409,9 @@ _ON_HANDLE: dict[type[Payload], Observer] = {
     ToolCallFailed: ServiceMetrics._step_ended,
     ToolCallDenied: ServiceMetrics._step_ended,
 }
-"""Observed by a consumer that subscribes to the type by name, once handled."""
+"""Observed by a consumer that subscribes to the type by name, once handled (a session's
+start only by the consumer that counts sessions: the sandbox hears it too, for forks, but
+never sees a session end)."""
 
 
 class _Clock:
