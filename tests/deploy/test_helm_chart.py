@@ -93,6 +93,17 @@ def test_production_values_render_valid_objects_with_every_optional_part() -> No
     validate(documents)
     kinds = [d["kind"] for d in documents]
     assert kinds.count("HorizontalPodAutoscaler") == 5
+    scalers = {
+        d["metadata"]["name"]: d["spec"]["metrics"]
+        for d in documents
+        if d["kind"] == "HorizontalPodAutoscaler"
+    }
+    # The planner also scales on the sessions running; the others on CPU only.
+    assert scalers["hl-helmline-planner"][1]["external"] == {
+        "metric": {"name": "helmline_sessions_active"},
+        "target": {"type": "AverageValue", "averageValue": "200"},
+    }
+    assert [len(metrics) for metrics in scalers.values()].count(1) == 4
     assert {"Ingress", "ServiceMonitor", "Job"} <= set(kinds)
     for deployment in (d for d in documents if d["kind"] == "Deployment"):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -125,6 +136,10 @@ def test_the_nats_authorization_gives_each_service_its_own_publish_permissions()
         ("sandbox.backend=docker", "sandbox.backend"),
         ("services.planner.replica=2", "replica"),
         ("unknown=1", "unknown"),
+        (
+            "services.planner.autoscaling.activeSessionsPerReplica=0",
+            "activeSessionsPerReplica",
+        ),
     ],
 )
 def test_invalid_values_are_refused_by_the_schema(setting: str, complaint: str) -> None:
