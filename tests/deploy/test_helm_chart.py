@@ -100,7 +100,7 @@ def test_production_values_render_valid_objects_with_every_optional_part() -> No
     }
     # The planner also scales on the sessions running; the others on CPU only.
     assert scalers["hl-helmline-planner"][1]["external"] == {
-        "metric": {"name": "helmline_sessions_active"},
+        "metric": {"name": "helmline_sessions_open"},
         "target": {"type": "AverageValue", "averageValue": "200"},
     }
     assert [len(metrics) for metrics in scalers.values()].count(1) == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -41,7 +42,14 @@ from helmline.contracts import (
     new_event,
     tenant_filter,
 )
-from helmline.runtime import Delivery, EventStore, FoldedStates, ServiceHost, SessionCache
+from helmline.runtime import (
+    Delivery,
+    EventStore,
+    FoldedStates,
+    ServiceHost,
+    ServiceMetrics,
+    SessionCache,
+)
 from helmline.runtime.testing import eventually
 from helmline.state import (
     RebuildError,
@@ -50,6 +58,7 @@ from helmline.state import (
     rebuild_read_model,
 )
 from helmline.state.__main__ import setup_state
+from helmline.state._open_sessions import OPEN_STATUSES, OpenSessionCount
 from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._settings import StateSettings
 
@@ -373,3 +382,27 @@ async def test_a_redelivery_gathered_after_newer_events_leaves_the_rows_at_the_n
         await model.close()
     assert await caught_up(store, database_url, tenant, 1)
     await _assert_rows_equal_the_fold(store, database_url, tenant)
+
+
+async def test_the_sessions_not_ended_are_counted_by_status_for_the_metric(
+    nats_url: str, database_url: str, store: EventStore, tenant: str
+) -> None:
+    model = ReadModel(database_url)
+    metrics = ServiceMetrics("state")
+    try:
+        before = await model.open_sessions()  # Other tests' sessions share the database.
+        async with state_service(nats_url, database_url, tenant):
+            await _append_and_project(store, database_url, tenant, range(10))
+        await OpenSessionCount(model, metrics, interval_s=60).count()
+    finally:
+        await model.close()
+    states = [fold(_session(tenant, number)) for number in range(10)]
+    added = Counter(state.status for state in states if not state.is_terminal)
+    assert len(added) >= 2  # Several statuses,
+    assert sum(added.values()) < 10  # and some sessions ended.
+    gauge = {
+        sample.labels["status"]: sample.value
+        for family in metrics.sessions_open.collect()
+        for sample in family.samples
+    }
+    assert gauge == {status: before.get(status, 0) + added[status] for status in OPEN_STATUSES}

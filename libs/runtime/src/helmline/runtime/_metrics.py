@@ -120,6 +120,12 @@ class ServiceMetrics:
         self.sessions_active = gauge(
             "sessions_active", "Sessions this replica saw start and not yet end."
         )
+        self.sessions_open = gauge(
+            "sessions_open",
+            "Sessions of the whole stack not ended yet, by status, as the state service's "
+            "read model counts them (the same in every replica: take the max, not the sum).",
+            ("status",),
+        )
         self.session_seconds = histogram(
             "session_duration_seconds", "Time from a session's start to its end.", ("outcome",)
         )

@@ -20,6 +20,7 @@ from helmline.state._readmodel import (
     CHECKPOINT_COLUMNS,
     EVERY_ROW,
     MIGRATIONS,
+    OPEN,
     SESSION_COLUMNS,
     STEP_COLUMNS,
     Touched,
@@ -146,6 +147,15 @@ class ReadModel:
             ]
             await _upsert(connection, table, columns, 3, rows)
         return len(due)
+
+    async def open_sessions(self) -> dict[str, int]:
+        """How many sessions of every tenant have not ended, by status (those with none
+        are left out)."""
+        pool = await self._connected()
+        rows = await pool.fetch(
+            f"SELECT status, count(*) AS sessions FROM sessions WHERE {OPEN} GROUP BY status"
+        )
+        return {row["status"]: row["sessions"] for row in rows}
 
     async def close(self) -> None:
         if self._pool is not None:
