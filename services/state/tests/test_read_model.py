@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import (
     EXAMPLE_PAYLOADS,
+    OPEN_STATUSES,
     READ_MODEL_CONSUMER,
     STATE_CONSUMER,
     Actor,
@@ -58,9 +59,9 @@ from helmline.state import (
     rebuild_read_model,
 )
 from helmline.state.__main__ import setup_state
-from helmline.state._open_sessions import OPEN_STATUSES, OpenSessionCount
 from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._settings import StateSettings
+from helmline.state._waiting import WaitingCount
 
 ANA = Actor(id="ana", roles=("approver",))
 # A model's answer, with what it cost: the sessions row adds it up.
@@ -384,25 +385,36 @@ async def test_a_redelivery_gathered_after_newer_events_leaves_the_rows_at_the_n
     await _assert_rows_equal_the_fold(store, database_url, tenant)
 
 
-async def test_the_sessions_not_ended_are_counted_by_status_for_the_metric(
+async def test_sessions_not_ended_and_approvals_waiting_are_counted_for_the_metrics(
     nats_url: str, database_url: str, store: EventStore, tenant: str
 ) -> None:
     model = ReadModel(database_url)
     metrics = ServiceMetrics("state")
     try:
-        before = await model.open_sessions()  # Other tests' sessions share the database.
+        before = await model.waiting()  # Other tests' sessions share the database.
         async with state_service(nats_url, database_url, tenant):
             await _append_and_project(store, database_url, tenant, range(10))
-        await OpenSessionCount(model, metrics, interval_s=60).count()
+        await WaitingCount(model, metrics, interval_s=60).count()
     finally:
         await model.close()
     states = [fold(_session(tenant, number)) for number in range(10)]
     added = Counter(state.status for state in states if not state.is_terminal)
     assert len(added) >= 2  # Several statuses,
     assert sum(added.values()) < 10  # and some sessions ended.
-    gauge = {
-        sample.labels["status"]: sample.value
-        for family in metrics.sessions_open.collect()
+    samples = {
+        (sample.name, sample.labels.get("status")): sample.value
+        for family in metrics.registry.collect()
         for sample in family.samples
     }
-    assert gauge == {status: before.get(status, 0) + added[status] for status in OPEN_STATUSES}
+    for status in OPEN_STATUSES:
+        expected = before.sessions.get(status, 0) + added[status]
+        assert samples["helmline_sessions_open", status] == expected, status
+    asked = [a for state in states for a in state.approvals.values() if a.status == "pending"]
+    assert asked
+    waiting = before.approvals + len(asked)
+    assert samples["helmline_approvals_waiting", None] == waiting
+    oldest = min(a.requested_at for a in asked)
+    if before.oldest_approval_at is not None:
+        oldest = min(oldest, before.oldest_approval_at)
+    age = samples["helmline_approval_oldest_waiting_seconds", None]
+    assert age == pytest.approx((datetime.now(UTC) - oldest).total_seconds(), abs=5)

@@ -88,6 +88,7 @@ from helmline.contracts._plans import PlanStep, Playbook, find_dependency_proble
 from helmline.contracts._schema import event_schema, export_schemas
 from helmline.contracts._state import (
     FOLD_VERSION,
+    OPEN_STATUSES,
     TERMINAL_STATUSES,
     ApprovalState,
     CheckpointState,
@@ -203,6 +204,7 @@ __all__ = [
     "KEY_VALUE_BUCKETS",
     "MCP_NAME_SEPARATOR",
     "OBJECT_STORES",
+    "OPEN_STATUSES",
     "OPS_SESSION",
     "OPS_STREAM",
     "OPS_TENANT",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Literal, TypeVar, assert_never
+from typing import Any, Literal, TypeVar, assert_never, get_args
 
 from pydantic import JsonValue
 
@@ -109,6 +109,10 @@ by another version are then ignored (the field layout is checked on its own)."""
 
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 """Statuses a session never leaves (except through a rollback)."""
+OPEN_STATUSES: tuple[SessionStatus, ...] = tuple(
+    status for status in get_args(SessionStatus) if status not in TERMINAL_STATUSES
+)
+"""The statuses of a session that has not ended, in the order of its life."""
 
 
 @dataclass(frozen=True, slots=True)

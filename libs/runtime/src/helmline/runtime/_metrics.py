@@ -16,7 +16,7 @@ A new event type that should show on a dashboard needs one line in a table.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from cachetools import LRUCache
@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from helmline.contracts import (
     BUILTIN_SERVER,
+    OPEN_STATUSES,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGranted,
@@ -179,10 +180,13 @@ class ServiceMetrics:
             "approval_wait_seconds", "Time an approval request waited for its decision."
         )
         self.approvals_waiting = gauge(
-            "approvals_waiting", "Approval requests this replica asked and that await a decision."
+            "approvals_waiting",
+            "Approval requests of the whole stack waiting for a person, as the state service's "
+            "read model counts them (the same in every replica: take the max, not the sum).",
         )
         self.oldest_approval = gauge(
-            "approval_oldest_waiting_seconds", "Age of the oldest approval request still waiting."
+            "approval_oldest_waiting_seconds",
+            "Age of the oldest approval request of the whole stack still waiting (read model).",
         )
         # Sandbox, checkpoints, rollbacks
         self.sandbox_cpu = histogram(
@@ -227,8 +231,21 @@ class ServiceMetrics:
         self._step_starts = _Clock()
         self._approval_asks = _Clock()
         self._call_servers: LRUCache[str, str] = LRUCache(REMEMBERED)
-        self.approvals_waiting.set_function(lambda: len(self._approval_asks))
-        self.oldest_approval.set_function(self._approval_asks.oldest_age_s)
+        self._oldest_waiting_since: datetime | None = None
+        self.oldest_approval.set_function(self._oldest_waiting_s)
+
+    def waiting(self, sessions: Mapping[str, int], approvals: int, oldest: datetime | None) -> None:
+        """What the whole stack has not finished, counted in the read model: sessions not
+        ended by status, approval requests waiting, and when the oldest of them was made."""
+        for status in OPEN_STATUSES:
+            self.sessions_open.labels(status).set(sessions.get(status, 0))
+        self.approvals_waiting.set(approvals)
+        self._oldest_waiting_since = oldest
+
+    def _oldest_waiting_s(self) -> float:
+        if self._oldest_waiting_since is None:
+            return 0.0
+        return max(0.0, time.time() - self._oldest_waiting_since.timestamp())
 
     def appended(self, event: Event, duplicate: bool) -> None:
         """An event this service appended (`duplicate`: JetStream had it already)."""
@@ -426,9 +443,6 @@ class _Clock:
     def __init__(self) -> None:
         self._starts: LRUCache[str, datetime] = LRUCache(REMEMBERED)
 
-    def __len__(self) -> int:
-        return len(self._starts)
-
     def start(self, key: str, at: datetime) -> None:
         self._starts[key] = at
 
@@ -437,12 +451,6 @@ class _Clock:
 
     def stop(self, key: str) -> datetime | None:
         return self._starts.pop(key, None)
-
-    def oldest_age_s(self) -> float:
-        if not self._starts:
-            return 0.0
-        oldest = min(self._starts.values())
-        return max(0.0, time.time() - oldest.timestamp())
 
 
 def _session_key(event: Event) -> str:

@@ -9,10 +9,10 @@ from helmline.runtime import (
     run_service,
 )
 from helmline.state._handlers import StateHandler
-from helmline.state._open_sessions import OpenSessionCount
 from helmline.state._projection import ProjectionHandler, ReadModel
 from helmline.state._retention import RetentionWatch
 from helmline.state._settings import StateSettings
+from helmline.state._waiting import WaitingCount
 
 
 def setup_state(
@@ -41,7 +41,7 @@ def setup_state(
             model = ReadModel(settings.database_url)
             host.on_shutdown(model.close)
             await host.consume(read_model, ProjectionHandler(SessionCache(states), model))
-            count = OpenSessionCount(model, host.metrics, interval_s=settings.open_sessions_check_s)
+            count = WaitingCount(model, host.metrics, interval_s=settings.waiting_check_s)
             host.run_in_background(count.run())
 
     return setup

@@ -9,6 +9,7 @@ import logging
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -148,14 +149,24 @@ class ReadModel:
             await _upsert(connection, table, columns, 3, rows)
         return len(due)
 
-    async def open_sessions(self) -> dict[str, int]:
-        """How many sessions of every tenant have not ended, by status (those with none
-        are left out)."""
+    async def waiting(self) -> Waiting:
+        """What every tenant has not finished: sessions not ended, approval requests
+        waiting for a person."""
         pool = await self._connected()
-        rows = await pool.fetch(
-            f"SELECT status, count(*) AS sessions FROM sessions WHERE {OPEN} GROUP BY status"
+        async with pool.acquire() as connection:
+            sessions = await connection.fetch(
+                f"SELECT status, count(*) AS sessions FROM sessions WHERE {OPEN} GROUP BY status"
+            )
+            approvals = await connection.fetchrow(
+                "SELECT count(*) AS waiting, min(requested_at) AS oldest FROM approvals"
+                " WHERE status = 'pending'"
+            )
+        assert approvals is not None  # An aggregate without GROUP BY is one row.
+        return Waiting(
+            sessions={row["status"]: row["sessions"] for row in sessions},
+            approvals=approvals["waiting"],
+            oldest_approval_at=approvals["oldest"],
         )
-        return {row["status"]: row["sessions"] for row in rows}
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -186,6 +197,19 @@ async def _upsert(
 
 _ANY_SESSION = "(tenant, session_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 """Rows of the sessions named by two arrays: tenants, and their session ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What the whole stack has not finished, as the read model says."""
+
+    sessions: dict[str, int]
+    """Sessions not ended, by status (a status no session is in is left out)."""
+    approvals: int
+    """Approval requests waiting for a person."""
+    oldest_approval_at: datetime | None
+    """When the oldest of them was made (None: none is waiting, or only requests written
+    before the read model kept that time)."""
 
 
 @dataclass(frozen=True, slots=True)

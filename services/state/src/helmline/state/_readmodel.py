@@ -106,6 +106,12 @@ MIGRATIONS: tuple[str, ...] = (
     f"""
     CREATE INDEX sessions_open ON sessions (status) WHERE {OPEN};
     """,
+    # 5: the requests waiting for a person, counted likewise, with the oldest's age (a
+    # request's time asked is filled at its session's next event).
+    """
+    ALTER TABLE approvals ADD COLUMN requested_at timestamptz;
+    CREATE INDEX approvals_waiting ON approvals (requested_at) WHERE status = 'pending';
+    """,
 )
 """Schema versions in order; version N is MIGRATIONS[N - 1]. Never edit one that shipped."""
 
@@ -161,6 +167,7 @@ APPROVAL_COLUMNS = (
     "expires_at",
     "decided_by",
     "decided_at",
+    "requested_at",
 )
 CHECKPOINT_COLUMNS = (
     "tenant",
@@ -317,6 +324,7 @@ def _approval_row(state: SessionState, approval: ApprovalState) -> tuple[Any, ..
         approval.expires_at,
         json.dumps(decided_by),
         approval.decided_at,
+        approval.requested_at,
     )
 
 

@@ -18,6 +18,7 @@ class StateSettings(RuntimeSettings):
     is published (HELMLINE_RETENTION_WARN_AT)."""
     retention_check_s: float = Field(default=60.0, gt=0)
     """How often the events stream's limits are checked (HELMLINE_RETENTION_CHECK_S)."""
-    open_sessions_check_s: float = Field(default=15.0, gt=0)
-    """How often the sessions not ended yet are counted in the read model, for the
-    `helmline_sessions_open` metric (HELMLINE_OPEN_SESSIONS_CHECK_S)."""
+    waiting_check_s: float = Field(default=15.0, gt=0)
+    """How often the sessions not ended and the approval requests waiting are counted in the
+    read model, for the `helmline_sessions_open` and `helmline_approvals_waiting` metrics
+    (HELMLINE_WAITING_CHECK_S)."""
