@@ -207,6 +207,35 @@ async def test_one_session_is_handled_in_order(
     assert recorder.texts() == texts
 
 
+async def test_a_replica_knows_when_it_shares_its_consumer_with_another(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    alone = Recorder()
+    first = EventConsumer(nc, js, _spec(tenant), alone)
+    await first.start()
+    started = session_started(tenant, "s1")
+    await store.append_all([_thought(started, f"a{i}") for i in range(10)])
+    await eventually(lambda: len(alone.texts()) == 10, what="all handled by the first")
+    assert not any(delivery.shared for delivery in alone.handled)
+
+    joined = Recorder()
+    second = EventConsumer(nc, js, _spec(tenant), joined)
+    await second.start()
+    try:
+        await store.append_all([_thought(started, f"b{i}") for i in range(40)])
+        await eventually(
+            lambda: len(alone.texts()) + len(joined.texts()) == 50, what="all handled by the two"
+        )
+    finally:
+        await second.stop(grace_s=1)
+        await first.stop(grace_s=1)
+    # Each was handed some (a queue group splits them); each then learnt it is not alone.
+    assert joined.handled
+    assert len(alone.texts()) > 10
+    assert alone.handled[-1].shared
+    assert joined.handled[-1].shared
+
+
 class Gatherer(Recorder):
     """Lets thoughts starting with "late" gather; records each gathering handed over."""
 

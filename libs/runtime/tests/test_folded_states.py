@@ -448,7 +448,7 @@ async def test_a_cache_miss_on_a_long_session_folds_on_from_its_stored_state(
     assert created == []
 
 
-async def test_an_event_after_a_sessions_end_is_applied_without_reading_the_log_again(
+async def test_an_event_after_a_sessions_end_reads_only_the_events_after_the_last_folded(
     nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     started = new_event(
@@ -469,7 +469,7 @@ async def test_an_event_after_a_sessions_end_is_applied_without_reading_the_log_
     async with session_reads(nc, tenant, "ended") as reads:
         late = await sessions.advance(Delivery(events[2], seqs[2], deliveries=1))
 
-    assert reads == []
+    assert [json.loads(read.data)["seq"] for read in reads] == [seqs[1] + 1]
     assert late == fold(events)
 
 
@@ -511,3 +511,38 @@ async def test_a_full_cache_forgets_the_session_used_longest_ago(
     assert sessions.holds(tenant, "first")
     assert not sessions.holds(tenant, "second")
     assert sessions.holds(tenant, "third")
+
+
+async def test_replicas_each_fold_what_the_others_were_handed_and_appended(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    # Replicas of a service split its consumer's messages whatever their session: each must
+    # still decide on the whole log up to the event it is handed.
+    events = fifty_steps(tenant, "shared")
+    replicas = [SessionCache(FoldedStates(js, store)) for _ in range(2)]
+    handed = Delivery(events[0], (await store.append(events[0])).seq, deliveries=1)
+    await replicas[0].advance(handed)
+    for index, event in enumerate(events[1:], start=1):
+        replica = replicas[index % 3 % 2]  # Unevenly, as a queue group hands them out.
+        if index % 5 == 4:
+            # The replica's own decision, on the event it was handed last: applied at once,
+            # stored, then met in the log.
+            replica.record(await replica.advance(handed), [event])
+            await store.append(event)
+            continue
+        handed = Delivery(event, (await store.append(event)).seq, deliveries=1)
+        assert await replica.advance(handed) == fold(events[: index + 1]), index
+
+
+async def test_a_replica_alone_on_its_consumer_reads_no_log_for_an_event_it_is_handed(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "alone")[:6]
+    sessions = SessionCache(FoldedStates(js, store))
+    seqs = [(await store.append(event)).seq for event in events]
+    await sessions.advance(Delivery(events[0], seqs[0], deliveries=1, shared=False))
+    async with session_reads(nc, tenant, "alone") as reads:
+        for event, seq in zip(events[1:], seqs[1:], strict=True):
+            state = await sessions.advance(Delivery(event, seq, deliveries=1, shared=False))
+    assert reads == []
+    assert state == fold(events)

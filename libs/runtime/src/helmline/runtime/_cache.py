@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache
 
-from helmline.contracts import Event, SessionState, evolve, fold
+from helmline.contracts import Event, SessionState, fold
 from helmline.runtime._consumer import Delivery
 from helmline.runtime._folded_states import FoldedStates
-from helmline.runtime._store import SessionSnapshot
+from helmline.runtime._store import SessionSnapshot, StoredEvent
 
 ENDED_KEPT = 100
 """How many ended sessions a cache keeps (those met last)."""
@@ -20,11 +20,15 @@ ENDED_KEPT = 100
 class SessionCache:
     """The state of each live session as a service sees it.
 
-    A service consumes only the event types it reacts to, so a cached state is the fold of
-    the whole log up to the first event it saw, then of those events and of what the service
-    appended itself. On a miss (a new session, or after a restart) the session is folded
-    from the log, a long one from its nearest stored state on; afterwards each event costs
-    one `evolve`.
+    On a miss (a new session, or after a restart) the session is folded from the log, a
+    long one from its nearest stored state on. Afterwards:
+
+    - A replica alone on its consumer is handed every event of the types it consumes, and
+      appends every decision of its own: folding those (one `evolve` each) keeps the state
+      it decides on, the log's fold up to the first event it saw, then of those events.
+    - Replicas sharing a consumer split its messages whatever their session, so each would
+      miss what the others were handed and appended: a delivery then folds on the session's
+      events since the last one folded, read from the log in one request.
     """
 
     def __init__(
@@ -46,45 +50,38 @@ class SessionCache:
         self._ended: LRUCache[tuple[str, str], _Entry] = LRUCache(ENDED_KEPT)
 
     async def advance(self, delivery: Delivery) -> SessionState:
-        """The session's state with the delivered event applied (exactly once).
+        """The session's state up to the delivered event (applied exactly once).
 
         A redelivery means an earlier attempt may have appended its decisions already,
         possibly longer ago than JetStream remembers message ids; so the state is then
         rebuilt from the whole log, and a decision already taken shows in it.
         """
-        event = delivery.event
-        key = (event.tenant, event.session_id)
-        entry = self._held(key)
-        if delivery.deliveries > 1:
-            entry = await self._load(event, up_to_seq=None)
-        elif entry is None:
-            entry = await self._load(event, up_to_seq=delivery.seq)
-        elif event.id in entry.own:
-            entry.own.discard(event.id)  # Appended by this service: already applied.
-        elif delivery.seq > entry.seen:
-            entry.state, entry.seen = evolve(entry.state, event), delivery.seq
-        self._remember(key, entry)
-        return entry.state
+        return await self.advance_through([delivery])
 
     async def advance_through(self, deliveries: Sequence[Delivery]) -> SessionState:
-        """The state of one session with its delivered events applied, given in stream
-        order: as `advance` would leave it, folding them in one go where it can (a fold
+        """The state of one session up to the last of its delivered events, given in stream
+        order: as `advance` would leave it after each, in one read and one fold (a fold
         copies the state's tables once, not once an event)."""
-        first = deliveries[0].event
+        first, last = deliveries[0].event, deliveries[-1]
         key = (first.tenant, first.session_id)
         entry = self._held(key)
-        if entry is None or any(delivery.deliveries > 1 for delivery in deliveries):
-            for delivery in deliveries:
-                state = await self.advance(delivery)
-            return state
-        events = []
-        for delivery in deliveries:
-            if delivery.event.id in entry.own:
-                entry.own.discard(delivery.event.id)  # Appended by this service: applied.
-            elif delivery.seq > entry.seen:
-                events.append(delivery.event)
-                entry.seen = delivery.seq
-        entry.state = fold(events, entry.state)
+        if any(delivery.deliveries > 1 for delivery in deliveries):
+            entry = await self._load(first, up_to_seq=None)
+        elif entry is None:
+            entry = await self._load(first, up_to_seq=last.seq)
+        elif last.seq > entry.seen:
+            met: Iterable[Delivery | StoredEvent] = deliveries
+            if any(delivery.shared for delivery in deliveries):
+                met = await self._states.store.read_all(
+                    first.tenant, first.session_id, after_seq=entry.seen, up_to_seq=last.seq
+                )
+            events = []
+            for item in met:
+                if item.event.id in entry.own:
+                    entry.own.discard(item.event.id)  # Appended here: applied already.
+                elif item.seq > entry.seen:
+                    events.append(item.event)
+            entry.state, entry.seen = fold(events, entry.state), last.seq
         self._remember(key, entry)
         return entry.state
 
@@ -97,11 +94,14 @@ class SessionCache:
         return _Entry(snapshot.state, snapshot.last_seq)
 
     def record(self, state: SessionState, appended: Iterable[Event]) -> SessionState:
-        """Apply events the service appended itself, and keep the result."""
+        """Apply events the service appended itself (to `state`, as `advance` returned it),
+        and keep the result; they are not folded again when later read from the log."""
         key = (state.tenant, state.session_id)
-        entry = self._held(key) or _Entry(state, 0)
         appended = list(appended)
         state = fold(appended, state)
+        entry = self._held(key)
+        if entry is None:
+            return state  # Forgotten meanwhile: met again, the session is read from the log.
         entry.own.update(event.id for event in appended)
         entry.state = state
         self._remember(key, entry)
@@ -131,6 +131,7 @@ class SessionCache:
 class _Entry:
     state: SessionState
     seen: int
-    """Sequence of the last delivered event applied."""
+    """Sequence of the session's last event folded."""
     own: set[uuid.UUID] = field(default_factory=set)
-    """Events this service appended and applied, which it may also be delivered."""
+    """Events this service appended and applied, not yet met in the log (folding them
+    again there would count them twice)."""

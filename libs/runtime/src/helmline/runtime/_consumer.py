@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import nats.errors
 from cachetools import LRUCache
@@ -74,6 +74,10 @@ class Delivery:
     """Its stream sequence."""
     deliveries: int
     """1 on first delivery, more after redeliveries."""
+    shared: bool = True
+    """Whether another replica may have been handed some of the consumer's messages since
+    this one started: then a cached session may lack events that replica handled or
+    appended (see `SessionCache`). True unless the consumer knows it has been alone."""
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
@@ -144,6 +148,10 @@ class EventConsumer:
             self._gatherer = handler
         self._gathered: list[tuple[Msg, Event]] = []
         self._gathering: asyncio.TimerHandle | None = None
+        # Every message handed to a replica takes the consumer's next sequence: a sequence
+        # this replica never saw went to another one. Once that happened, it stays shared.
+        self._last_consumer_seq: int | None = None
+        self._shared = False
 
     @property
     def running(self) -> bool:
@@ -197,6 +205,7 @@ class EventConsumer:
     async def _receive(self, message: Msg) -> None:
         # Returns at once so the next message is read; per-session order is kept by chaining
         # each session's messages on the task of the one before.
+        self._note_consumer_seq(message.reply)
         event = None
         if self._gatherer is not None:
             with contextlib.suppress(UndecodableEvent):  # Dead-lettered when handled.
@@ -214,6 +223,13 @@ class EventConsumer:
             else self._handle_after(previous, message, event)
         )
         self._follow(task, [key], (message,))
+
+    def _note_consumer_seq(self, ack_subject: str) -> None:
+        consumer_seq = ack_position(ack_subject).consumer_seq
+        last = self._last_consumer_seq
+        if last is not None and consumer_seq != last + 1:
+            self._shared = True
+        self._last_consumer_seq = consumer_seq
 
     def _key_of(self, message: Msg) -> str:
         return _ordering_key(message.subject) if self._spec.in_session_order else message.reply
@@ -266,8 +282,8 @@ class EventConsumer:
                 await asyncio.shield(previous)
         deliveries = []
         for message, event in gathered:
-            seq, deliveries_so_far, _ = ack_position(message.reply)
-            deliveries.append(Delivery(event, seq, deliveries_so_far))
+            position = ack_position(message.reply)
+            deliveries.append(Delivery(event, position.seq, position.deliveries, self._shared))
         traced = [(event, await self._trace_of(event)) for _, event in gathered]
         began = time.perf_counter()
         try:
@@ -298,7 +314,7 @@ class EventConsumer:
 
     async def _handle(self, message: Msg, event: Event | None = None) -> None:
         """Handle a message (`event`: its body, when it was decoded already)."""
-        seq, deliveries, _ = ack_position(message.reply)
+        seq, deliveries, _, _ = ack_position(message.reply)
         if event is None:
             try:
                 event = decode_event(message.data, self._upcasters)
@@ -308,7 +324,7 @@ class EventConsumer:
                 return
         began = time.perf_counter()
         with self._context_of(event, await self._trace_of(event)) as span:
-            outcome = await self._settle(message, Delivery(event, seq, deliveries))
+            outcome = await self._settle(message, Delivery(event, seq, deliveries, self._shared))
             seconds = time.perf_counter() - began
             if outcome not in SETTLED:
                 span.set_status(Status(StatusCode.ERROR, outcome))
@@ -451,9 +467,21 @@ class EventConsumer:
                         await message.in_progress()
 
 
-def ack_position(ack_subject: str) -> tuple[int, int, int]:
-    """Stream sequence, deliveries so far and messages still pending, from a delivery's ack
-    subject.
+class AckPosition(NamedTuple):
+    """Where a delivered message stands, as its ack subject says."""
+
+    seq: int
+    """Its stream sequence."""
+    deliveries: int
+    """Deliveries so far."""
+    pending: int
+    """Messages the consumer still has to deliver after it."""
+    consumer_seq: int
+    """The consumer's count of deliveries (to any replica), this one included."""
+
+
+def ack_position(ack_subject: str) -> AckPosition:
+    """A delivery's position, from its ack subject.
 
     What `Msg.metadata` parses, without building its objects (a timestamp among them), which
     cost more than the rest of a delivery's bookkeeping.
@@ -462,8 +490,8 @@ def ack_position(ack_subject: str) -> tuple[int, int, int]:
     """
     tokens = ack_subject.split(".")
     if len(tokens) == V1_ACK_TOKENS:
-        return int(tokens[5]), int(tokens[4]), int(tokens[8])
-    return int(tokens[7]), int(tokens[6]), int(tokens[10])
+        return AckPosition(int(tokens[5]), int(tokens[4]), int(tokens[8]), int(tokens[6]))
+    return AckPosition(int(tokens[7]), int(tokens[6]), int(tokens[10]), int(tokens[8]))
 
 
 def _ordering_key(subject: str) -> str:

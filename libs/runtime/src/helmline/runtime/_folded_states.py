@@ -91,6 +91,11 @@ class FoldedStates:
             _REMEMBERED
         )
 
+    @property
+    def store(self) -> EventStore:
+        """The log the states are folded from."""
+        return self._store
+
     async def load(
         self,
         tenant: str,

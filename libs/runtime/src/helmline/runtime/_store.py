@@ -398,7 +398,7 @@ class EventStore:
         async def deliver(message: Msg) -> None:
             if finished.done():
                 return
-            seq, _, pending = ack_position(message.reply)
+            seq, _, pending, _ = ack_position(message.reply)
             if seq <= end:
                 _deliver_stored(seq, message.data, message.subject, receive)
             if seq >= end or pending == 0:

@@ -1,0 +1,147 @@
+"""Two replicas of every service, as the Helm chart runs them: a consumer's messages are
+split between replicas whatever their session, and every session still runs as with one."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionSubmitted,
+    PlanStep,
+    Playbook,
+    SessionStarted,
+    SessionState,
+    new_event,
+)
+from helmline.runtime import EventStore
+from helmline.runtime.testing import ServiceProcesses, eventually
+
+SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
+POLICY = """
+rules:
+  - name: two-sre
+    tool: run_command
+    effect: require_approval
+    approval: {roles: [sre], quorum: 2}
+  - name: the-rest
+    effect: allow
+"""
+REQUESTER = Actor(id="ana", roles=("operator",))
+SESSIONS = 12
+
+
+@pytest.fixture(scope="module")
+def replicas(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    folder = tmp_path_factory.mktemp("replicas")
+    policy = folder / "policy.yaml"
+    policy.write_text(POLICY)
+    # Each replica its own process, health port and log; all share the workspaces folder.
+    pairs = [ServiceProcesses(nats_url, folder, {"HELMLINE_POLICY": str(policy)}) for _ in "ab"]
+    try:
+        for processes in pairs:
+            for name in SERVICES:
+                processes.start(name)
+        yield
+    finally:
+        for processes in pairs:
+            processes.stop_all()
+
+
+def fan_out_and_in(branches: int, tail: int) -> Playbook:
+    """One step, `branches` steps after it, one step after all of them, then a chain."""
+    steps = [PlanStep(id="a", tool="echo", arguments={"message": "a"})]
+    steps += [
+        PlanStep(id=f"b{i}", tool="echo", arguments={"message": "b"}, depends_on=("a",))
+        for i in range(branches)
+    ]
+    steps.append(
+        PlanStep(
+            id="c",
+            tool="echo",
+            arguments={"message": "c"},
+            depends_on=tuple(f"b{i}" for i in range(branches)),
+        )
+    )
+    steps += [
+        PlanStep(
+            id=f"d{i}",
+            tool="echo",
+            arguments={"message": "d"},
+            depends_on=(f"d{i - 1}",) if i else ("c",),
+        )
+        for i in range(tail)
+    ]
+    return Playbook(goal="fan out and in", steps=tuple(steps))
+
+
+async def _start(store: EventStore, tenant: str, playbook: Playbook) -> str:
+    session_id = uuid.uuid4().hex
+    started = SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=REQUESTER)
+    await store.append(new_event(started, tenant=tenant, session_id=session_id, source="test"))
+    return session_id
+
+
+async def _ended(store: EventStore, tenant: str, session_id: str) -> SessionState:
+    async def ended() -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        return state if state.is_terminal else None
+
+    state: SessionState = await eventually(ended, timeout_s=60, what=f"{session_id} to end")
+    return state
+
+
+@pytest.mark.usefixtures("replicas")
+async def test_sessions_fanning_out_and_in_complete_with_one_checkpoint_a_step(
+    store: EventStore, tenant: str
+) -> None:
+    playbook = fan_out_and_in(branches=4, tail=6)
+    sessions = [await _start(store, tenant, playbook) for _ in range(SESSIONS)]
+    states = await asyncio.gather(*(_ended(store, tenant, s) for s in sessions))
+    for state in states:
+        assert state.status == "completed", state.outcome
+        assert all(step.attempts == 1 for step in state.steps.values())
+
+    async def checkpointed() -> bool:
+        done = [(await store.load(tenant, s)).state for s in sessions]
+        return all(len(state.checkpoints) == len(playbook.steps) for state in done)
+
+    await eventually(checkpointed, timeout_s=30, what="a checkpoint for every step")
+    for session_id in sessions:
+        state = (await store.load(tenant, session_id)).state
+        assert sorted(c.step_id for c in state.checkpoints) == sorted(s.id for s in playbook.steps)
+
+
+@pytest.mark.usefixtures("replicas")
+async def test_two_approvers_votes_make_the_quorum_whichever_replica_each_reaches(
+    store: EventStore, tenant: str
+) -> None:
+    playbook = Playbook(
+        goal="ask two",
+        steps=(PlanStep(id="cmd", tool="run_command", arguments={"command": "echo hi"}),),
+    )
+    sessions = [await _start(store, tenant, playbook) for _ in range(6)]
+
+    async def waiting(session_id: str) -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        return state if state.pending_approvals else None
+
+    for session_id in sessions:
+        state = await eventually(lambda s=session_id: waiting(s), what="the request")
+        (request,) = state.pending_approvals
+        for approver in ("bob", "cem"):
+            vote = ApprovalDecisionSubmitted(
+                request_id=request.request_id,
+                decision="grant",
+                decided_by=Actor(id=approver, roles=("sre",)),
+            )
+            await store.append(new_event(vote, tenant=tenant, session_id=session_id, source="t"))
+    for session_id in sessions:
+        state = await _ended(store, tenant, session_id)
+        assert state.status == "completed", state.outcome
+        (approval,) = state.approvals.values()
+        assert sorted(actor.id for actor in approval.decided_by) == ["bob", "cem"]
