@@ -149,6 +149,20 @@ def test_invalid_values_are_refused_by_the_schema(setting: str, complaint: str) 
     assert complaint in result.stderr
 
 
+def test_several_sandboxes_need_a_workspace_claim_they_share() -> None:
+    result = helm("template", "hl", str(CHART), "--set=services.sandbox.replicas=2")
+    assert result.returncode != 0
+    assert "more than one needs sandbox.workspaces.existingClaim" in result.stderr
+    shared = ("services.sandbox.replicas=2", "sandbox.workspaces.existingClaim=workspaces")
+    (sandbox,) = [
+        d
+        for d in render(settings=shared)
+        if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("sandbox")
+    ]
+    volumes = {v["name"]: v for v in sandbox["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "workspaces"}
+
+
 def test_the_charts_nats_permissions_are_the_contracts() -> None:
     chart_file = ROOT / CHART_PERMISSIONS
     expected = json.dumps(nats_permissions_table(), indent=2) + "\n"

@@ -14,6 +14,7 @@ from helmline.contracts import (
     ApprovalDecisionSubmitted,
     PlanStep,
     Playbook,
+    SessionCancelRequested,
     SessionStarted,
     SessionState,
     new_event,
@@ -26,6 +27,7 @@ POLICY = """
 rules:
   - name: two-sre
     tool: run_command
+    arguments: {command: {regex: '^echo '}}
     effect: require_approval
     approval: {roles: [sre], quorum: 2}
   - name: the-rest
@@ -145,3 +147,35 @@ async def test_two_approvers_votes_make_the_quorum_whichever_replica_each_reache
         assert state.status == "completed", state.outcome
         (approval,) = state.approvals.values()
         assert sorted(actor.id for actor in approval.decided_by) == ["bob", "cem"]
+
+
+@pytest.mark.usefixtures("replicas")
+async def test_a_cancel_kills_the_running_command_whichever_sandbox_runs_it(
+    store: EventStore, tenant: str
+) -> None:
+    playbook = Playbook(
+        goal="sleep",
+        steps=(PlanStep(id="nap", tool="run_command", arguments={"command": "sleep 60"}),),
+    )
+    # Each cancel reaches one sandbox replica; the command runs on either.
+    sessions = [await _start(store, tenant, playbook) for _ in range(4)]
+
+    async def running(session_id: str) -> bool:
+        state = (await store.load(tenant, session_id)).state
+        return state.steps["nap"].status == "running"
+
+    for session_id in sessions:
+        await eventually(lambda s=session_id: running(s), what="the command to run")
+    cancel = SessionCancelRequested(requested_by=REQUESTER, reason="enough")
+    began = asyncio.get_running_loop().time()
+    for session_id in sessions:
+        await store.append(new_event(cancel, tenant=tenant, session_id=session_id, source="t"))
+
+    async def killed(session_id: str) -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        return state if state.steps["nap"].status == "failed" else None
+
+    for session_id in sessions:
+        state = await eventually(lambda s=session_id: killed(s), what="the command killed")
+        assert state.status == "cancelled"
+    assert asyncio.get_running_loop().time() - began < 10  # Not the minute the nap takes.

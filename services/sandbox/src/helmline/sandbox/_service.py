@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from helmline.contracts import SANDBOX_CONSUMER, ConsumerSpec
+from nats.aio.msg import Msg
+
+from helmline.contracts import (
+    SANDBOX_CONSUMER,
+    ConsumerSpec,
+    SessionCancelRequested,
+    event_type_filter,
+    parse_event_subject,
+)
 from helmline.runtime import ServiceHost, Setup
 from helmline.sandbox._backends import CommandBackend, ProcessBackend, start_backend
 from helmline.sandbox._containers import ContainerBackend, connect
@@ -51,5 +60,14 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
             host.store, settings.workspaces_dir.resolve(), tools, snapshots=snapshots
         )
         await host.consume(consumer, handler)
+
+        async def cancelled(message: Msg) -> None:
+            # The consumer hands a cancel to one replica, but the session's commands may
+            # run on any: every replica hears it as it is stored.
+            with contextlib.suppress(ValueError):
+                parts = parse_event_subject(message.subject)
+                handler.cancel_session(parts.tenant, parts.session_id)
+
+        await host.nc.subscribe(event_type_filter(SessionCancelRequested.TYPE), cb=cancelled)
 
     return setup
