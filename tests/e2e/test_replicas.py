@@ -30,6 +30,11 @@ rules:
     arguments: {command: {regex: '^echo '}}
     effect: require_approval
     approval: {roles: [sre], quorum: 2}
+  - name: touch-expires-fast
+    tool: run_command
+    arguments: {command: {regex: '^touch '}}
+    effect: require_approval
+    approval: {roles: [approver], expires_in: 3s}
   - name: the-rest
     effect: allow
 """
@@ -38,7 +43,9 @@ SESSIONS = 12
 
 
 @pytest.fixture(scope="module")
-def replicas(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def replicas(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[ServiceProcesses]]:
     folder = tmp_path_factory.mktemp("replicas")
     policy = folder / "policy.yaml"
     policy.write_text(POLICY)
@@ -48,7 +55,7 @@ def replicas(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         for processes in pairs:
             for name in SERVICES:
                 processes.start(name)
-        yield
+        yield pairs
     finally:
         for processes in pairs:
             processes.stop_all()
@@ -179,3 +186,28 @@ async def test_a_cancel_kills_the_running_command_whichever_sandbox_runs_it(
         state = await eventually(lambda s=session_id: killed(s), what="the command killed")
         assert state.status == "cancelled"
     assert asyncio.get_running_loop().time() - began < 10  # Not the minute the nap takes.
+
+
+async def test_a_request_expires_though_the_replica_it_was_handed_to_stopped_for_good(
+    replicas: list[ServiceProcesses], store: EventStore, tenant: str
+) -> None:
+    playbook = Playbook(
+        goal="touch",
+        steps=(PlanStep(id="t", tool="run_command", arguments={"command": "touch x"}),),
+    )
+    # Each request is handed to one approval replica; about half of them to the one stopped.
+    sessions = [await _start(store, tenant, playbook) for _ in range(4)]
+
+    async def waiting(session_id: str) -> bool:
+        return bool((await store.load(tenant, session_id)).state.pending_approvals)
+
+    for session_id in sessions:
+        await eventually(lambda s=session_id: waiting(s), what="the request")
+    replicas[0].kill("approval")
+    try:
+        for session_id in sessions:
+            state = await _ended(store, tenant, session_id)
+            assert state.status == "failed"
+            assert [a.status for a in state.approvals.values()] == ["expired"]
+    finally:
+        await asyncio.to_thread(replicas[0].start, "approval")

@@ -3,12 +3,21 @@
 import asyncio
 import contextlib
 
+from nats.aio.msg import Msg
+
 from helmline.approval._handlers import ApprovalHandler
 from helmline.approval._policy_file import PolicyFileError
 from helmline.approval._policy_source import PolicySource
 from helmline.approval._settings import ApprovalSettings
 from helmline.approval._webhooks import WebhookNotifier
-from helmline.contracts import APPROVAL_CONSUMER, ConsumerSpec
+from helmline.contracts import (
+    APPROVAL_CONSUMER,
+    ApprovalRequested,
+    ConsumerSpec,
+    UndecodableEvent,
+    decode_event,
+    event_type_filter,
+)
 from helmline.runtime import ServiceHost, Setup, ToolCatalogue, run_service
 
 
@@ -38,6 +47,13 @@ def setup_approval(
         host.on_shutdown(handler.close)
         await handler.recover(settings.expiry_lookback)
         await host.consume(consumer, handler)
+
+        async def asked(message: Msg) -> None:
+            # The consumer hands a request to one replica; every replica arms its timers.
+            with contextlib.suppress(UndecodableEvent):
+                handler.arm_timers(decode_event(message.data))
+
+        await host.nc.subscribe(event_type_filter(ApprovalRequested.TYPE), cb=asked)
 
     return setup
 

@@ -141,15 +141,21 @@ class ApprovalHandler:
             case _:
                 pass
 
+    def arm_timers(self, asked: Event) -> None:
+        """Arm the expiry (and escalation) of a request made in any session, whichever
+        replica handles it: should that replica stop for good, another still expires it
+        (whichever fires first records it; the others find it decided)."""
+        if isinstance(asked.data, ApprovalRequested):
+            self._expire_later(asked, asked.data)
+            self._escalate_later(asked, asked.data)
+
     async def recover(self, lookback: timedelta) -> None:
         """Re-arm expiry timers of requests made before a restart (expired ones fire now)."""
         since = datetime.now(UTC) - lookback
         for stored in await self._store.read_matching(
             event_type_filter(ApprovalRequested.TYPE), since=since
         ):
-            if isinstance(stored.event.data, ApprovalRequested):
-                self._expire_later(stored.event, stored.event.data)
-                self._escalate_later(stored.event, stored.event.data)
+            self.arm_timers(stored.event)
 
     async def close(self) -> None:
         """Stop every timer (they are re-armed from the log at the next start)."""
