@@ -31,8 +31,10 @@ HELLO: dict[str, Any] = {
 }
 
 
-async def start(client: httpx.AsyncClient, headers: dict[str, str]) -> str:
-    response = await client.post("/sessions", json={"playbook": HELLO}, headers=headers)
+async def start(
+    client: httpx.AsyncClient, headers: dict[str, str], playbook: dict[str, Any] = HELLO
+) -> str:
+    response = await client.post("/sessions", json={"playbook": playbook}, headers=headers)
     assert response.status_code == 201, response.text
     session_id: str = response.json()["session_id"]
     assert response.headers["location"] == f"/sessions/{session_id}"

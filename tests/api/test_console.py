@@ -149,8 +149,7 @@ async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_i
             },
         ],
     }
-    created = await client.post("/sessions", json={"playbook": playbook}, headers=admin)
-    origin = created.json()["session_id"]
+    origin = await start(client, admin, playbook)
     await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
     await page.goto(f"{api_url}/#/sessions/{origin}")
     await expect(page.locator("#summary .badge").first).to_have_text("failed")
@@ -213,8 +212,7 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
             },
         ],
     }
-    created = await client.post("/sessions", json={"playbook": playbook}, headers=operator)
-    session_id = created.json()["session_id"]
+    session_id = await start(client, operator, playbook)
 
     await page.goto(f"{api_url}/#key={key}")
     await page.goto(f"{api_url}/#/sessions/{session_id}")

@@ -4,7 +4,7 @@ split between replicas whatever their session, and every session still runs as w
 from __future__ import annotations
 
 import asyncio
-import uuid
+import functools
 from collections.abc import Iterator
 
 import pytest
@@ -15,12 +15,17 @@ from helmline.contracts import (
     PlanStep,
     Playbook,
     SessionCancelRequested,
-    SessionStarted,
     SessionState,
     new_event,
 )
 from helmline.runtime import EventStore
-from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.runtime.testing import (
+    ServiceProcesses,
+    checkpointed,
+    ended,
+    eventually,
+    start_playbook,
+)
 
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 POLICY = """
@@ -88,40 +93,19 @@ def fan_out_and_in(branches: int, tail: int) -> Playbook:
     return Playbook(goal="fan out and in", steps=tuple(steps))
 
 
-async def _start(store: EventStore, tenant: str, playbook: Playbook) -> str:
-    session_id = uuid.uuid4().hex
-    started = SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=REQUESTER)
-    await store.append(new_event(started, tenant=tenant, session_id=session_id, source="test"))
-    return session_id
-
-
-async def _ended(store: EventStore, tenant: str, session_id: str) -> SessionState:
-    async def ended() -> SessionState | None:
-        state = (await store.load(tenant, session_id)).state
-        return state if state.is_terminal else None
-
-    state: SessionState = await eventually(ended, timeout_s=60, what=f"{session_id} to end")
-    return state
-
-
 @pytest.mark.usefixtures("replicas")
 async def test_sessions_fanning_out_and_in_complete_with_one_checkpoint_a_step(
     store: EventStore, tenant: str
 ) -> None:
     playbook = fan_out_and_in(branches=4, tail=6)
-    sessions = [await _start(store, tenant, playbook) for _ in range(SESSIONS)]
-    states = await asyncio.gather(*(_ended(store, tenant, s) for s in sessions))
+    sessions = [await start_playbook(store, tenant, playbook, REQUESTER) for _ in range(SESSIONS)]
+    states = await asyncio.gather(*(ended(store, tenant, s) for s in sessions))
     for state in states:
         assert state.status == "completed", state.outcome
         assert all(step.attempts == 1 for step in state.steps.values())
 
-    async def checkpointed() -> bool:
-        done = [(await store.load(tenant, s)).state for s in sessions]
-        return all(len(state.checkpoints) == len(playbook.steps) for state in done)
-
-    await eventually(checkpointed, timeout_s=30, what="a checkpoint for every step")
     for session_id in sessions:
-        state = (await store.load(tenant, session_id)).state
+        state = await checkpointed(store, tenant, session_id)
         assert sorted(c.step_id for c in state.checkpoints) == sorted(s.id for s in playbook.steps)
 
 
@@ -133,14 +117,14 @@ async def test_two_approvers_votes_make_the_quorum_whichever_replica_each_reache
         goal="ask two",
         steps=(PlanStep(id="cmd", tool="run_command", arguments={"command": "echo hi"}),),
     )
-    sessions = [await _start(store, tenant, playbook) for _ in range(6)]
+    sessions = [await start_playbook(store, tenant, playbook, REQUESTER) for _ in range(6)]
 
     async def waiting(session_id: str) -> SessionState | None:
         state = (await store.load(tenant, session_id)).state
         return state if state.pending_approvals else None
 
     for session_id in sessions:
-        state = await eventually(lambda s=session_id: waiting(s), what="the request")
+        state = await eventually(functools.partial(waiting, session_id), what="the request")
         (request,) = state.pending_approvals
         for approver in ("bob", "cem"):
             vote = ApprovalDecisionSubmitted(
@@ -150,7 +134,7 @@ async def test_two_approvers_votes_make_the_quorum_whichever_replica_each_reache
             )
             await store.append(new_event(vote, tenant=tenant, session_id=session_id, source="t"))
     for session_id in sessions:
-        state = await _ended(store, tenant, session_id)
+        state = await ended(store, tenant, session_id)
         assert state.status == "completed", state.outcome
         (approval,) = state.approvals.values()
         assert sorted(actor.id for actor in approval.decided_by) == ["bob", "cem"]
@@ -165,14 +149,14 @@ async def test_a_cancel_kills_the_running_command_whichever_sandbox_runs_it(
         steps=(PlanStep(id="nap", tool="run_command", arguments={"command": "sleep 60"}),),
     )
     # Each cancel reaches one sandbox replica; the command runs on either.
-    sessions = [await _start(store, tenant, playbook) for _ in range(4)]
+    sessions = [await start_playbook(store, tenant, playbook, REQUESTER) for _ in range(4)]
 
     async def running(session_id: str) -> bool:
         state = (await store.load(tenant, session_id)).state
         return state.steps["nap"].status == "running"
 
     for session_id in sessions:
-        await eventually(lambda s=session_id: running(s), what="the command to run")
+        await eventually(functools.partial(running, session_id), what="the command to run")
     cancel = SessionCancelRequested(requested_by=REQUESTER, reason="enough")
     began = asyncio.get_running_loop().time()
     for session_id in sessions:
@@ -183,7 +167,7 @@ async def test_a_cancel_kills_the_running_command_whichever_sandbox_runs_it(
         return state if state.steps["nap"].status == "failed" else None
 
     for session_id in sessions:
-        state = await eventually(lambda s=session_id: killed(s), what="the command killed")
+        state = await eventually(functools.partial(killed, session_id), what="the command killed")
         assert state.status == "cancelled"
     assert asyncio.get_running_loop().time() - began < 10  # Not the minute the nap takes.
 
@@ -196,17 +180,17 @@ async def test_a_request_expires_though_the_replica_it_was_handed_to_stopped_for
         steps=(PlanStep(id="t", tool="run_command", arguments={"command": "touch x"}),),
     )
     # Each request is handed to one approval replica; about half of them to the one stopped.
-    sessions = [await _start(store, tenant, playbook) for _ in range(4)]
+    sessions = [await start_playbook(store, tenant, playbook, REQUESTER) for _ in range(4)]
 
     async def waiting(session_id: str) -> bool:
         return bool((await store.load(tenant, session_id)).state.pending_approvals)
 
     for session_id in sessions:
-        await eventually(lambda s=session_id: waiting(s), what="the request")
+        await eventually(functools.partial(waiting, session_id), what="the request")
     replicas[0].kill("approval")
     try:
         for session_id in sessions:
-            state = await _ended(store, tenant, session_id)
+            state = await ended(store, tenant, session_id)
             assert state.status == "failed"
             assert [a.status for a in state.approvals.values()] == ["expired"]
     finally:

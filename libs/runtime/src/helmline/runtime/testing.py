@@ -212,18 +212,37 @@ def session_started(tenant: str, session_id: str | None = None) -> Event:
     )
 
 
+async def start_playbook(
+    store: EventStore, tenant: str, playbook: Playbook, requester: Actor
+) -> str:
+    """Start a playbook session; its id."""
+    session_id = uuid.uuid4().hex
+    started = SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=requester)
+    await store.append(new_event(started, tenant=tenant, session_id=session_id, source="test"))
+    return session_id
+
+
+async def ended(
+    store: EventStore, tenant: str, session_id: str, *, timeout_s: float = 60
+) -> SessionState:
+    """Wait until the session has ended; its state."""
+
+    async def over() -> SessionState | None:
+        state = (await store.load(tenant, session_id)).state
+        return state if state.is_terminal else None
+
+    state: SessionState = await eventually(
+        over, timeout_s=timeout_s, what=f"session {session_id} to end"
+    )
+    return state
+
+
 async def run_playbook(
     store: EventStore, tenant: str, playbook: Playbook, requester: Actor, *, timeout_s: float = 60
 ) -> str:
     """Start a playbook session and wait until it has ended; its id."""
-    session_id = uuid.uuid4().hex
-    started = SessionStarted(goal=playbook.goal, playbook=playbook, requested_by=requester)
-    await store.append(new_event(started, tenant=tenant, session_id=session_id, source="test"))
-
-    async def ended() -> bool:
-        return (await store.load(tenant, session_id)).state.is_terminal
-
-    await eventually(ended, timeout_s=timeout_s, what=f"session {session_id} to end")
+    session_id = await start_playbook(store, tenant, playbook, requester)
+    await ended(store, tenant, session_id, timeout_s=timeout_s)
     return session_id
 
 
