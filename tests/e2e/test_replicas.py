@@ -153,7 +153,8 @@ async def test_a_cancel_kills_the_running_command_whichever_sandbox_runs_it(
 
     async def running(session_id: str) -> bool:
         state = (await store.load(tenant, session_id)).state
-        return state.steps["nap"].status == "running"
+        nap = state.steps.get("nap")  # None until the plan is laid out.
+        return nap is not None and nap.status == "running"
 
     for session_id in sessions:
         await eventually(functools.partial(running, session_id), what="the command to run")
