@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from nats.js import JetStreamContext
@@ -16,7 +17,7 @@ from helmline.contracts import (
     StepScheduled,
     ThoughtRecorded,
 )
-from helmline.runtime import ConcurrencyConflict, EventStore
+from helmline.runtime import ConcurrencyConflict, EventsOfType, EventStore
 from helmline.runtime.testing import session_started
 
 
@@ -85,6 +86,56 @@ async def test_other_sessions_do_not_move_a_session_sequence(
     thought = _thought(session_started(tenant, "mine"), "still mine")
     appended = await store.append(thought, expected_last_seq=mine.seq)
     assert appended.seq > mine.seq
+
+
+async def test_events_of_a_type_are_read_since_a_time_with_the_last_of_them(
+    store: EventStore, tenant: str
+) -> None:
+    started = session_started(tenant, "s1")
+    await store.append(started)
+    assert await store.read_since(tenant, "s1", "thought.recorded", since=started.time) == (
+        EventsOfType([], 0)
+    )
+    old = await store.append(_thought(started, "old"))
+    await store.append(session_started(tenant, "s2"))  # Another session's events count not.
+    between = datetime.now(UTC)
+    recent = [await store.append(_thought(started, text)) for text in ("a", "b")]
+    await store.append(
+        started.derive(StepScheduled(step_id="x", call_id="x", tool="echo"), source="t")
+    )
+
+    read = await store.read_since(tenant, "s1", "thought.recorded", since=between)
+
+    assert [stored.seq for stored in read.events] == [a.seq for a in recent]
+    assert read.last_seq == recent[-1].seq
+    later = await store.read_since(tenant, "s1", "thought.recorded", since=datetime.now(UTC))
+    assert later == EventsOfType([], recent[-1].seq)  # None since, the last one still known.
+    assert old.seq < recent[0].seq
+
+
+async def test_an_append_expecting_the_last_of_its_type_fails_once_another_came(
+    store: EventStore, tenant: str
+) -> None:
+    started = session_started(tenant, "s1")
+    await store.append(started)
+    counted = await store.read_since(tenant, "s1", "thought.recorded", since=started.time)
+    # Events of other types do not stand in its way.
+    await store.append(
+        started.derive(StepScheduled(step_id="x", call_id="x", tool="echo"), source="t")
+    )
+
+    results = await asyncio.gather(
+        store.append(_thought(started, "a"), expected_last_of_type=counted.last_seq),
+        store.append(_thought(started, "b"), expected_last_of_type=counted.last_seq),
+        return_exceptions=True,
+    )
+
+    conflicts = [r for r in results if isinstance(r, ConcurrencyConflict)]
+    assert len(conflicts) == 1
+    assert conflicts[0].event_type == "thought.recorded"
+    assert "thought.recorded events moved past sequence 0" in str(conflicts[0])
+    with pytest.raises(ValueError, match="not both"):
+        await store.append(_thought(started, "c"), expected_last_seq=0, expected_last_of_type=0)
 
 
 async def test_replay_from_any_sequence_and_fold(store: EventStore, tenant: str) -> None:

@@ -30,6 +30,7 @@ from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_servic
 from helmline.runtime._settings import RuntimeSettings
 from helmline.runtime._store import (
     Appended,
+    EventsOfType,
     EventStore,
     SessionSnapshot,
     StoredEvent,
@@ -47,6 +48,7 @@ __all__ = [
     "Delivery",
     "EventConsumer",
     "EventStore",
+    "EventsOfType",
     "FoldedStates",
     "GatheringHandler",
     "Handler",

@@ -10,13 +10,20 @@ class HelmlineRuntimeError(Exception):
 
 
 class ConcurrencyConflict(HelmlineRuntimeError):
-    """Another writer appended to the session first; refold and decide again."""
+    """Another writer appended to the session first (an event of `event_type`, when the
+    append expected the last of that type); refold and decide again."""
 
-    def __init__(self, tenant: str, session_id: str, expected_last_seq: int) -> None:
-        super().__init__(f"session {tenant}/{session_id} moved past sequence {expected_last_seq}")
+    def __init__(
+        self, tenant: str, session_id: str, expected_last_seq: int, event_type: str | None = None
+    ) -> None:
+        events = f"'s {event_type} events" if event_type is not None else ""
+        super().__init__(
+            f"session {tenant}/{session_id}{events} moved past sequence {expected_last_seq}"
+        )
         self.tenant = tenant
         self.session_id = session_id
         self.expected_last_seq = expected_last_seq
+        self.event_type = event_type
 
 
 class RetryableError(HelmlineRuntimeError):

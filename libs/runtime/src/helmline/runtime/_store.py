@@ -72,6 +72,16 @@ class Appended:
 
 
 @dataclass(frozen=True, slots=True)
+class EventsOfType:
+    """A session's recent events of one type, and where its last of that type lies."""
+
+    events: list[StoredEvent]
+    """Those stored since the time asked, oldest first."""
+    last_seq: int
+    """Sequence of the session's last event of the type, however old; 0 when it has none."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Outgoing:
     """An event ready to be published to the session's subject."""
 
@@ -81,9 +91,11 @@ class _Outgoing:
     headers: dict[str, str]
 
     @staticmethod
-    def of(event: Event, expected_last_seq: int | None) -> _Outgoing:
+    def of(
+        event: Event, expected_last_seq: int | None, expected_last_of_type: int | None = None
+    ) -> _Outgoing:
         """The event with the current trace context, encoded, with the headers JetStream
-        de-duplicates and (given `expected_last_seq`) checks concurrency by."""
+        de-duplicates and (given an expected sequence) checks concurrency by."""
         traceparent = traceparent_for(event)
         if traceparent != event.traceparent:
             event = event.model_copy(update={"traceparent": traceparent})
@@ -95,6 +107,9 @@ class _Outgoing:
             headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = session_filter(
                 event.tenant, event.session_id
             )
+        elif expected_last_of_type is not None:
+            # The subject published to holds the session's events of this type and no other.
+            headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_of_type)
         subject = event_subject(event.tenant, event.session_id, event.type)
         return _Outgoing(event, subject, encode_event(event), headers)
 
@@ -125,25 +140,39 @@ class EventStore:
         self._timeout_s = timeout_s
         self._on_append = on_append
 
-    async def append(self, event: Event, *, expected_last_seq: int | None = None) -> Appended:
+    async def append(
+        self,
+        event: Event,
+        *,
+        expected_last_seq: int | None = None,
+        expected_last_of_type: int | None = None,
+    ) -> Appended:
         """Append one event.
 
         With `expected_last_seq`, the append succeeds only if the session's last event is
-        still at that sequence (0: the session has no events); otherwise `ConcurrencyConflict`
-        is raised and nothing is written. The event id is the JetStream message id, so
-        appending the same event twice within the duplicate window stores it once.
-        The event carries the current trace context (see `traceparent_for`).
+        still at that sequence (0: the session has no events); with `expected_last_of_type`,
+        only if the session's last event of this event's type is (see `read_since`).
+        Otherwise `ConcurrencyConflict` is raised and nothing is written. The event id is the
+        JetStream message id, so appending the same event twice within the duplicate window
+        stores it once. The event carries the current trace context (see `traceparent_for`).
         """
-        outgoing = _Outgoing.of(event, expected_last_seq)
+        if expected_last_seq is not None and expected_last_of_type is not None:
+            raise ValueError("expect the session's last event or its last of a type, not both")
+        outgoing = _Outgoing.of(event, expected_last_seq, expected_last_of_type)
         try:
             ack = await self._js.publish(
                 outgoing.subject, outgoing.body, timeout=self._timeout_s, headers=outgoing.headers
             )
         except APIError as error:
-            if error.err_code == WRONG_LAST_SEQUENCE and expected_last_seq is not None:
-                raise ConcurrencyConflict(
-                    event.tenant, event.session_id, expected_last_seq
-                ) from error
+            if error.err_code == WRONG_LAST_SEQUENCE:
+                if expected_last_seq is not None:
+                    raise ConcurrencyConflict(
+                        event.tenant, event.session_id, expected_last_seq
+                    ) from error
+                if expected_last_of_type is not None:
+                    raise ConcurrencyConflict(
+                        event.tenant, event.session_id, expected_last_of_type, event.type
+                    ) from error
             raise
         return self._appended(outgoing, ack)
 
@@ -283,6 +312,23 @@ class EventStore:
         )
         return SessionSnapshot(state=folding.state(), last_seq=last_seq)
 
+    async def read_since(
+        self, tenant: str, session_id: str, event_type: str, *, since: datetime
+    ) -> EventsOfType:
+        """The session's events of one type stored since a time, oldest first, and the
+        sequence of its last event of that type: what to count before deciding, and what
+        the decision's append then expects (`expected_last_of_type`), so that a decision
+        counted before another writer added to the count is not recorded."""
+        subject = event_subject(tenant, session_id, event_type)
+        stored: list[StoredEvent] = []
+        first = await self._direct_batch(subject, 1, since=since)
+        await self._read_session(
+            subject, after_seq=0, up_to_seq=None, receive=stored.append, first=first
+        )
+        # Read up to now, the window ends with the type's last event, if it holds any.
+        last_seq = stored[-1].seq if stored else await self._last_seq_matching(subject)
+        return EventsOfType(stored, last_seq)
+
     async def read_matching(
         self, subject_filter: str, *, since: datetime | None = None
     ) -> list[StoredEvent]:
@@ -345,9 +391,12 @@ class EventStore:
                 subject_filter, after_seq=position, up_to_seq=up_to_seq, receive=receive
             )
 
-    async def _direct_batch(self, subject_filter: str, from_seq: int) -> _Batch:
-        """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on, with
-        their sequences; and whether more were stored after them."""
+    async def _direct_batch(
+        self, subject_filter: str, from_seq: int, *, since: datetime | None = None
+    ) -> _Batch:
+        """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on (or
+        from the first stored at or after `since`), with their sequences; and whether more
+        were stored after them."""
         nc = self._js._nc  # nats-py offers batched direct gets on no public API yet
         inbox = nc.new_inbox()
         batch: list[tuple[int, bytes]] = []
@@ -362,7 +411,11 @@ class EventStore:
 
         subscription = await nc.subscribe(inbox, cb=collect)
         try:
-            request = {"seq": from_seq, "next_by_subj": subject_filter, "batch": DIRECT_BATCH}
+            request: dict[str, object] = {"next_by_subj": subject_filter, "batch": DIRECT_BATCH}
+            if since is None:
+                request["seq"] = from_seq
+            else:
+                request["start_time"] = since.isoformat()
             await nc.publish(
                 f"$JS.API.DIRECT.GET.{self._stream}", json.dumps(request).encode(), reply=inbox
             )

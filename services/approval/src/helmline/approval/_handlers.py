@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import nats.errors
@@ -37,16 +37,26 @@ from helmline.contracts import (
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
-    event_subject,
     event_type_filter,
     fold,
 )
-from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime import (
+    ConcurrencyConflict,
+    Delivery,
+    EventsOfType,
+    EventStore,
+    FoldedStates,
+    RetryableError,
+    SessionCache,
+)
 
 logger = logging.getLogger(__name__)
 
 SOURCE = "helmline/approval"
 REQUESTER_CACHE_LIMIT = 10_000
+RECOUNTS = 5
+"""Times a scheduled call is judged again when another replica authorised a call of the
+session meanwhile, before its message is left to be delivered again."""
 TIMER_RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0)
 """Pauses before a due timer tries again to record its decision when NATS did not take it
 (the last repeats): a timer fires once, so it must not give up."""
@@ -93,34 +103,11 @@ class ApprovalHandler:
             case StepScheduled():
                 if delivery.deliveries > 1 and await self._already_judged(event, data):
                     return
-                now = datetime.now(UTC)
-                requester = (
-                    await self._requester(event) if policy.needs_requester(data.tool) else None
-                )
-                rule_uses = await self._rule_uses(event, policy, now)
-                decisions = judge_step(
-                    data,
-                    policy,
-                    tenant=event.tenant,
-                    requester=requester,
-                    now=now,
-                    rule_uses=rule_uses,
-                )
-                if any(isinstance(d.payload, ApprovalRequested) for d in decisions):
-                    # Off the hot path (a person would be asked): a standing "approve
-                    # similar calls" grant of the session may cover the call.
-                    session, approved_plan = await self._session_and_plan(event)
-                    decisions = judge_step(
-                        data,
-                        policy,
-                        tenant=event.tenant,
-                        requester=session.requested_by,
-                        now=now,
-                        session=session,
-                        approved_plan=approved_plan,
-                        rule_uses=rule_uses,
-                    )
-                await self._append(event, decisions)
+                for _ in range(RECOUNTS):
+                    with contextlib.suppress(ConcurrencyConflict):
+                        await self._judge_step(event, data, policy)
+                        return
+                raise RetryableError(f"calls of the session kept being authorised: {data.call_id}")
             case ApprovalRequested():
                 await self._sessions.advance(delivery)
                 self._expire_later(event, data)
@@ -133,7 +120,8 @@ class ApprovalHandler:
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
                 now = datetime.now(UTC)
-                rule_uses = await self._rule_uses(event, policy, now)
+                counted = await self._authorisations(event, policy, now)
+                rule_uses = uses_by_rule(s.event for s in counted.events) if counted else NO_USES
                 decisions = judge_vote(state, data, policy, now, rule_uses)
                 appended = await self._append(event, decisions)
                 self._sessions.record(state, appended)
@@ -167,34 +155,59 @@ class ApprovalHandler:
                 await task
         self._timers.clear()
 
-    async def _session_and_plan(self, event: Event) -> tuple[SessionState, PlanProposed | None]:
-        """The session, and the plan revision in force as proposed (the fold keeps each
-        step's latest arguments, not the ones people approved with the plan)."""
-        events = [
-            stored.event for stored in await self._store.read_all(event.tenant, event.session_id)
-        ]
-        session = fold(events)
-        plans = (
-            e.data
-            for e in reversed(events)
-            if isinstance(e.data, PlanProposed)
-            and e.data.revision == session.plan_approved_revision
-        )
-        return session, next(plans, None)
+    async def _judge_step(self, event: Event, scheduled: StepScheduled, policy: Policy) -> None:
+        """Judge a scheduled call and record the decision.
 
-    async def _rule_uses(
-        self, event: Event, policy: Policy, now: datetime
-    ) -> Mapping[str, Sequence[datetime]]:
-        """When the session's calls were authorised, by rule, as far back as the policy's
-        `at_most` conditions count; none when no rule counts them. Read from the log rather
-        than a cached fold, so that each replica counts the calls the others let run."""
-        if policy.counted_span is None:
-            return NO_USES
-        authorised = await self._store.read_matching(
-            event_subject(event.tenant, event.session_id, ToolCallAuthorized.TYPE),
-            since=now - policy.counted_span,
+        A call let run by a count (of an `at_most` rule's calls, or of an "approve similar"
+        grant's uses) is recorded only if no call of the session was authorised since the
+        count was read: else `ConcurrencyConflict`, and it is judged again. Replicas judging
+        two calls of one session at once would otherwise both take the last use."""
+        now = datetime.now(UTC)
+        requester = await self._requester(event) if policy.needs_requester(scheduled.tool) else None
+        counted = await self._authorisations(event, policy, now)
+        rule_uses = uses_by_rule(s.event for s in counted.events) if counted else NO_USES
+        last_authorised = counted.last_seq if counted else None
+        decisions = judge_step(
+            scheduled,
+            policy,
+            tenant=event.tenant,
+            requester=requester,
+            now=now,
+            rule_uses=rule_uses,
         )
-        return uses_by_rule(stored.event for stored in authorised)
+        if any(isinstance(d.payload, ApprovalRequested) for d in decisions):
+            # Off the hot path (a person would be asked): a standing "approve similar
+            # calls" grant of the session may cover the call.
+            log = await self._store.read_all(event.tenant, event.session_id)
+            session, approved_plan = _session_and_plan([stored.event for stored in log])
+            if last_authorised is None:
+                last_authorised = max(
+                    (s.seq for s in log if isinstance(s.event.data, ToolCallAuthorized)),
+                    default=0,
+                )
+            decisions = judge_step(
+                scheduled,
+                policy,
+                tenant=event.tenant,
+                requester=session.requested_by,
+                now=now,
+                session=session,
+                approved_plan=approved_plan,
+                rule_uses=rule_uses,
+            )
+        await self._append(event, decisions, expected_last_authorised=last_authorised)
+
+    async def _authorisations(
+        self, event: Event, policy: Policy, now: datetime
+    ) -> EventsOfType | None:
+        """The session's authorisations as far back as the policy's `at_most` conditions
+        count; None when no rule counts them. Read from the log rather than a cached fold,
+        so that each replica counts the calls the others let run."""
+        if policy.counted_span is None:
+            return None
+        return await self._store.read_since(
+            event.tenant, event.session_id, ToolCallAuthorized.TYPE, since=now - policy.counted_span
+        )
 
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)
@@ -305,10 +318,17 @@ class ApprovalHandler:
         await self._append(cause, decisions, log)
 
     async def _append(
-        self, cause: Event, decisions: Sequence[Decision], log: Sequence[Event] = ()
+        self,
+        cause: Event,
+        decisions: Sequence[Decision],
+        log: Sequence[Event] = (),
+        *,
+        expected_last_authorised: int | None = None,
     ) -> list[Event]:
         """Append the events of `decisions` that `log` does not hold already (the same
-        cause deciding the same thing again derives the same ids); those appended."""
+        cause deciding the same thing again derives the same ids); those appended.
+        An authorisation alone, given `expected_last_authorised`, only if the session's
+        last authorisation is still there (else `ConcurrencyConflict`)."""
         derived = [
             cause.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
@@ -317,10 +337,27 @@ class ApprovalHandler:
         ]
         recorded = {event.id for event in log}
         events = [event for event in derived if event.id not in recorded]
+        if expected_last_authorised is not None and [e.type for e in events] == [
+            ToolCallAuthorized.TYPE
+        ]:
+            await self._store.append(events[0], expected_last_of_type=expected_last_authorised)
+            return events
         # A grant and the authorisation it releases are one decision: sent together, the
         # tool call starts a round trip sooner.
         await self._store.append_pipelined(events)
         return events
+
+
+def _session_and_plan(events: Sequence[Event]) -> tuple[SessionState, PlanProposed | None]:
+    """The session, and the plan revision in force as proposed (the fold keeps each step's
+    latest arguments, not the ones people approved with the plan)."""
+    session = fold(events)
+    plans = (
+        e.data
+        for e in reversed(events)
+        if isinstance(e.data, PlanProposed) and e.data.revision == session.plan_approved_revision
+    )
+    return session, next(plans, None)
 
 
 def _timer_key(tenant: str, session_id: str, request_id: str) -> str:

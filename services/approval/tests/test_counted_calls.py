@@ -1,0 +1,166 @@
+"""Calls let run by a count (an `at_most` rule's calls, an "approve similar" grant's uses)
+stay within it when replicas judge calls of one session at the same moment: each counts
+before deciding, and a decision counted before another replica's is judged again."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+
+from nats.js import JetStreamContext
+
+from helmline.approval._handlers import ApprovalHandler
+from helmline.approval._policy_source import PolicySource
+from helmline.contracts import (
+    Actor,
+    ApprovalDecisionSubmitted,
+    ApprovalRequested,
+    Event,
+    StepScheduled,
+    ToolCallAuthorized,
+    ToolCallDenied,
+)
+from helmline.runtime import Delivery, EventsOfType, EventStore, FoldedStates, StoredEvent
+from helmline.runtime.testing import session_started
+
+POLICY = """
+rules:
+  - name: one-echo
+    tool: echo
+    at_most: {calls: 1, per: 10m}
+    effect: allow
+  - name: no-more-echoes
+    tool: echo
+    effect: deny
+    reason: one echo per ten minutes
+"""
+
+
+ASK_FOR_ECHOES = "rules: [{name: ask, tool: echo, effect: require_approval}]\n"
+APPROVER = Actor(id="bo", roles=("approver",))
+
+
+class CountingTogether(EventStore):
+    """A replica's store whose first count waits until the other replica counted too, as
+    when both are handed a call of one session at once. A count is a read of the session's
+    authorisations, or of its whole log where a standing grant's uses are counted."""
+
+    def __init__(self, js: JetStreamContext, both_counted: asyncio.Barrier) -> None:
+        super().__init__(js)
+        self._both_counted: asyncio.Barrier | None = both_counted
+
+    async def read_since(
+        self, tenant: str, session_id: str, event_type: str, *, since: datetime
+    ) -> EventsOfType:
+        counted = await super().read_since(tenant, session_id, event_type, since=since)
+        await self._wait_for_the_other()
+        return counted
+
+    async def read_all(
+        self, tenant: str, session_id: str, *, after_seq: int = 0, up_to_seq: int | None = None
+    ) -> list[StoredEvent]:
+        log = await super().read_all(tenant, session_id, after_seq=after_seq, up_to_seq=up_to_seq)
+        await self._wait_for_the_other()
+        return log
+
+    async def _wait_for_the_other(self) -> None:
+        if self._both_counted is not None:
+            barrier, self._both_counted = self._both_counted, None
+            await barrier.wait()
+
+
+def two_replicas(js: JetStreamContext, store: EventStore, policy: Path) -> list[ApprovalHandler]:
+    both_counted = asyncio.Barrier(2)
+    return [
+        ApprovalHandler(
+            CountingTogether(js, both_counted), FoldedStates(js, store), PolicySource(policy)
+        )
+        for _ in range(2)
+    ]
+
+
+async def judge_at_once(
+    replicas: list[ApprovalHandler], store: EventStore, started: Event, steps: tuple[str, str]
+) -> None:
+    """Schedule an echo for each step, and hand one to each replica at the same moment."""
+    calls = [
+        started.derive(
+            StepScheduled(step_id=step, call_id=step, tool="echo", arguments={"message": step}),
+            source="test",
+            key=step,
+        )
+        for step in steps
+    ]
+    deliveries = [Delivery(call, (await store.append(call)).seq, 1) for call in calls]
+    try:
+        await asyncio.gather(
+            *(replica(delivery) for replica, delivery in zip(replicas, deliveries, strict=True))
+        )
+    finally:
+        for replica in replicas:
+            await replica.close()
+
+
+async def test_two_replicas_counting_at_once_let_no_more_calls_run_than_the_rule_allows(
+    js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    started = session_started(tenant)
+    await store.append(started)
+
+    await judge_at_once(two_replicas(js, store, policy), store, started, ("a", "b"))
+
+    outcomes = {
+        stored.event.data.call_id: stored.event.data
+        for stored in await store.read_all(tenant, started.session_id)
+        if isinstance(stored.event.data, ToolCallAuthorized | ToolCallDenied)
+    }
+    assert sorted(outcomes) == ["a", "b"]
+    authorised = [o for o in outcomes.values() if isinstance(o, ToolCallAuthorized)]
+    denied = [o for o in outcomes.values() if isinstance(o, ToolCallDenied)]
+    assert [o.rule for o in authorised] == ["one-echo"]
+    assert [o.rule for o in denied] == ["no-more-echoes"]
+
+
+async def test_two_replicas_judging_at_once_use_a_standing_grant_no_more_than_its_limit(
+    js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(ASK_FOR_ECHOES)
+    started = session_started(tenant)
+    await store.append(started)
+    # A person approves the first echo, and one more like it.
+    first = ApprovalHandler(store, FoldedStates(js, store), PolicySource(policy))
+    try:
+        asked = started.derive(
+            StepScheduled(step_id="a", call_id="a", tool="echo", arguments={"message": "a"}),
+            source="test",
+        )
+        await first(Delivery(asked, (await store.append(asked)).seq, 1))
+        vote = started.derive(
+            ApprovalDecisionSubmitted(
+                request_id="a", decision="grant", decided_by=APPROVER, similar_limit=1
+            ),
+            source="test",
+        )
+        await first(Delivery(vote, (await store.append(vote)).seq, 1))
+    finally:
+        await first.close()
+
+    await judge_at_once(two_replicas(js, store, policy), store, started, ("b", "c"))
+
+    log = [stored.event.data for stored in await store.read_all(tenant, started.session_id)]
+    under_the_grant = [
+        data.call_id
+        for data in log
+        if isinstance(data, ToolCallAuthorized) and data.approval_request_id == "a"
+    ]
+    asked_again = [
+        data.call_id
+        for data in log
+        if isinstance(data, ApprovalRequested) and data.call_id in ("b", "c")
+    ]
+    assert len(under_the_grant) == 2  # The call approved, and one similar call.
+    assert sorted([*under_the_grant[1:], *asked_again]) == ["b", "c"]
