@@ -598,3 +598,42 @@ def test_a_person_may_not_approve_a_call_once_its_rule_let_enough_calls_run() ->
     (refused,) = (d.payload for d in judge_vote(state, vote, ASK_TWICE_AN_HOUR, NOW, two))
     assert isinstance(refused, ApprovalDecisionRefused)
     assert "deny by rule then-no-more: two commands an hour" in refused.reason
+
+
+COUNTING_SOME = parse_policy(
+    b"""
+rules:
+  - name: few-greps
+    tool: run_command
+    arguments:
+      command: {regex: '^grep '}
+    at_most: {calls: 30, per: 10m}
+    effect: allow
+  - name: one-write-an-hour-for-team-a
+    tenant: team-a
+    tool: write_file
+    at_most: {calls: 1, per: 1h}
+    effect: allow
+  - name: reads
+    tool: read_file
+    effect: allow
+""",
+    source="counting-some.yaml",
+)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "tool", "span"),
+    [
+        ("team-a", "run_command", timedelta(minutes=10)),
+        ("team-a", "write_file", timedelta(hours=1)),
+        ("team-b", "write_file", None),  # The counting rule is team-a's.
+        ("team-a", "read_file", None),
+        ("team-a", "no_such_tool", None),
+    ],
+)
+def test_only_calls_a_counting_rule_may_decide_need_the_sessions_calls_counted(
+    tenant: str, tool: str, span: timedelta | None
+) -> None:
+    assert COUNTING_SOME.counted_span_for(tenant=tenant, tool=tool) == span
+    assert COUNTING_SOME.counted_span_for(tenant=tenant, tool=tool) == span  # Kept.

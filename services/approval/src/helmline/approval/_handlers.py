@@ -120,7 +120,9 @@ class ApprovalHandler:
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
                 now = datetime.now(UTC)
-                counted = await self._authorisations(event, policy, now)
+                request = state.approvals.get(data.request_id)
+                tool = request.tool if request is not None else None
+                counted = await self._authorisations(event, tool, policy, now)
                 rule_uses = uses_by_rule(s.event for s in counted.events) if counted else NO_USES
                 decisions = judge_vote(state, data, policy, now, rule_uses)
                 appended = await self._append(event, decisions)
@@ -164,7 +166,7 @@ class ApprovalHandler:
         two calls of one session at once would otherwise both take the last use."""
         now = datetime.now(UTC)
         requester = await self._requester(event) if policy.needs_requester(scheduled.tool) else None
-        counted = await self._authorisations(event, policy, now)
+        counted = await self._authorisations(event, scheduled.tool, policy, now)
         rule_uses = uses_by_rule(s.event for s in counted.events) if counted else NO_USES
         last_authorised = counted.last_seq if counted else None
         decisions = judge_step(
@@ -198,15 +200,17 @@ class ApprovalHandler:
         await self._append(event, decisions, expected_last_authorised=last_authorised)
 
     async def _authorisations(
-        self, event: Event, policy: Policy, now: datetime
+        self, event: Event, tool: str | None, policy: Policy, now: datetime
     ) -> EventsOfType | None:
-        """The session's authorisations as far back as the policy's `at_most` conditions
-        count; None when no rule counts them. Read from the log rather than a cached fold,
-        so that each replica counts the calls the others let run."""
-        if policy.counted_span is None:
+        """The session's authorisations as far back as the `at_most` conditions of the
+        rules that may decide a call of `tool` count; None when none of them counts (or no
+        tool is called). Read from the log rather than a cached fold, so that each replica
+        counts the calls the others let run."""
+        span = policy.counted_span_for(tenant=event.tenant, tool=tool) if tool else None
+        if span is None:
             return None
         return await self._store.read_since(
-            event.tenant, event.session_id, ToolCallAuthorized.TYPE, since=now - policy.counted_span
+            event.tenant, event.session_id, ToolCallAuthorized.TYPE, since=now - span
         )
 
     async def _requester(self, event: Event) -> Actor | None:

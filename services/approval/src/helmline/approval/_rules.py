@@ -13,7 +13,7 @@ import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from types import MappingProxyType
 from typing import Protocol
 from zoneinfo import ZoneInfo
@@ -473,15 +473,12 @@ class Policy:
         )
         """Whether any rule looks at who started the session (else it need not be looked up,
         unless the tool requires a permission: see `needs_requester`)."""
-        self.counted_span = max(
-            (rule.at_most.per for rule in document.rules if rule.at_most is not None),
-            default=None,
-        )
-        """How far back `at_most` conditions count the session's calls: the authorisations
-        to read before judging; None when no rule counts them."""
         # Screens are compiled here, once: the blocks of a call's candidates are cut from them.
         self._blocks = _blocks(self._rules)
         self._candidates: LRUCache[tuple[str, str, str], tuple[_Block, ...]] = LRUCache(
+            _CANDIDATE_CACHE_LIMIT
+        )
+        self._counted_spans: LRUCache[tuple[str, str], timedelta | None] = LRUCache(
             _CANDIDATE_CACHE_LIMIT
         )
 
@@ -495,6 +492,32 @@ class Policy:
             return True
         spec = self.tools.get(tool)
         return spec is not None and spec.required_permission is not None
+
+    def counted_span_for(self, *, tenant: str, tool: str) -> timedelta | None:
+        """How far back the `at_most` conditions of the rules that may decide a call of
+        `tool` in `tenant` count the session's calls: the authorisations to read before
+        judging it; None when none of those rules counts them (nothing need be read)."""
+        key = (tenant, tool)
+        if key not in self._counted_spans:
+            facts = self.facts(
+                tenant=tenant,
+                tool=tool,
+                arguments={},
+                declared_risk=None,
+                requester=None,
+                at=datetime.now(UTC),
+            )
+            candidates = self._candidates_for(facts) if facts is not None else ()
+            self._counted_spans[key] = max(
+                (
+                    rule.verdict_template.at_most.per
+                    for block in candidates
+                    for rule in block.rules
+                    if rule.verdict_template.at_most is not None
+                ),
+                default=None,
+            )
+        return self._counted_spans[key]
 
     def approval_terms(self, rule: str | None) -> Approval | None:
         """The approval terms of a require_approval rule, by name."""
