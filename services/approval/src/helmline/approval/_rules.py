@@ -478,6 +478,7 @@ class Policy:
         self._candidates: LRUCache[tuple[str, str, str], tuple[_Block, ...]] = LRUCache(
             _CANDIDATE_CACHE_LIMIT
         )
+        self._counts_calls = any(rule.at_most is not None for rule in document.rules)
         self._counted_spans: LRUCache[tuple[str, str], timedelta | None] = LRUCache(
             _CANDIDATE_CACHE_LIMIT
         )
@@ -497,6 +498,8 @@ class Policy:
         """How far back the `at_most` conditions of the rules that may decide a call of
         `tool` in `tenant` count the session's calls: the authorisations to read before
         judging it; None when none of those rules counts them (nothing need be read)."""
+        if not self._counts_calls:
+            return None  # Most policies: no read, and not even a lookup, on the steps' path.
         key = (tenant, tool)
         if key not in self._counted_spans:
             facts = self.facts(
