@@ -80,18 +80,20 @@ def two_replicas(js: JetStreamContext, store: EventStore, policy: Path) -> list[
     ]
 
 
+def echo_scheduled(started: Event, step: str) -> Event:
+    """The session's step `step` scheduled: an echo, whose call id is the step's."""
+    return started.derive(
+        StepScheduled(step_id=step, call_id=step, tool="echo", arguments={"message": step}),
+        source="test",
+        key=step,
+    )
+
+
 async def judge_at_once(
     replicas: list[ApprovalHandler], store: EventStore, started: Event, steps: tuple[str, str]
 ) -> None:
     """Schedule an echo for each step, and hand one to each replica at the same moment."""
-    calls = [
-        started.derive(
-            StepScheduled(step_id=step, call_id=step, tool="echo", arguments={"message": step}),
-            source="test",
-            key=step,
-        )
-        for step in steps
-    ]
+    calls = [echo_scheduled(started, step) for step in steps]
     deliveries = [Delivery(call, (await store.append(call)).seq, 1) for call in calls]
     try:
         await asyncio.gather(
@@ -134,10 +136,7 @@ async def test_two_replicas_judging_at_once_use_a_standing_grant_no_more_than_it
     # A person approves the first echo, and one more like it.
     first = ApprovalHandler(store, FoldedStates(js, store), PolicySource(policy))
     try:
-        asked = started.derive(
-            StepScheduled(step_id="a", call_id="a", tool="echo", arguments={"message": "a"}),
-            source="test",
-        )
+        asked = echo_scheduled(started, "a")
         await first(Delivery(asked, (await store.append(asked)).seq, 1))
         vote = started.derive(
             ApprovalDecisionSubmitted(

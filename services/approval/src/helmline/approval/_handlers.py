@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import nats.errors
@@ -43,7 +43,6 @@ from helmline.contracts import (
 from helmline.runtime import (
     ConcurrencyConflict,
     Delivery,
-    EventsOfType,
     EventStore,
     FoldedStates,
     RetryableError,
@@ -122,8 +121,7 @@ class ApprovalHandler:
                 now = datetime.now(UTC)
                 request = state.approvals.get(data.request_id)
                 tool = request.tool if request is not None else None
-                counted = await self._authorisations(event, tool, policy, now)
-                rule_uses = uses_by_rule(s.event for s in counted.events) if counted else NO_USES
+                rule_uses, _ = await self._counted_calls(event, tool, policy, now)
                 decisions = judge_vote(state, data, policy, now, rule_uses)
                 appended = await self._append(event, decisions)
                 self._sessions.record(state, appended)
@@ -166,9 +164,7 @@ class ApprovalHandler:
         two calls of one session at once would otherwise both take the last use."""
         now = datetime.now(UTC)
         requester = await self._requester(event) if policy.needs_requester(scheduled.tool) else None
-        counted = await self._authorisations(event, scheduled.tool, policy, now)
-        rule_uses = uses_by_rule(s.event for s in counted.events) if counted else NO_USES
-        last_authorised = counted.last_seq if counted else None
+        rule_uses, last_authorised = await self._counted_calls(event, scheduled.tool, policy, now)
         decisions = judge_step(
             scheduled,
             policy,
@@ -199,19 +195,21 @@ class ApprovalHandler:
             )
         await self._append(event, decisions, expected_last_authorised=last_authorised)
 
-    async def _authorisations(
+    async def _counted_calls(
         self, event: Event, tool: str | None, policy: Policy, now: datetime
-    ) -> EventsOfType | None:
-        """The session's authorisations as far back as the `at_most` conditions of the
-        rules that may decide a call of `tool` count; None when none of them counts (or no
-        tool is called). Read from the log rather than a cached fold, so that each replica
-        counts the calls the others let run."""
+    ) -> tuple[Mapping[str, Sequence[datetime]], int | None]:
+        """The session's calls by the rule that let them run (`uses_by_rule`), as far back as
+        the `at_most` conditions of the rules that may decide a call of `tool` count, and
+        the sequence of its last authorisation; no uses and no sequence when none of those
+        rules counts (or no tool is called). Read from the log rather than a cached fold, so
+        that each replica counts the calls the others let run."""
         span = policy.counted_span_for(tenant=event.tenant, tool=tool) if tool else None
         if span is None:
-            return None
-        return await self._store.read_since(
+            return NO_USES, None
+        authorised = await self._store.read_since(
             event.tenant, event.session_id, ToolCallAuthorized.TYPE, since=now - span
         )
+        return uses_by_rule(s.event for s in authorised.events), authorised.last_seq
 
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)
