@@ -33,6 +33,7 @@ from helmline.runtime import EventStore, FoldedStates, ensure_topology
 from helmline.runtime.testing import NatsServer
 
 EVENTS = 10_000
+LONGER_STEPS = 5_000
 ROUNDS = 3
 
 
@@ -163,6 +164,20 @@ async def run() -> list[dict[str, Any]]:
     ]
 
 
+async def _keep_up_us_per_event(
+    states: FoldedStates, session_id: str, first_seq: int, events: int
+) -> float:
+    """What the state service does after each step's checkpoint (here one step is five
+    events) of a session stored from `first_seq` on: now and then it stores the folded
+    state. Steps come faster here than in a session, so no call waits out the interval
+    between reads of the session: the states stored are the same, only sooner.
+    Microseconds per event of the session."""
+    began = time.perf_counter()
+    for seq in range(first_seq + 6, first_seq + events, 5):
+        await states.keep_up("bench", session_id, seq)
+    return (time.perf_counter() - began) * 1e6 / events
+
+
 async def time_travel() -> list[dict[str, Any]]:
     """State at the middle of a 1,000-step session, and every intermediate state of it."""
     events = session_events(2 + 5 * 1000)
@@ -181,13 +196,8 @@ async def time_travel() -> list[dict[str, Any]]:
         snapshot = await store.load("bench", "replay", up_to_seq=middle)
         replayed_ms = (time.perf_counter() - began) * 1000
         assert snapshot.last_seq == middle
-        # What the state service does after each step's checkpoint (here one step is five
-        # events): now and then it stores the folded state. Steps come faster here than in
-        # a session, so no call waits out the interval between reads of the session: the
-        # states stored are the same, only sooner.
         states = FoldedStates(js, store, interval_s=0)
-        for seq in range(7, len(events) + 1, 5):
-            await states.keep_up("bench", "replay", seq)
+        keeping_us = await _keep_up_us_per_event(states, "replay", 1, len(events))
         timings = []
         for _ in range(5):
             began = time.perf_counter()
@@ -207,6 +217,17 @@ async def time_travel() -> list[dict[str, Any]]:
             timings.append((time.perf_counter() - began) * 1000)
             assert caught_up.state == whole.state
         at_end_ms = statistics.median(timings)
+        # States are spaced in proportion to their size: keeping them costs each event about
+        # the same however long the session grows (evenly spaced, it grew with the session).
+        longer = session_events(2 + 5 * LONGER_STEPS, session_id="longer")
+        for event in longer:
+            await js.publish_async(
+                event_subject(event.tenant, event.session_id, event.type), encode_event(event)
+            )
+        await js.publish_async_completed()
+        keeping_longer_us = await _keep_up_us_per_event(
+            states, "longer", len(events) + 1, len(longer)
+        )
         await connection.close()
     began = time.perf_counter()
     folding = SessionFold()
@@ -229,6 +250,13 @@ async def time_travel() -> list[dict[str, Any]]:
             "value": round(at_end_ms, 1),
             "replaying_the_whole_log_ms": round(whole_log_ms, 1),
             "target": "a service's cache miss on a long session: far less than the replay",
+        },
+        {
+            "figure": "keeping_stored_states_us_per_event",
+            "steps": 1000,
+            "value": round(keeping_us, 1),
+            "at_5000_steps": round(keeping_longer_us, 1),
+            "target": "about the same per event at 5,000 steps as at 1,000",
         },
         {
             "figure": "every_state_of_1000_steps_s",

@@ -4,7 +4,6 @@ the log up to there, whichever stored state it starts from."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -44,6 +43,7 @@ from helmline.contracts import (
     session_filter,
 )
 from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime._folded_states import GROWTH
 from helmline.runtime._store import DIRECT_BATCH
 
 ANA = Actor(id="ana", roles=("approver",))
@@ -244,19 +244,30 @@ async def assert_time_travel_folds(
         assert snapshot.state == fold(events[: index + 1]), f"at sequence {seq}"
 
 
-async def test_a_writer_stores_a_state_every_few_sequences_and_reads_the_index_once(
+def due_positions(events: int, every: int, growth: float) -> list[int]:
+    """After how many of a session's events a state is stored: every `every` events, and
+    once the stored states are long, a `growth` share of the last one's events later."""
+    positions = [every]
+    while (following := positions[-1] + max(every, int(growth * positions[-1]))) <= events:
+        positions.append(following)
+    return positions
+
+
+async def test_a_writer_stores_states_spaced_by_a_share_of_their_events_and_reads_the_index_once(
     nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
     events = fifty_steps(tenant, "cadence")
-    states = FoldedStates(js, store, every=20, interval_s=0)
+    states = FoldedStates(js, store, every=20, growth=0.1, interval_s=0)
     async with index_reads(nc, tenant, "cadence") as reads:
         seqs, stored = await append_and_keep_up(store, [states], events)
 
     assert len(reads) == 1  # Known from then on: a call that stores nothing asks nothing.
-    assert stored[0] - seqs[0] < 20
-    assert {b - a for a, b in itertools.pairwise(stored)} == {20}
-    assert seqs[-1] - stored[-1] < 20
+    positions = due_positions(len(events), 20, 0.1)
+    assert positions[:10] == list(range(20, 201, 20))
+    assert positions[10:13] == [220, 242, 266]  # Past 200 events, a tenth of the last state.
+    assert stored == [seqs[position - 1] for position in positions]
     assert await stored_seqs(js, tenant, "cadence") == stored
+    await assert_time_travel_folds(states, events, seqs)
 
 
 async def test_a_session_among_busy_ones_is_stored_every_few_of_its_own_events(
@@ -272,11 +283,9 @@ async def test_a_session_among_busy_ones_is_stored_every_few_of_its_own_events(
         for their in theirs:
             await store.append(their)
         if await states.keep_up(tenant, "among", seqs[-1]):
-            stored_at.append(position)
+            stored_at.append(position + 1)
 
-    assert stored_at[0] == 19
-    assert {b - a for a, b in itertools.pairwise(stored_at)} == {20}
-    assert len(stored_at) == len(events) // 20
+    assert stored_at == due_positions(len(events), 20, GROWTH)
     await assert_time_travel_folds(states, events, seqs)
 
 
@@ -346,9 +355,10 @@ async def test_writers_sharing_a_session_index_every_state_due_whichever_stored_
     rest, _ = await append_and_keep_up(store, replicas, events[half + 40 :])
     seqs += rest
 
-    # A state at every 20th event, each indexed once, though each replica knew only of the
-    # states it stored itself.
-    assert await stored_seqs(js, tenant, "shared") == seqs[19::20]
+    # Every state due, each indexed once, though each replica knew only of the states it
+    # stored itself.
+    due = due_positions(len(events), 20, GROWTH)
+    assert await stored_seqs(js, tenant, "shared") == [seqs[position - 1] for position in due]
     await assert_time_travel_folds(FoldedStates(js, store), events, seqs)
 
 

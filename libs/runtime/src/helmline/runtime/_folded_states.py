@@ -29,9 +29,18 @@ from helmline.runtime._store import EventStore, SessionSnapshot
 logger = logging.getLogger(__name__)
 
 EVERY = 100
-"""Events of a session between two of its stored states: about the longest tail a time travel
-folds. Counted in the session's own events, not in stream sequences, so that a session among
-many busy ones is not stored at every step."""
+"""The fewest events of a session between two of its stored states. Counted in the session's
+own events, not in stream sequences, so that a session among many busy ones is not stored at
+every step."""
+
+GROWTH = 0.05
+"""A stored state holding N events is followed by the next one `max(EVERY, GROWTH * N)`
+events later. Writing a state costs in proportion to its size, so evenly spaced states made
+a session's writing grow with the square of its length (a 2,000-step session's state service
+spent 0.77 ms of processor per step, against 0.55 spaced like this); spaced in proportion,
+each event pays a constant share. Loading a stored state costs about 2 us per event it holds,
+reading and folding an event of the log about 23 us, so the tail that time travel folds after
+the state it loads (at most a twentieth of its events) costs no more than loading it."""
 
 INTERVAL_S = 0.5
 """Least time between two reads of one session's new events by a writer."""
@@ -74,14 +83,16 @@ class FoldedStates:
         store: EventStore,
         *,
         every: int = EVERY,
+        growth: float = GROWTH,
         interval_s: float = INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`interval_s`: the least time between two reads of one session by `keep_up`
-        (`clock` tells the time)."""
+        """`every` and `growth` space the stored states (see `GROWTH`); `interval_s`: the
+        least time between two reads of one session by `keep_up` (`clock` tells the time)."""
         self._js = js
         self._store = store
         self._every = every
+        self._growth = growth
         self._interval_s = interval_s
         self._clock = clock
         self._bucket: KeyValue | None = None
@@ -140,8 +151,8 @@ class FoldedStates:
         self._folded_elsewhere[tenant, session_id] = (snapshot, self._clock())
 
     async def keep_up(self, tenant: str, session_id: str, seq: int) -> bool:
-        """Store the session's states due up to `seq`, one at each `every` of its events
-        (reading the session at most once per interval); whether it stored any. Calls for
+        """Store the session's states due up to `seq` (spaced as `GROWTH` says; reading the
+        session at most once per interval); whether it stored any. Calls for
         one session must not overlap within a process (replicas may overlap: see the class).
 
         Only a cache of the log: when NATS does not answer, nothing is stored and a later
@@ -164,10 +175,10 @@ class FoldedStates:
         self._known[session] = index
         folded_to = index.latest.last_seq if index.latest else max(index.seqs, default=0)
         # The session has at most one event per sequence since the last fold: until enough
-        # sequences passed for `every` unstored events, there is nothing to read. Among busy
-        # sessions that says little, so a session is also read at most once per interval:
-        # one read then catches up on many steps, storing a state at each `every` events.
-        if seq - folded_to < self._every - index.unstored_events:
+        # sequences passed for the next state to be due, there is nothing to read. Among
+        # busy sessions that says little, so a session is also read at most once per
+        # interval: one read then catches up on many steps, storing each state due.
+        if seq - folded_to < self._gap_after(index.stored_events) - index.unstored_events:
             return False
         now = self._clock()
         if index.folded_at is not None and now - index.folded_at < self._interval_s:
@@ -219,8 +230,8 @@ class FoldedStates:
         stored_events: int,
     ) -> tuple[SessionSnapshot, list[SessionSnapshot]]:
         """The session's state at `up_to_seq` folded on from `start`, and the states passed
-        on the way that are due to be stored: one at each `every` events after the
-        `stored_events`-th."""
+        on the way that are due to be stored, the first one after the `stored_events`-th
+        event."""
         folding = SessionFold(start.state if start is not None else None)
         last_seq = start.last_seq if start is not None else 0
         events = _events_in(start)
@@ -228,14 +239,20 @@ class FoldedStates:
         after = await self._store.read_all(
             tenant, session_id, after_seq=last_seq, up_to_seq=up_to_seq
         )
+        next_due = stored_events + self._gap_after(stored_events)
         for item in after:
             folding.apply(item.event)
             last_seq, events = item.seq, events + 1
-            if (events - stored_events) % self._every == 0 and events > stored_events:
+            if events >= next_due:
                 due.append(SessionSnapshot(folding.state(), last_seq))
+                next_due = events + self._gap_after(events)
         if due and due[-1].last_seq == last_seq:
             return due[-1], due
         return SessionSnapshot(folding.state(), last_seq), due
+
+    def _gap_after(self, stored_events: int) -> int:
+        """Events between a stored state holding `stored_events` and the next one."""
+        return max(self._every, int(self._growth * stored_events))
 
     async def _nearest(
         self, tenant: str, session_id: str, stored: tuple[int, ...], up_to_seq: int | None
