@@ -15,12 +15,23 @@ from pydantic.fields import FieldInfo
 
 from helmline.contracts import (
     PAYLOAD_CLASSES,
+    Actor,
     ArgumentCondition,
+    CheckpointCreated,
     Event,
     Payload,
+    PlanApproved,
+    PlanProposed,
     PlanStep,
     Playbook,
+    SessionCompleted,
     SessionFold,
+    SessionStarted,
+    StepScheduled,
+    ThoughtRecorded,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    ToolCallStarted,
     decode_event,
     encode_event,
     evolve,
@@ -196,3 +207,56 @@ def test_states_taken_during_a_fold_never_change_afterwards(events: list[Event])
         taken.append(folding.state())
     for index, state in enumerate(taken):
         assert state == fold(events[: index + 1])
+
+
+def _three_steps_run() -> list[Event]:
+    """Three steps run one after another, each step's record updated four times, with a
+    thought and a checkpoint for each."""
+    plan = tuple(PlanStep(id=f"s{i}", tool="echo") for i in range(3))
+    started = new_event(
+        SessionStarted(goal="three", requested_by=Actor(id="ana")),
+        tenant="acme",
+        session_id="s1",
+        source="helmline/test",
+    )
+    payloads: list[Payload] = [
+        PlanProposed(revision=1, steps=plan),
+        PlanApproved(revision=1, approved_by=Actor(id="ana")),
+    ]
+    for i, step in enumerate(plan):
+        call = {"step_id": step.id, "call_id": f"c{i}", "tool": "echo"}
+        payloads += [
+            StepScheduled(**call),
+            ThoughtRecorded(kind="action", text=f"running {step.id}", step_id=step.id),
+            ToolCallAuthorized(**call, arguments={"message": str(i)}, risk="low"),
+            ToolCallStarted(**call),
+            ToolCallCompleted(**call, output={"message": str(i)}),
+            CheckpointCreated(
+                checkpoint_id=f"cp{i}", step_id=step.id, call_id=f"c{i}", at_seq=8 + 6 * i
+            ),
+        ]
+    payloads.append(SessionCompleted(summary="done"))
+    return [started] + [
+        started.derive(payload, source="helmline/test", key=str(index))
+        for index, payload in enumerate(payloads)
+    ]
+
+
+def test_a_state_taken_between_updates_of_one_step_never_changes_afterwards() -> None:
+    # A fold changes the records it made in place until it hands out a state, and appends
+    # checkpoints and thoughts to lists it joins then: a state taken at any event must keep
+    # what it showed while the fold goes on.
+    events = _three_steps_run()
+    for cut in range(len(events)):
+        folding = SessionFold()
+        for event in events[: cut + 1]:
+            folding.apply(event)
+        taken = folding.state()
+        shown = {step_id: repr(step) for step_id, step in taken.steps.items()}
+        for event in events[cut + 1 :]:
+            folding.apply(event)
+        assert {step_id: repr(step) for step_id, step in taken.steps.items()} == shown
+        assert taken == fold(events[: cut + 1]), f"after event {cut}"
+        assert folding.state() == fold(events)
+    assert [c.checkpoint_id for c in fold(events).checkpoints] == ["cp0", "cp1", "cp2"]
+    assert len(fold(events).thoughts) == 3

@@ -428,10 +428,13 @@ class SessionFold:
         "approvals",
         "calls",
         "checkpoints",
+        "checkpoints_added",
+        "fresh_steps",
         "rollbacks",
         "shared",
         "steps",
         "thoughts",
+        "thoughts_added",
         "v",
     )
 
@@ -445,7 +448,14 @@ class SessionFold:
         self.rollbacks: dict[str, RollbackState] = state.rollbacks
         self.checkpoints: tuple[CheckpointState, ...] = state.checkpoints
         self.thoughts: tuple[ThoughtState, ...] = state.thoughts
+        # Appended here, joined to the tuples above when a state is taken: once per state,
+        # not once per checkpoint (which made a replay's cost grow with its square).
+        self.checkpoints_added: list[CheckpointState] = []
+        self.thoughts_added: list[ThoughtState] = []
         self.shared: set[str] = set(_DICTS)
+        # Step records this fold made since it last handed out a state: no state holds
+        # them, so they are changed in place (a replay updates each step four times or so).
+        self.fresh_steps: set[str] = set()
 
     def state(self) -> SessionState:
         """The state after every event applied so far.
@@ -455,6 +465,8 @@ class SessionFold:
         stays cheap, and a state handed out never changes.
         """
         self.shared = set(_DICTS)
+        self.fresh_steps = set()
+        self.join_added()
         return SessionState(
             **{
                 **self.v,
@@ -466,6 +478,15 @@ class SessionFold:
                 "thoughts": self.thoughts,
             }
         )
+
+    def join_added(self) -> None:
+        """Join the checkpoints and thoughts appended since the last join to their tuples."""
+        if self.checkpoints_added:
+            self.checkpoints += tuple(self.checkpoints_added)
+            self.checkpoints_added.clear()
+        if self.thoughts_added:
+            self.thoughts += tuple(self.thoughts_added)
+            self.thoughts_added.clear()
 
     def own(self, name: str) -> dict[str, Any]:
         """The dict `name`, to write to: copied first if a state handed out shares it."""
@@ -490,8 +511,13 @@ class SessionFold:
             self.v["ended_at"] = event.time
 
     def update_step(self, step_id: str, **changes: Any) -> None:
-        step = self.steps.get(step_id) or StepState(id=step_id)
-        self.own("steps")[step_id] = _copy_with(step, **changes)
+        step = self.steps.get(step_id)
+        if step is not None and step_id in self.fresh_steps:
+            for name, value in changes.items():
+                object.__setattr__(step, name, value)
+            return
+        self.own("steps")[step_id] = _copy_with(step or StepState(id=step_id), **changes)
+        self.fresh_steps.add(step_id)
 
     def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
         self.own("calls")[call_id] = step_id
@@ -575,7 +601,7 @@ class SessionFold:
                     finished_at=event.time,
                 )
             case CheckpointCreated():
-                self.checkpoints += (
+                self.checkpoints_added.append(
                     CheckpointState(
                         checkpoint_id=data.checkpoint_id,
                         step_id=data.step_id,
@@ -621,7 +647,7 @@ class SessionFold:
                 if step is not None and step.call_id == data.call_id:
                     self.update_step(data.step_id, retry_at=data.retry_at, reason=data.reason)
             case ThoughtRecorded():
-                self.thoughts += (
+                self.thoughts_added.append(
                     ThoughtState(
                         kind=data.kind,
                         text=data.text,
@@ -796,21 +822,21 @@ class SessionFold:
     def _lay_out_plan(self, planned: tuple[PlanStep, ...]) -> None:
         # A replan keeps what finished steps achieved and lays out the rest afresh.
         steps: dict[str, StepState] = {}
+        made: set[str] = set()
         for step in planned:
             known = self.steps.get(step.id)
+            if known is not None and known.status == "succeeded" and known.tool:
+                steps[step.id] = known
+                continue
             if known is not None and known.status == "succeeded":
                 # A step a fork carried over from its origin is known by id alone until now.
-                steps[step.id] = (
-                    known
-                    if known.tool
-                    else _copy_with(
-                        known,
-                        description=step.description,
-                        tool=step.tool,
-                        arguments=step.arguments,
-                        depends_on=step.depends_on,
-                        risk=step.risk,
-                    )
+                steps[step.id] = _copy_with(
+                    known,
+                    description=step.description,
+                    tool=step.tool,
+                    arguments=step.arguments,
+                    depends_on=step.depends_on,
+                    risk=step.risk,
                 )
             else:
                 steps[step.id] = StepState(
@@ -822,19 +848,19 @@ class SessionFold:
                     risk=step.risk,
                     on_denied=step.on_denied,
                 )
+            made.add(step.id)
         for step_id, known in self.steps.items():
             steps.setdefault(step_id, known)
         dependants: dict[str, list[str]] = {step_id: [] for step_id in steps}
         for laid_out in steps.values():
             for dependency in laid_out.depends_on:
                 dependants.setdefault(dependency, []).append(laid_out.id)
-        self.steps = {
-            step_id: laid_out
-            if laid_out.dependants == tuple(dependants[step_id])
-            else _copy_with(laid_out, dependants=tuple(dependants[step_id]))
-            for step_id, laid_out in steps.items()
-        }
+        self.steps = steps
         self.shared.discard("steps")
+        self.fresh_steps |= made
+        for step_id, laid_out in steps.items():
+            if laid_out.dependants != (wanted := tuple(dependants[step_id])):
+                self.update_step(step_id, dependants=wanted)
 
     def _decide(
         self,
@@ -894,6 +920,7 @@ class SessionFold:
             self._update_rollback(rollback_id, status="running", compensations=compensations)
 
     def _keep_checkpoints_up_to(self, checkpoint_id: str) -> None:
+        self.join_added()
         for index, checkpoint in enumerate(self.checkpoints):
             if checkpoint.checkpoint_id == checkpoint_id:
                 self.checkpoints = self.checkpoints[: index + 1]
