@@ -230,3 +230,4 @@ def test_the_sandbox_gets_its_container_profiles_and_docker_endpoint() -> None:
     }
     assert json.loads(env["HELMLINE_SANDBOX_PROFILES"])["container"]["backend"] == "container"
     assert env["HELMLINE_DOCKER_HOST"] == "tcp://127.0.0.1:2375"
+    assert env["HELMLINE_RECLAIM_WORKSPACES"] == "true"

@@ -362,9 +362,17 @@ TOOL_GATEWAY_CONSUMER = consumer_for(
 )
 SANDBOX_CONSUMER = consumer_for(
     "sandbox",
-    (SandboxExecutionRequested, SessionCancelRequested, CompensationScheduled, SessionStarted),
+    (
+        SandboxExecutionRequested,
+        SessionCancelRequested,
+        CompensationScheduled,
+        SessionStarted,
+        SessionCompleted,
+        SessionFailed,
+        SessionCancelled,
+    ),
     "Runs built-in tools in session workspaces; kills running commands on cancel; restores "
-    "workspaces for rollbacks and forks.",
+    "workspaces for rollbacks and forks; removes ended sessions' workspaces from its disk.",
     # A command may run for minutes; its message is kept in progress meanwhile. A cancel
     # must reach the command it kills, and parallel steps run in parallel.
     max_ack_pending=256,

@@ -9,6 +9,7 @@ its effects may already have happened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -22,8 +23,12 @@ from helmline.contracts import (
     LimitHit,
     ResourceUsage,
     SandboxExecutionRequested,
+    SessionCancelled,
     SessionCancelRequested,
+    SessionCompleted,
+    SessionFailed,
     SessionStarted,
+    ToolError,
 )
 from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
 from helmline.sandbox._calls import (
@@ -42,8 +47,9 @@ from helmline.sandbox._calls import (
 )
 from helmline.sandbox._commands import CommandControl, Reaper, kill_marked
 from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._reclaim import WorkspaceReclaimer
 from helmline.sandbox._restores import WorkspaceRestorer
-from helmline.sandbox._snapshots import Snapshot, WorkspaceSnapshots
+from helmline.sandbox._snapshots import Snapshot, SnapshotMissing, WorkspaceSnapshots
 from helmline.sandbox._tools import Tools
 
 logger = logging.getLogger(__name__)
@@ -62,14 +68,21 @@ class SandboxHandler:
         tools: Tools,
         *,
         snapshots: WorkspaceSnapshots | None = None,
+        reclaim: bool = False,
         memory: int = 10_000,
     ) -> None:
+        """`reclaim`: remove ended sessions' workspaces (needs `snapshots`)."""
         self._store = store
         self._workspaces_dir = workspaces_dir
         self._tools = tools
         self._snapshots = snapshots
         self._restorer = (
             WorkspaceRestorer(store, workspaces_dir, snapshots) if snapshots is not None else None
+        )
+        self._reclaimer = (
+            WorkspaceReclaimer(store, snapshots, self._runs_a_call)
+            if snapshots is not None and reclaim
+            else None
         )
         # Sessions whose latest state this process snapshotted: that snapshot is the
         # "before" of their next call, so only the first call of a session takes one.
@@ -95,10 +108,28 @@ class SandboxHandler:
             case SessionCancelRequested():
                 self.cancel_session(event.tenant, event.session_id)
             case CompensationScheduled() | SessionStarted():
-                if self._restorer is not None:  # Without snapshots there is nothing to restore.
+                if self._restorer is None:  # Without snapshots there is nothing to restore.
+                    return
+                # A rollback may reopen a session whose end is being handled: one at a time.
+                held = (
+                    self._reclaimer.holding(self._workspace_of(event))
+                    if self._reclaimer is not None
+                    else contextlib.nullcontext()
+                )
+                async with held:
                     await self._restorer(delivery)
+            case SessionCompleted() | SessionFailed() | SessionCancelled():
+                if self._reclaimer is not None:
+                    workspace = self._workspace_of(event)
+                    await self._reclaimer.reclaim(event, workspace, delivery.deliveries)
             case other:
                 raise PermanentError(f"the sandbox does not handle {other.TYPE} events")
+
+    def _workspace_of(self, event: Event) -> Path:
+        return workspace_of(self._workspaces_dir, event.tenant, event.session_id)
+
+    def _runs_a_call(self, tenant: str, session_id: str) -> bool:
+        return any((t, s) == (tenant, session_id) for t, s, _ in self._running)
 
     def cancel_session(self, tenant: str, session_id: str) -> int:
         """Kill the session's running commands, and start none of its calls from now on.
@@ -149,6 +180,12 @@ class SandboxHandler:
         mutating = self._snapshots is not None and request.tool in MUTATING_TOOLS
         before: list[Event] = []
         try:
+            if self._reclaimer is not None:
+                try:
+                    await self._reclaimer.put_back(workspace, *session)
+                except SnapshotMissing as error:
+                    await self._record(key, [failed(cause, request, _cannot_put_back(error))])
+                    return
             if mutating and session not in self._snapshotted:
                 taken = await self._snapshot(workspace, session, snapshot_id(cause, "before"))
                 before.append(snapshotted(cause, taken, None))
@@ -193,3 +230,12 @@ class SandboxHandler:
             self._unrecorded[key] = events
             raise RetryableError(f"could not record the result of call {key[2]}") from error
         self._finished[key] = None
+
+
+def _cannot_put_back(missing: SnapshotMissing) -> ToolError:
+    return ToolError(
+        kind="not_found",
+        message=f"the session's workspace was removed from the sandbox's disk when the session "
+        f"ended, and cannot be put back: {missing}",
+        suggestion="fork the session from a checkpoint whose snapshot is still stored",
+    )

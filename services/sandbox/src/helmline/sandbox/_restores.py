@@ -25,6 +25,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import Delivery, EventStore, RetryableError
 from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._reclaim import marker_of
 from helmline.sandbox._snapshots import WorkspaceSnapshots
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,8 @@ class WorkspaceRestorer:
         workspace = workspace_of(self._workspaces_dir, cause.tenant, cause.session_id)
         try:
             await self._snapshots.restore(workspace, cause.tenant, origin_session, snapshot)
+            # Restored: a reclaimed workspace's marker no longer says what it holds.
+            marker_of(workspace).unlink(missing_ok=True)
         except ObjectNotFoundError:
             raise  # Not there: waiting will not bring it.
         except (TimeoutError, NatsError) as error:

@@ -19,6 +19,7 @@ from helmline.sandbox._backends import CommandBackend, ProcessBackend, start_bac
 from helmline.sandbox._containers import ContainerBackend, connect
 from helmline.sandbox._handlers import SandboxHandler
 from helmline.sandbox._limits import Defaults
+from helmline.sandbox._reclaim import remove_half_removed
 from helmline.sandbox._settings import SandboxSettings
 from helmline.sandbox._snapshots import WorkspaceSnapshots
 from helmline.sandbox._tools import Sandboxed, Tools
@@ -56,9 +57,15 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
         tools = await tools_for(settings)
         host.on_shutdown(tools.close)
         snapshots = WorkspaceSnapshots(host.js, max_bytes=settings.snapshot_max_mb * 1024 * 1024)
+        workspaces_dir = settings.workspaces_dir.resolve()
         handler = SandboxHandler(
-            host.store, settings.workspaces_dir.resolve(), tools, snapshots=snapshots
+            host.store,
+            workspaces_dir,
+            tools,
+            snapshots=snapshots,
+            reclaim=settings.reclaim_workspaces,
         )
+        await asyncio.to_thread(remove_half_removed, workspaces_dir)
         await host.consume(consumer, handler)
 
         async def cancelled(message: Msg) -> None:

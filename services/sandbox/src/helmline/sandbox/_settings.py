@@ -47,6 +47,11 @@ class SandboxSettings(RuntimeSettings):
     snapshot_max_mb: int = Field(default=256, gt=0)
     """Most new content (MiB) one workspace snapshot may store; above it the snapshot is
     recorded without content and the step is irreversible, with the reason."""
+    reclaim_workspaces: bool = False
+    """Remove an ended session's workspace from this disk once its latest snapshot holds it
+    (`HELMLINE_RECLAIM_WORKSPACES`); a call the session runs later puts it back first. Off
+    by default so that a stack on one machine keeps its workspaces to look at; the Helm
+    chart turns it on (`sandbox.workspaces.reclaim`)."""
     sandbox_profiles: dict[str, SandboxProfile] = Field(default_factory=dict)
     """Named profiles a policy may grant a call (`sandbox_profile`), as JSON in
     `HELMLINE_SANDBOX_PROFILES`, e.g. `{"container": {"backend": "container", "image":

@@ -129,6 +129,10 @@ class WorkspaceSnapshots:
             self._store = await self._js.object_store(WORKSPACES_BUCKET.bucket)
         return self._store
 
+    def forget(self, workspace: Path) -> None:
+        """Drop what is known of a removed workspace's files."""
+        self._caches.pop(workspace, None)
+
     def _cache_of(self, workspace: Path) -> HashCache:
         cache = self._caches.get(workspace)
         if cache is None:
