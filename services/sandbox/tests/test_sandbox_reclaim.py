@@ -48,11 +48,14 @@ class Session:
     """One session's events handed to a sandbox handler that reclaims workspaces, as its
     consumer would hand them."""
 
-    def __init__(self, store: EventStore, handler: SandboxHandler, tenant: str) -> None:
+    def __init__(
+        self, store: EventStore, handler: SandboxHandler, tenant: str, workspaces: Path
+    ) -> None:
         self.store = store
         self.handler = handler
         self.tenant = tenant
         self.id = uuid.uuid4().hex
+        self.workspace = workspaces / tenant / self.id
 
     async def call(self, tool: str, **arguments: str) -> Event:
         """Run a call; the event that closed it."""
@@ -81,19 +84,27 @@ class Session:
         return fold(stored.event for stored in await self.store.read_all(self.tenant, self.id))
 
 
-async def reclaiming_handler(
-    store: EventStore, js: JetStreamContext, workspaces: Path, max_bytes: int = 1 << 30
-) -> SandboxHandler:
+async def reclaiming_session(
+    store: EventStore, js: JetStreamContext, tenant: str, workspaces: Path, max_bytes: int = 1 << 30
+) -> Session:
+    """A new session of a sandbox that reclaims workspaces under `workspaces`."""
     snapshots = WorkspaceSnapshots(js, max_bytes=max_bytes)
     tools = await tools_for(SandboxSettings())
-    return SandboxHandler(store, workspaces, tools, snapshots=snapshots, reclaim=True)
+    handler = SandboxHandler(store, workspaces, tools, snapshots=snapshots, reclaim=True)
+    return Session(store, handler, tenant, workspaces)
+
+
+def content_read(outcome: Event) -> object:
+    assert isinstance(outcome.data, ToolCallCompleted), outcome
+    assert isinstance(outcome.data.output, dict)
+    return outcome.data.output["content"]
 
 
 async def test_an_ended_sessions_workspace_leaves_the_disk_and_comes_back_for_its_next_call(
     js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
 ) -> None:
-    session = Session(store, await reclaiming_handler(store, js, tmp_path), tenant)
-    workspace = tmp_path / tenant / session.id
+    session = await reclaiming_session(store, js, tenant, tmp_path)
+    workspace = session.workspace
     await session.call("write_file", path="notes/a.txt", content="kept in the snapshot")
     assert (workspace / "notes" / "a.txt").exists()
 
@@ -110,9 +121,7 @@ async def test_an_ended_sessions_workspace_leaves_the_disk_and_comes_back_for_it
 
     # A rollback reopens the session, say: its next call finds the workspace as it was.
     read = await session.call("read_file", path="notes/a.txt")
-    assert isinstance(read.data, ToolCallCompleted), read
-    assert isinstance(read.data.output, dict)
-    assert read.data.output["content"] == "kept in the snapshot"
+    assert content_read(read) == "kept in the snapshot"
     assert (workspace / "notes" / "a.txt").read_text() == "kept in the snapshot"
     assert not marker_of(workspace).exists()
 
@@ -121,14 +130,13 @@ async def test_a_workspace_whose_latest_snapshot_was_not_stored_stays_on_the_dis
     js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
 ) -> None:
     # One byte may be stored per snapshot: the file's content is refused.
-    handler = await reclaiming_handler(store, js, tmp_path, max_bytes=1)
-    session = Session(store, handler, tenant)
+    session = await reclaiming_session(store, js, tenant, tmp_path, max_bytes=1)
     await session.call("write_file", path="a.txt", content="too big to store")
     assert (await session.state()).unrestorable_snapshots
 
     await session.end(SessionCompleted(summary="done"))
 
-    workspace = tmp_path / tenant / session.id
+    workspace = session.workspace
     assert (workspace / "a.txt").read_text() == "too big to store"
     assert not marker_of(workspace).exists()
 
@@ -136,14 +144,14 @@ async def test_a_workspace_whose_latest_snapshot_was_not_stored_stays_on_the_dis
 async def test_an_ended_session_with_a_call_still_running_is_looked_at_again_later(
     js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
 ) -> None:
-    session = Session(store, await reclaiming_handler(store, js, tmp_path), tenant)
+    session = await reclaiming_session(store, js, tenant, tmp_path)
     await session.call("write_file", path="a.txt", content="a")
     # Cancelled while a command runs (on another replica): its result is not in yet.
     await session.append(ToolCallStarted(call_id="slow", step_id="slow", tool="run_command"))
 
     with pytest.raises(Deferred, match="step slow"):
         await session.end(SessionCancelled(reason="stop"))
-    workspace = tmp_path / tenant / session.id
+    workspace = session.workspace
     assert (workspace / "a.txt").exists()
 
     # A call that never finishes keeps the workspace, after the last look.
@@ -155,8 +163,8 @@ async def test_an_ended_session_with_a_call_still_running_is_looked_at_again_lat
 async def test_a_workspace_that_cannot_be_put_back_fails_the_call_saying_why(
     js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
 ) -> None:
-    session = Session(store, await reclaiming_handler(store, js, tmp_path), tenant)
-    workspace = tmp_path / tenant / session.id
+    session = await reclaiming_session(store, js, tenant, tmp_path)
+    workspace = session.workspace
     workspace.parent.mkdir(parents=True)
     marker_of(workspace).write_text("snap-no-longer-stored")
 
@@ -220,3 +228,21 @@ def test_whether_an_ended_sessions_workspace_may_leave_the_disk(
     state: SessionState, decision: Reclaim | Keep | Wait
 ) -> None:
     assert reclaim_decision(state) == decision
+
+
+async def test_a_reclaim_cut_short_after_its_marker_leaves_the_folder_in_charge(
+    js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    # Killed between writing the marker and moving the folder: the folder is the truth.
+    session = await reclaiming_session(store, js, tenant, tmp_path)
+    workspace = session.workspace
+    await session.call("write_file", path="a.txt", content="as the call left it")
+    marker_of(workspace).write_text("snap-older")
+
+    read = await session.call("read_file", path="a.txt")
+    assert content_read(read) == "as the call left it"
+
+    # The end, delivered again, finishes the reclaim with the latest snapshot.
+    await session.end(SessionCompleted(summary="done"), deliveries=2)
+    assert not workspace.exists()
+    assert marker_of(workspace).read_text() == (await session.state()).latest_snapshot_id
