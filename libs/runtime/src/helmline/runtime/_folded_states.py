@@ -37,7 +37,7 @@ GROWTH = 0.05
 """A stored state holding N events is followed by the next one `max(EVERY, GROWTH * N)`
 events later. Writing a state costs in proportion to its size, so evenly spaced states made
 a session's writing grow with the square of its length (a 2,000-step session's state service
-spent 0.77 ms of processor per step, against 0.55 spaced like this); spaced in proportion,
+spent 0.77 ms of processor per step, against 0.60 spaced like this); spaced in proportion,
 each event pays a constant share. Loading a stored state costs about 2 us per event it holds,
 reading and folding an event of the log about 23 us, so the tail that time travel folds after
 the state it loads (at most a twentieth of its events) costs no more than loading it."""
