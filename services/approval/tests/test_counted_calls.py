@@ -15,7 +15,9 @@ from helmline.approval._policy_source import PolicySource
 from helmline.contracts import (
     Actor,
     ApprovalDecisionSubmitted,
+    ApprovalGranted,
     ApprovalRequested,
+    ApprovalVoteCounted,
     Event,
     StepScheduled,
     ToolCallAuthorized,
@@ -39,6 +41,8 @@ rules:
 
 ASK_FOR_ECHOES = "rules: [{name: ask, tool: echo, effect: require_approval}]\n"
 APPROVER = Actor(id="bo", roles=("approver",))
+SECOND_APPROVER = Actor(id="cy", roles=("approver",))
+QUORUM_OF_TWO = "effect: require_approval\n    approval: {roles: [approver], quorum: 2}"
 
 
 class CountingTogether(EventStore):
@@ -163,3 +167,98 @@ async def test_two_replicas_judging_at_once_use_a_standing_grant_no_more_than_it
     ]
     assert len(under_the_grant) == 2  # The call approved, and one similar call.
     assert sorted([*under_the_grant[1:], *asked_again]) == ["b", "c"]
+
+
+ASK_FOR_ONE_ECHO = """
+rules:
+  - name: ask-once
+    tool: echo
+    at_most: {calls: 1, per: 10m}
+    effect: require_approval
+  - name: no-more-echoes
+    tool: echo
+    effect: deny
+    reason: one echo per ten minutes
+"""
+
+
+async def asked_for(
+    handler: ApprovalHandler, store: EventStore, started: Event, steps: tuple[str, ...]
+) -> None:
+    """Schedule an echo for each step, each of which the policy sends to a person."""
+    for step in steps:
+        asked = echo_scheduled(started, step)
+        await handler(Delivery(asked, (await store.append(asked)).seq, 1))
+
+
+def granted(started: Event, request_id: str, approver: Actor = APPROVER) -> Event:
+    vote = ApprovalDecisionSubmitted(request_id=request_id, decision="grant", decided_by=approver)
+    return started.derive(vote, source="test", key=f"{request_id}/{approver.id}")
+
+
+async def test_two_replicas_granting_at_once_release_no_more_calls_than_the_rule_allows(
+    js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(ASK_FOR_ONE_ECHO)
+    started = session_started(tenant)
+    await store.append(started)
+    first = ApprovalHandler(store, FoldedStates(js, store), PolicySource(policy))
+    try:
+        await asked_for(first, store, started, ("a", "b"))
+    finally:
+        await first.close()
+
+    # People grant both requests at once; each vote goes to another replica.
+    votes = [granted(started, request_id) for request_id in ("a", "b")]
+    deliveries = [Delivery(vote, (await store.append(vote)).seq, 1) for vote in votes]
+    replicas = two_replicas(js, store, policy)
+    try:
+        await asyncio.gather(
+            *(replica(delivery) for replica, delivery in zip(replicas, deliveries, strict=True))
+        )
+    finally:
+        for replica in replicas:
+            await replica.close()
+
+    log = [stored.event.data for stored in await store.read_all(tenant, started.session_id)]
+    grants = [data.request_id for data in log if isinstance(data, ApprovalGranted)]
+    authorised = [data for data in log if isinstance(data, ToolCallAuthorized)]
+    denied = [data for data in log if isinstance(data, ToolCallDenied)]
+    assert sorted(grants) == ["a", "b"]  # Both votes counted; one call ran.
+    assert len(authorised) == 1
+    assert [data.call_id for data in denied] == list({"a", "b"} - {authorised[0].call_id})
+    assert "one echo per ten minutes" in denied[0].reason
+
+
+async def test_a_vote_counted_towards_a_quorum_and_delivered_again_is_not_judged_anew(
+    js: JetStreamContext, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    """A vote whose decision the log holds (counted towards a quorum) is judged as it was
+    first, not against the calls authorised since: it is not refused on redelivery."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(ASK_FOR_ONE_ECHO.replace("effect: require_approval", QUORUM_OF_TWO))
+    started = session_started(tenant)
+    await store.append(started)
+    handler = ApprovalHandler(store, FoldedStates(js, store), PolicySource(policy))
+    try:
+        await asked_for(handler, store, started, ("a", "b"))
+        first_for_b = granted(started, "b")
+        seq = (await store.append(first_for_b)).seq
+        await handler(Delivery(first_for_b, seq, 1))
+        for approver in (APPROVER, SECOND_APPROVER):  # a runs, and uses up the count.
+            vote = granted(started, "a", approver)
+            await handler(Delivery(vote, (await store.append(vote)).seq, 1))
+        handled = len(await store.read_all(tenant, started.session_id))
+
+        await handler(Delivery(first_for_b, seq, 2))
+    finally:
+        await handler.close()
+
+    log = [stored.event.data for stored in await store.read_all(tenant, started.session_id)]
+    assert [data.call_id for data in log if isinstance(data, ToolCallAuthorized)] == ["a"]
+    assert [data.request_id for data in log if isinstance(data, ApprovalVoteCounted)] == [
+        "b",
+        "a",
+    ]
+    assert len(log) == handled

@@ -146,7 +146,7 @@ async def test_a_grant_recorded_before_the_policy_changed_denies_the_call_it_wou
     assert after == ["approval.granted", "tool.call.denied"]
     denied = (await store.read_all(tenant, session_id))[-1].event.data
     assert isinstance(denied, ToolCallDenied)
-    assert denied.reason.startswith("granted, but the policy changed before the call was released")
+    assert denied.reason.startswith("granted, but the policy refused the call when it was to run")
 
 
 async def test_a_vote_handled_in_full_and_delivered_again_records_nothing_more(

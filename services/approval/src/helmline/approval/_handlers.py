@@ -37,6 +37,7 @@ from helmline.contracts import (
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
+    ToolCallDenied,
     event_type_filter,
     fold,
 )
@@ -114,17 +115,25 @@ class ApprovalHandler:
                 if delivery.deliveries == 1:
                     self._notifier.announce(event, policy.document.webhooks)
             case ApprovalDecisionSubmitted() if delivery.deliveries > 1:
-                decisions = await self._judge_vote_again(event, data, policy)
+                decisions = await self._release_again(event, data, policy)
                 self._settle_timers(event, data, decisions)
             case ApprovalDecisionSubmitted():
                 state = await self._sessions.advance(delivery)
                 now = datetime.now(UTC)
                 request = state.approvals.get(data.request_id)
                 tool = request.tool if request is not None else None
-                rule_uses, _ = await self._counted_calls(event, tool, policy, now)
+                rule_uses, last_authorised = await self._counted_calls(event, tool, policy, now)
                 decisions = judge_vote(state, data, policy, now, rule_uses)
-                appended = await self._append(event, decisions)
-                self._sessions.record(state, appended)
+                try:
+                    appended = await self._append(
+                        event, decisions, expected_last_authorised=last_authorised
+                    )
+                except ConcurrencyConflict:
+                    # Another replica let a call of the session run since the count: the
+                    # grant is recorded, the call it releases is judged against the new count.
+                    decisions = await self._release_again(event, data, policy)
+                else:
+                    self._sessions.record(state, appended)
                 self._settle_timers(event, data, decisions)
             case _:
                 pass
@@ -218,27 +227,61 @@ class ApprovalHandler:
             self._requesters[key] = state.requested_by
         return self._requesters[key]
 
+    async def _release_again(
+        self, cause: Event, vote: ApprovalDecisionSubmitted, policy: Policy
+    ) -> list[Decision]:
+        """Judge a vote again until what the log lacks of its decisions is recorded: another
+        replica may let a call of the session run between the count and the authorisation."""
+        for _ in range(RECOUNTS):
+            with contextlib.suppress(ConcurrencyConflict):
+                return await self._judge_vote_again(cause, vote, policy)
+        raise RetryableError(f"calls of the session kept being authorised: {vote.request_id}")
+
     async def _judge_vote_again(
         self, cause: Event, vote: ApprovalDecisionSubmitted, policy: Policy
     ) -> list[Decision]:
-        """Judge a redelivered vote as it was judged first, against the session as it was
-        then, and append what of that the log lacks: nothing when it holds it all (not a
-        refusal of a vote that counted), the rest when the service stopped halfway."""
-        log = [s.event for s in await self._store.read_all(cause.tenant, cause.session_id)]
-        upto = next((index for index, event in enumerate(log) if event.id == cause.id), len(log))
-        recorded = [event.data for event in log[upto + 1 :] if event.causation_id == cause.id]
-        before = log[: upto + 1]
-        decisions = judge_vote_again(
-            fold(before), vote, policy, cause.time, recorded, uses_by_rule(before)
+        """Judge a vote delivered again (or cut short by another replica's authorisation) as
+        it was judged first, against the session as it was then, and append what of that the
+        log lacks: nothing when it holds it all (not a refusal of a vote that counted), the
+        rest when the service stopped halfway.
+
+        Until the log holds more of the vote's decisions than its grant, the call it releases
+        is counted against every call authorised in the session so far, and appended only if
+        none was authorised since the count (else `ConcurrencyConflict`)."""
+        log = await self._store.read_all(cause.tenant, cause.session_id)
+        events = [stored.event for stored in log]
+        upto = next(
+            (index for index, event in enumerate(events) if event.id == cause.id), len(events)
         )
-        await self._append(cause, decisions, log)
+        recorded = [event.data for event in events[upto + 1 :] if event.causation_id == cause.id]
+        before = events[: upto + 1]
+        session = fold(before)
+        request = session.approvals.get(vote.request_id)
+        counted = before
+        last_authorised = None
+        if (
+            all(isinstance(data, ApprovalGranted) for data in recorded)
+            and request is not None
+            and request.tool is not None
+            and policy.counted_span_for(tenant=cause.tenant, tool=request.tool) is not None
+        ):
+            counted = events
+            last_authorised = max(
+                (s.seq for s in log if isinstance(s.event.data, ToolCallAuthorized)), default=0
+            )
+        decisions = judge_vote_again(
+            session, vote, policy, cause.time, recorded, uses_by_rule(counted)
+        )
+        await self._append(cause, decisions, events, expected_last_authorised=last_authorised)
         self._sessions.forget(cause.tenant, cause.session_id)
         return decisions
 
     def _settle_timers(
         self, cause: Event, vote: ApprovalDecisionSubmitted, decisions: Sequence[Decision]
     ) -> None:
-        if any(isinstance(d.payload, ApprovalGranted | ApprovalDenied) for d in decisions):
+        # A call denied after its grant (see `judge_vote_again`) is decided too.
+        decided = ApprovalGranted | ApprovalDenied | ToolCallDenied
+        if any(isinstance(d.payload, decided) for d in decisions):
             self._cancel_timer(cause.tenant, cause.session_id, vote.request_id)
 
     async def _already_judged(self, event: Event, scheduled: StepScheduled) -> bool:
@@ -329,8 +372,8 @@ class ApprovalHandler:
     ) -> list[Event]:
         """Append the events of `decisions` that `log` does not hold already (the same
         cause deciding the same thing again derives the same ids); those appended.
-        An authorisation alone, given `expected_last_authorised`, only if the session's
-        last authorisation is still there (else `ConcurrencyConflict`)."""
+        Given `expected_last_authorised`, an authorisation among them is appended only if
+        the session's last authorisation is still that one (else `ConcurrencyConflict`)."""
         derived = [
             cause.derive(
                 decision.payload, source=SOURCE, key=str(index), identity=decision.identity
@@ -339,14 +382,19 @@ class ApprovalHandler:
         ]
         recorded = {event.id for event in log}
         events = [event for event in derived if event.id not in recorded]
-        if expected_last_authorised is not None and [e.type for e in events] == [
-            ToolCallAuthorized.TYPE
-        ]:
-            await self._store.append(events[0], expected_last_of_type=expected_last_authorised)
+        counted = next(
+            (i for i, event in enumerate(events) if event.type == ToolCallAuthorized.TYPE), None
+        )
+        if expected_last_authorised is None or counted is None:
+            # A grant and the authorisation it releases are one decision: sent together, the
+            # tool call starts a round trip sooner.
+            await self._store.append_pipelined(events)
             return events
-        # A grant and the authorisation it releases are one decision: sent together, the
-        # tool call starts a round trip sooner.
-        await self._store.append_pipelined(events)
+        # What comes before the authorisation (a grant) is recorded first: should the count
+        # have changed, the vote is judged again from the log, which then holds its grant.
+        await self._store.append_pipelined(events[:counted])
+        await self._store.append(events[counted], expected_last_of_type=expected_last_authorised)
+        await self._store.append_pipelined(events[counted + 1 :])
         return events
 
 

@@ -392,16 +392,17 @@ def judge_vote_again(
     decisions (`recorded`).
 
     Should the log hold its grant while the policy in force would now refuse it (the policy
-    changed between the grant's recording and the rest), the grant stands and the call it
-    would have released is denied: the session must not wait for an authorisation that
-    never comes, and what the policy now refuses does not run."""
+    changed between the grant's recording and the rest, or other calls used up an `at_most`
+    count meanwhile), the grant stands and the call it would have released is denied: the
+    session must not wait for an authorisation that never comes, and what the policy now
+    refuses does not run."""
     decisions = judge_vote(before, vote, policy, now, rule_uses)
     granted = any(isinstance(payload, ApprovalGranted) for payload in recorded)
     if not granted or any(isinstance(d.payload, ApprovalGranted) for d in decisions):
         return decisions
     refusals = [d.payload for d in decisions if isinstance(d.payload, ApprovalDecisionRefused)]
     why = refusals[0].reason if refusals else "the policy in force no longer allows it"
-    reason = f"granted, but the policy changed before the call was released: {why}"
+    reason = f"granted, but the policy refused the call when it was to run: {why}"
     return _deny_call(before.approvals[vote.request_id], reason, policy.hash)
 
 
