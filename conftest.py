@@ -19,6 +19,8 @@ from helmline.cli._record import ProcessRecord
 from helmline.runtime import EventStore, ensure_topology
 from helmline.runtime.testing import NatsServer, free_port
 
+BOUNDED_LOG_BYTES = 256 * 1024
+
 
 @pytest.fixture(scope="session")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -114,6 +116,20 @@ async def own_log(tmp_path: Path) -> AsyncIterator[tuple[str, EventStore]]:
         connection = await nats.connect(server.url)
         await ensure_topology(connection.jetstream())
         yield server.url, EventStore(connection.jetstream())
+        await connection.close()
+
+
+@pytest.fixture
+async def bounded_log(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[str, JetStreamContext, EventStore]]:
+    """A nats-server of the test's own (URL, JetStream, event store) whose events stream keeps
+    `BOUNDED_LOG_BYTES` at most, as `HELMLINE_EVENTS_MAX_BYTES` would: a test removes a
+    session's events from it with `push_out`, as retention would."""
+    with NatsServer(tmp_path) as server:
+        connection = await nats.connect(server.url)
+        await ensure_topology(connection.jetstream(), events_max_bytes=BOUNDED_LOG_BYTES)
+        yield server.url, connection.jetstream(), EventStore(connection.jetstream())
         await connection.close()
 
 

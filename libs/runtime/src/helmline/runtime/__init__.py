@@ -24,6 +24,7 @@ from helmline.runtime._errors import (
 from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
 from helmline.runtime._metrics import ServiceMetrics
+from helmline.runtime._object_meta import ObjectMeta, change_object_meta, delete_object_if
 from helmline.runtime._provision import ensure_topology, provision, stream_config
 from helmline.runtime._retry_after import retry_after_s
 from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_service
@@ -36,6 +37,7 @@ from helmline.runtime._store import (
     StoredEvent,
     bulk_allocation,
 )
+from helmline.runtime._sweeps import Sweep, sessions_gone
 from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry
 from helmline.runtime._tracing import TracingSettings, traceparent_for
 
@@ -55,6 +57,7 @@ __all__ = [
     "HelmlineRuntimeError",
     "HttpServer",
     "JsonFormatter",
+    "ObjectMeta",
     "ParkedLetter",
     "PermanentError",
     "RetryOutcome",
@@ -66,11 +69,14 @@ __all__ = [
     "SessionSnapshot",
     "Setup",
     "StoredEvent",
+    "Sweep",
     "ToolCatalogue",
     "TracingSettings",
     "bulk_allocation",
+    "change_object_meta",
     "configure_logging",
     "consumer_config",
+    "delete_object_if",
     "ensure_topology",
     "latest_tool_registry",
     "log_context",
@@ -78,6 +84,7 @@ __all__ = [
     "provision",
     "retry_after_s",
     "run_service",
+    "sessions_gone",
     "stream_config",
     "traceparent_for",
 ]

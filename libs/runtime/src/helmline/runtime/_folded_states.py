@@ -19,12 +19,18 @@ from functools import cache
 from cachetools import LRUCache
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+)
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter, ValidationError
 
 from helmline.contracts import FOLD_VERSION, SESSION_STATES_BUCKET, SessionFold, SessionState
 from helmline.runtime._store import EventStore, SessionSnapshot
+from helmline.runtime._sweeps import sessions_gone
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +292,33 @@ class FoldedStates:
         except ValueError:
             seqs = []
         return _Index(tuple(seq for seq in seqs if isinstance(seq, int)), entry.revision or 0)
+
+    async def sweep(self) -> int:
+        """Drop the states stored for sessions the log no longer holds, and those folded by
+        another version of the fold (never read again); how many keys went."""
+        bucket = await self._kv()
+        try:
+            keys = await bucket.keys()
+        except NoKeysError:
+            return 0
+        by_session: dict[tuple[str, str], list[str]] = {}
+        stale = []
+        for key in keys:
+            version, _, rest = key.partition(".")
+            tenant, session_id, _ = rest.split(".", 2)
+            if version == _version():
+                by_session.setdefault((tenant, session_id), []).append(key)
+            else:
+                stale.append(key)
+        for session in await sessions_gone(self._store, by_session):
+            stale += by_session[session]
+            self._known.pop(session, None)
+        for key in stale:
+            await bucket.purge(key)
+        # The markers of keys purged by earlier sweeps (those of this one stay half an hour,
+        # for watchers to see).
+        await bucket.purge_deletes()
+        return len(stale)
 
     async def _kv(self) -> KeyValue:
         if self._bucket is None:

@@ -31,6 +31,7 @@ from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._provision import ensure_topology
 from helmline.runtime._settings import RuntimeSettings
 from helmline.runtime._store import EventStore
+from helmline.runtime._sweeps import Sweep, sweep_every
 from helmline.runtime._tracing import TracingSettings, service_tracer
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,14 @@ class ServiceHost:
                 await task
 
         self.on_shutdown(cancel)
+
+    def sweep_regularly(self, what: str, sweep: Sweep) -> None:
+        """Run `sweep` every `sweep_interval_s` while the service runs, if the events stream
+        has retention limits: without them no session's log ever goes, so nothing kept for
+        it goes stale."""
+        limits = (self.settings.events_max_age_s, self.settings.events_max_bytes)
+        if limits != (None, None):
+            self.run_in_background(sweep_every(self.settings.sweep_interval_s, what, sweep))
 
     def on_shutdown(self, cleanup: Callable[[], Awaitable[None]]) -> None:
         """Run `cleanup` when the service stops, once its consumers have finished their

@@ -28,5 +28,8 @@ class RuntimeSettings(BaseSettings):
     the same on every process: each applies it to the stream when it starts."""
     events_max_bytes: int | None = Field(default=None, gt=0)
     """How many bytes the events stream may hold (the oldest go first); unset: no limit."""
+    sweep_interval_s: float = Field(default=3600.0, gt=0)
+    """With either limit set, how often each service sweeps what it keeps beside the log
+    (stored states, tool outputs, workspace snapshots) for sessions the log no longer holds."""
     log_format: LogFormat = "json"
     """`json`: one object per line with session, tenant and trace ids; `text`: for people."""

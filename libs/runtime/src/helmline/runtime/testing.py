@@ -31,6 +31,7 @@ from helmline.contracts import (
     Playbook,
     SessionStarted,
     SessionState,
+    ThoughtRecorded,
     decode_event,
     event_type_filter,
     new_event,
@@ -210,6 +211,21 @@ def session_started(tenant: str, session_id: str | None = None) -> Event:
         session_id=session_id or uuid.uuid4().hex,
         source="test",
     )
+
+
+async def push_out(store: EventStore, gone: Event, by: Event) -> None:
+    """Append thoughts to the session of `by` until the log holds no event of the session of
+    `gone` any more, as retention would remove it (the events stream must have a byte
+    limit, as `HELMLINE_EVENTS_MAX_BYTES` sets)."""
+    for batch in range(1_000):
+        if await store.last_seq(gone.tenant, gone.session_id) == 0:
+            return
+        thoughts = [
+            by.derive(ThoughtRecorded(kind="observation", text="x" * 200), source="test", key=k)
+            for k in (f"{batch}/{i}" for i in range(50))
+        ]
+        await store.append_pipelined(thoughts)
+    raise AssertionError(f"session {gone.session_id} is still in the log: has it no limit?")
 
 
 async def start_playbook(

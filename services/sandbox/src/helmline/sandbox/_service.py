@@ -22,6 +22,7 @@ from helmline.sandbox._limits import Defaults
 from helmline.sandbox._reclaim import remove_half_removed
 from helmline.sandbox._settings import SandboxSettings
 from helmline.sandbox._snapshots import WorkspaceSnapshots
+from helmline.sandbox._sweep import WorkspaceSweep
 from helmline.sandbox._tools import Sandboxed, Tools
 
 
@@ -67,6 +68,7 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
         )
         await asyncio.to_thread(remove_half_removed, workspaces_dir)
         await host.consume(consumer, handler)
+        host.sweep_regularly("workspace snapshots", WorkspaceSweep(host.js, host.store))
 
         async def cancelled(message: Msg) -> None:
             # The consumer hands a cancel to one replica, but the session's commands may

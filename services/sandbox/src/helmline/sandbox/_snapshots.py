@@ -4,6 +4,13 @@ manifest per snapshot, so that any snapshot restores the workspace byte for byte
 A blob is stored once, whatever the number of snapshots holding it; a file whose size,
 mtime and inode have not changed since the last scan is not even read again. Only what
 changed costs.
+
+Blobs no snapshot holds any more (their sessions' logs are gone) are deleted by the sweep
+(`_sweep.py`) in two steps at least `BLOB_GRACE` apart: first condemned (a header on the
+blob), then deleted if still condemned and held by no snapshot. A snapshot takes a blob as
+stored only if it is not condemned (else it stores it again, which lifts the condemnation),
+trusts that for `VERIFIED_FOR_S` at most, and writes its manifest within `TAKE_LIMIT_S` of
+starting: so a manifest holding a blob is written before any sweep that may delete it.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ import contextlib
 import hashlib
 import os
 import stat
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 from nats.js import JetStreamContext
 from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
@@ -35,6 +45,16 @@ from helmline.sandbox._manifests import (
 _CHUNK = 1 << 20
 _CACHED_WORKSPACES = 1_000
 _KNOWN_BLOBS = 1_000_000
+BLOB_GRACE = timedelta(hours=1)
+"""Least time between a blob's condemnation and its deletion."""
+VERIFIED_FOR_S = 600.0
+"""How long a snapshot takes a blob it found stored (or stored) as stored without looking."""
+TAKE_LIMIT_S = BLOB_GRACE.total_seconds() - 2 * VERIFIED_FOR_S
+"""Longest a snapshot may take from its start to its manifest (else it is refused)."""
+CONDEMNED = "Helmline-Condemned-At"
+"""The header of a blob condemned by a sweep: when, in ISO 8601."""
+BLOBS = "blobs/"
+MANIFESTS = "manifests/"
 Fingerprint = tuple[int, int, int, int]
 """(size, mtime_ns, inode, ctime_ns): when equal, the content is taken to be unchanged."""
 
@@ -105,11 +125,19 @@ def _hash_file(path: str) -> str:
 
 
 def _blob_name(sha256: str) -> str:
-    return f"blobs/{sha256}"
+    return f"{BLOBS}{sha256}"
 
 
 def _manifest_name(tenant: str, session_id: str, snapshot_id: str) -> str:
-    return f"manifests/{tenant}/{session_id}/{snapshot_id}"
+    return f"{MANIFESTS}{tenant}/{session_id}/{snapshot_id}"
+
+
+def condemned_at(headers: Mapping[str, str | Sequence[str]] | None) -> datetime | None:
+    """When a sweep condemned the blob with these headers; None if it is not condemned."""
+    value = (headers or {}).get(CONDEMNED)
+    if not value:
+        return None
+    return datetime.fromisoformat(value if isinstance(value, str) else value[0])
 
 
 class WorkspaceSnapshots:
@@ -120,8 +148,9 @@ class WorkspaceSnapshots:
         self._max_bytes = max_bytes
         self._store: ObjectStore | None = None
         # Both only spare work (an object store lookup, reading a file), so forgetting is
-        # safe: they are bounded rather than kept for every workspace ever seen.
-        self._stored_blobs: LRUCache[str, None] = LRUCache(_KNOWN_BLOBS)
+        # safe: they are bounded rather than kept for every workspace ever seen. Stored
+        # blobs are trusted for a while only, for the sweep (see the module's docstring).
+        self._stored_blobs: TTLCache[str, None] = TTLCache(_KNOWN_BLOBS, ttl=VERIFIED_FOR_S)
         self._caches: LRUCache[Path, HashCache] = LRUCache(_CACHED_WORKSPACES)
 
     async def _bucket(self) -> ObjectStore:
@@ -147,6 +176,7 @@ class WorkspaceSnapshots:
         When the blobs it would add come to more than the size cap, nothing is stored and
         the snapshot says why.
         """
+        started = time.monotonic()
         cache = self._cache_of(workspace)
         manifest: Manifest = ()
         if await asyncio.to_thread(workspace.is_dir):
@@ -156,7 +186,7 @@ class WorkspaceSnapshots:
         missing: dict[str, Entry] = {}
         for entry in files:
             if entry.sha256 not in self._stored_blobs and entry.sha256 not in missing:
-                if await _exists(bucket, _blob_name(entry.sha256)):
+                if await _stored_and_kept(bucket, _blob_name(entry.sha256)):
                     self._stored_blobs[entry.sha256] = None
                 else:
                     missing[entry.sha256] = entry
@@ -170,14 +200,23 @@ class WorkspaceSnapshots:
             uploaded_bytes=0,
         )
         if uploading > self._max_bytes:
-            return _refused(snapshot, uploading, self._max_bytes)
+            return _refused(
+                snapshot,
+                f"the snapshot would store {uploading} new bytes, above the cap of "
+                f"{self._max_bytes}",
+            )
         for sha256, entry in missing.items():
             data = await asyncio.to_thread(_read, workspace / entry.path)
             if hashlib.sha256(data).hexdigest() != sha256:
                 # Changed since the scan (a command still writing): the manifest would lie.
-                return _refused(snapshot, uploading, self._max_bytes, changing=entry.path)
+                return _refused(
+                    snapshot, f"file {entry.path!r} changed while it was being snapshotted"
+                )
             await bucket.put(_blob_name(sha256), data)
             self._stored_blobs[sha256] = None
+        if time.monotonic() - started > TAKE_LIMIT_S:
+            # A sweep may have deleted blobs it found stored at its start.
+            return _refused(snapshot, f"the snapshot took longer than {TAKE_LIMIT_S:.0f} s")
         await bucket.put(_manifest_name(tenant, session_id, snapshot_id), encode_manifest(manifest))
         return Snapshot(
             snapshot.snapshot_id,
@@ -227,12 +266,7 @@ class WorkspaceSnapshots:
         return stored.data or b""
 
 
-def _refused(snapshot: Snapshot, uploading: int, cap: int, changing: str | None = None) -> Snapshot:
-    reason = (
-        f"file {changing!r} changed while it was being snapshotted"
-        if changing
-        else f"the snapshot would store {uploading} new bytes, above the cap of {cap}"
-    )
+def _refused(snapshot: Snapshot, reason: str) -> Snapshot:
     return Snapshot(
         snapshot.snapshot_id,
         snapshot.manifest,
@@ -244,12 +278,13 @@ def _refused(snapshot: Snapshot, uploading: int, cap: int, changing: str | None 
     )
 
 
-async def _exists(bucket: ObjectStore, name: str) -> bool:
+async def _stored_and_kept(bucket: ObjectStore, name: str) -> bool:
+    """Whether the blob is stored and not condemned by a sweep."""
     try:
-        await bucket.get_info(name)
+        info = await bucket.get_info(name)
     except ObjectNotFoundError:
         return False
-    return True
+    return condemned_at(info.headers) is None
 
 
 def _read(path: Path) -> bytes:

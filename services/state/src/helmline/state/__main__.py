@@ -29,6 +29,7 @@ def setup_state(
         host.on_shutdown(tools.close)
         states = host.states
         await host.consume(checkpoints, StateHandler(host.store, tools, states))
+        host.sweep_regularly("stored states", states.sweep)
         watch = RetentionWatch(
             host.js,
             host.store,

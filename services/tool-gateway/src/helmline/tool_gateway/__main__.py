@@ -6,6 +6,7 @@ from helmline.tool_gateway._config import ServersFile, load_servers
 from helmline.tool_gateway._federation import Federation
 from helmline.tool_gateway._handlers import GatewayHandler
 from helmline.tool_gateway._ratelimit import RateLimiter
+from helmline.tool_gateway._raw_outputs import sweep_raw_outputs
 from helmline.tool_gateway._settings import GatewaySettings
 from helmline.yamlfile import YamlFileError
 
@@ -22,14 +23,16 @@ def setup_gateway(
         federation = Federation(host.store, servers.servers if servers is not None else ())
         host.on_shutdown(federation.stop)
         await federation.start()
+        raw_outputs = await host.js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
         handler = GatewayHandler(
             host.store,
             federation,
             limiter=await RateLimiter.open(host.js),
-            raw_outputs=await host.js.object_store(TOOL_OUTPUTS_BUCKET.bucket),
+            raw_outputs=raw_outputs,
             max_output_bytes=settings.max_output_bytes,
         )
         await host.consume(consumer, handler)
+        host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(raw_outputs, host.store))
 
     return setup
 

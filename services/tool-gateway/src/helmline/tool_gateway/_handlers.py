@@ -40,6 +40,7 @@ from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
+from helmline.tool_gateway._raw_outputs import raw_output_name
 from helmline.tool_gateway._registry import rate_limit_of
 from helmline.tool_gateway._resilience import LONGEST_PAUSE_S, backoff_s
 from helmline.tool_gateway._safety import make_safe
@@ -264,7 +265,7 @@ class GatewayHandler:
             )
         raw_name = None
         if safe.changed and self._raw_outputs is not None:
-            raw_name = f"{cause.tenant}/{cause.session_id}/{call.call_id}"
+            raw_name = raw_output_name(cause.tenant, cause.session_id, call.call_id)
             await self._raw_outputs.put(raw_name, json.dumps(raw, ensure_ascii=False).encode())
         return ToolCallCompleted(
             call_id=call.call_id,

@@ -1,0 +1,166 @@
+"""What services keep beside the log goes once retention removed its session's events:
+stored states here (tool outputs and snapshots in their services' tests), and the
+conditional change of an object's metadata the snapshots' sweep relies on."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+from nats.js.errors import NoKeysError, ObjectNotFoundError
+
+from helmline.contracts import SESSION_STATES_BUCKET, TOOL_OUTPUTS_BUCKET, Event, ThoughtRecorded
+from helmline.runtime import (
+    EventStore,
+    FoldedStates,
+    RuntimeSettings,
+    ServiceHost,
+    change_object_meta,
+    delete_object_if,
+    sessions_gone,
+)
+from helmline.runtime.testing import eventually, push_out, session_started
+
+BoundedLog = tuple[str, JetStreamContext, EventStore]
+
+
+async def with_thoughts(store: EventStore, tenant: str, thoughts: int) -> Event:
+    """A new session of `thoughts` thoughts after its start; its start."""
+    started = session_started(tenant)
+    await store.append(started)
+    await store.append_pipelined(
+        [
+            started.derive(ThoughtRecorded(kind="observation", text=str(i)), source="t", key=str(i))
+            for i in range(thoughts)
+        ]
+    )
+    return started
+
+
+async def stored_keys(js: JetStreamContext) -> set[str]:
+    try:
+        return set(await (await js.key_value(SESSION_STATES_BUCKET.bucket)).keys())
+    except NoKeysError:
+        return set()
+
+
+async def test_states_of_sessions_the_log_no_longer_holds_and_of_other_versions_are_swept(
+    bounded_log: BoundedLog, tenant: str
+) -> None:
+    _, js, store = bounded_log
+    states = FoldedStates(js, store, every=5, interval_s=0)
+    gone = await with_thoughts(store, tenant, 20)
+    kept = await with_thoughts(store, tenant, 20)
+    for session in (gone, kept):
+        assert await states.keep_up(tenant, session.session_id, await store.last_seq(*key(session)))
+    bucket = await js.key_value(SESSION_STATES_BUCKET.bucket)
+    await bucket.put(f"v0-earlier.{tenant}.{kept.session_id}.index", b"[5]")
+    before = await stored_keys(js)
+    of_gone = {k for k in before if f".{gone.session_id}." in k}
+    assert len(of_gone) >= 2  # States and their index.
+
+    await push_out(store, gone, kept)
+    assert await sessions_gone(store, [key(gone), key(kept)]) == {key(gone)}
+    swept = await states.sweep()
+
+    assert swept == len(of_gone) + 1
+    assert await stored_keys(js) == before - of_gone - {
+        f"v0-earlier.{tenant}.{kept.session_id}.index"
+    }
+    loaded = await states.load(tenant, kept.session_id)
+    assert loaded.last_seq == await store.last_seq(*key(kept))
+
+
+def key(started: Event) -> tuple[str, str]:
+    return started.tenant, started.session_id
+
+
+async def test_a_service_sweeps_regularly_only_when_the_log_has_limits(
+    bounded_log: BoundedLog, tmp_path: Path
+) -> None:
+    url, _, _ = bounded_log
+    sweeps: list[str] = []
+
+    async def sweep() -> int:
+        sweeps.append("swept")
+        return 0
+
+    unbounded = RuntimeSettings(nats_url=url, sweep_interval_s=0.01)
+    async with ServiceHost("unbounded", unbounded) as host:
+        host.sweep_regularly("nothing", sweep)
+        await asyncio.sleep(0.2)  # Long enough for twenty sweeps, had one been started.
+    assert sweeps == []
+
+    bounded = RuntimeSettings(nats_url=url, sweep_interval_s=0.01, events_max_bytes=256 * 1024)
+    async with ServiceHost("bounded", bounded) as host:
+        host.sweep_regularly("nothing", sweep)
+        await eventually(lambda: len(sweeps) >= 3, what="three sweeps")
+
+
+class StoredAgainAfterRead:
+    """JetStream on which the object `name` is stored again (as a snapshot would) right
+    after a reader read an object's metadata: the worst moment for a blind write."""
+
+    def __init__(self, js: JetStreamContext, name: str) -> None:
+        self._js = js
+        self._name = name
+
+    async def get_last_msg(self, stream: str, subject: str):  # type: ignore[no-untyped-def]
+        last = await self._js.get_last_msg(stream, subject)
+        bucket = await self._js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
+        await bucket.put(self._name, b"stored again")
+        return last
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._js, name)
+
+
+async def test_an_object_stored_again_after_its_metadata_was_read_is_neither_changed_nor_deleted(
+    js: JetStreamContext, tenant: str
+) -> None:
+    bucket = await js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
+    name = f"{tenant}/s/c"
+    await bucket.put(name, b"first")
+    racing = StoredAgainAfterRead(js, name)
+
+    marked = await change_object_meta(
+        racing,  # type: ignore[arg-type]
+        TOOL_OUTPUTS_BUCKET.bucket,
+        name,
+        lambda meta: {**meta, "headers": {"Marked": ["yes"]}},
+    )
+    deleted = await delete_object_if(
+        racing,  # type: ignore[arg-type]
+        TOOL_OUTPUTS_BUCKET.bucket,
+        name,
+        lambda meta: True,
+    )
+
+    assert (marked, deleted) == (None, False)
+    stored = await bucket.get(name)
+    assert stored.data == b"stored again"
+    assert not (stored.info.headers or {}).get("Marked")
+
+
+async def test_an_object_unchanged_since_read_is_changed_and_deleted(
+    js: JetStreamContext, tenant: str
+) -> None:
+    bucket = await js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
+    name = f"{tenant}/s/c"
+    await bucket.put(name, b"first")
+
+    marked = await change_object_meta(
+        js, TOOL_OUTPUTS_BUCKET.bucket, name, lambda meta: {**meta, "headers": {"Marked": ["yes"]}}
+    )
+    assert marked is not None
+    assert (await bucket.get_info(name)).headers == {"Marked": ["yes"]}
+    assert not await delete_object_if(
+        js, TOOL_OUTPUTS_BUCKET.bucket, name, lambda meta: "Other" in meta["headers"]
+    )
+    assert await delete_object_if(
+        js, TOOL_OUTPUTS_BUCKET.bucket, name, lambda meta: "Marked" in meta["headers"]
+    )
+    with pytest.raises(ObjectNotFoundError):
+        await bucket.get_info(name)
