@@ -35,6 +35,10 @@ async def sweep_every(interval_s: float, what: str, sweep: Sweep) -> None:
             removed = await sweep()
         except (nats.errors.Error, TimeoutError) as error:
             logger.warning("could not sweep %s: %r", what, error)
+        except Exception:
+            # Whatever stopped this sweep (an object it cannot read), the service goes on
+            # and so do later sweeps; a sweep stopped short removes less, never more.
+            logger.exception("sweeping %s failed", what)
         else:
             if removed:
                 logger.info("swept %d %s of sessions the log no longer holds", removed, what)
