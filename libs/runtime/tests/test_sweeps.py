@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from nats.js import JetStreamContext
-from nats.js.errors import NoKeysError, ObjectNotFoundError
+from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
 
 from helmline.contracts import SESSION_STATES_BUCKET, TOOL_OUTPUTS_BUCKET, Event, ThoughtRecorded
 from helmline.runtime import (
@@ -69,6 +69,9 @@ async def test_states_of_sessions_the_log_no_longer_holds_and_of_other_versions_
     assert await stored_keys(js) == before - of_gone - {
         f"v0-earlier.{tenant}.{kept.session_id}.index"
     }
+    with pytest.raises(KeyNotFoundError) as missing:
+        await bucket.get(next(iter(of_gone)))
+    assert missing.value.entry is None  # Not even a deletion marker is left.
     loaded = await states.load(tenant, kept.session_id)
     assert loaded.last_seq == await store.last_seq(*key(kept))
 

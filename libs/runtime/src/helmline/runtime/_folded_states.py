@@ -19,6 +19,7 @@ from functools import cache
 from cachetools import LRUCache
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
+from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
 from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
@@ -313,11 +314,13 @@ class FoldedStates:
         for session in await sessions_gone(self._store, by_session):
             stale += by_session[session]
             self._known.pop(session, None)
+        # Purged from the bucket's stream rather than deleted: a deletion leaves a marker
+        # per key, which would then need sweeping too (and the client's sweep of markers
+        # reads every stored state).
+        stream = KV_STREAM_TEMPLATE.format(bucket=SESSION_STATES_BUCKET.bucket)
+        subjects = KV_PRE_TEMPLATE.format(bucket=SESSION_STATES_BUCKET.bucket)
         for key in stale:
-            await bucket.purge(key)
-        # The markers of keys purged by earlier sweeps (those of this one stay half an hour,
-        # for watchers to see).
-        await bucket.purge_deletes()
+            await self._js.purge_stream(stream, subject=subjects + key)
         return len(stale)
 
     async def _kv(self) -> KeyValue:
