@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -108,15 +109,24 @@ class EmbeddedPostgres:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def provisioned_server(
+    folder: Path, events_max_bytes: int | None = None
+) -> AsyncIterator[tuple[str, NATS]]:
+    """A nats-server of the test's own with Helmline's topology: its URL and a connection."""
+    with NatsServer(folder) as server:
+        connection = await nats.connect(server.url)
+        await ensure_topology(connection.jetstream(), events_max_bytes=events_max_bytes)
+        yield server.url, connection
+        await connection.close()
+
+
 @pytest.fixture
 async def own_log(tmp_path: Path) -> AsyncIterator[tuple[str, EventStore]]:
     """A provisioned nats-server of the test's own (URL and event store), for work that reads
     every tenant's events, such as a read model rebuild."""
-    with NatsServer(tmp_path) as server:
-        connection = await nats.connect(server.url)
-        await ensure_topology(connection.jetstream())
-        yield server.url, EventStore(connection.jetstream())
-        await connection.close()
+    async with provisioned_server(tmp_path) as (url, connection):
+        yield url, EventStore(connection.jetstream())
 
 
 @pytest.fixture
@@ -126,11 +136,8 @@ async def bounded_log(
     """A nats-server of the test's own (URL, JetStream, event store) whose events stream keeps
     `BOUNDED_LOG_BYTES` at most, as `HELMLINE_EVENTS_MAX_BYTES` would: a test removes a
     session's events from it with `push_out`, as retention would."""
-    with NatsServer(tmp_path) as server:
-        connection = await nats.connect(server.url)
-        await ensure_topology(connection.jetstream(), events_max_bytes=BOUNDED_LOG_BYTES)
-        yield server.url, connection.jetstream(), EventStore(connection.jetstream())
-        await connection.close()
+    async with provisioned_server(tmp_path, BOUNDED_LOG_BYTES) as (url, connection):
+        yield url, connection.jetstream(), EventStore(connection.jetstream())
 
 
 @pytest.fixture

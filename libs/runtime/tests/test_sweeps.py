@@ -4,9 +4,6 @@ conditional change of an object's metadata the snapshots' sweep relies on."""
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
-
 import pytest
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
@@ -17,6 +14,7 @@ from helmline.runtime import (
     FoldedStates,
     RuntimeSettings,
     ServiceHost,
+    Sweep,
     change_object_meta,
     delete_object_if,
     sessions_gone,
@@ -37,6 +35,10 @@ async def with_thoughts(store: EventStore, tenant: str, thoughts: int) -> Event:
         ]
     )
     return started
+
+
+def key(started: Event) -> tuple[str, str]:
+    return started.tenant, started.session_id
 
 
 async def stored_keys(js: JetStreamContext) -> set[str]:
@@ -76,32 +78,32 @@ async def test_states_of_sessions_the_log_no_longer_holds_and_of_other_versions_
     assert loaded.last_seq == await store.last_seq(*key(kept))
 
 
-def key(started: Event) -> tuple[str, str]:
-    return started.tenant, started.session_id
-
-
 async def test_a_service_sweeps_regularly_only_when_the_log_has_limits_whatever_one_sweep_meets(
-    bounded_log: BoundedLog, tmp_path: Path
+    bounded_log: BoundedLog,
 ) -> None:
     url, _, _ = bounded_log
-    sweeps: list[str] = []
+    sweeps: dict[str, list[str]] = {"unbounded": [], "bounded": []}
 
-    async def sweep() -> int:
-        sweeps.append("swept")
-        if len(sweeps) == 1:
-            raise ValueError("an object the sweep cannot read")  # Later sweeps still run.
-        return 0
+    def sweep_of(host: str) -> Sweep:
+        async def sweep() -> int:
+            sweeps[host].append("swept")
+            if len(sweeps[host]) == 1:
+                raise ValueError("an object the sweep cannot read")  # Later sweeps still run.
+            return 0
+
+        return sweep
 
     unbounded = RuntimeSettings(nats_url=url, sweep_interval_s=0.01)
-    async with ServiceHost("unbounded", unbounded) as host:
-        host.sweep_regularly("nothing", sweep)
-        await asyncio.sleep(0.2)  # Long enough for twenty sweeps, had one been started.
-    assert sweeps == []
-
     bounded = RuntimeSettings(nats_url=url, sweep_interval_s=0.01, events_max_bytes=256 * 1024)
-    async with ServiceHost("bounded", bounded) as host:
-        host.sweep_regularly("nothing", sweep)
-        await eventually(lambda: len(sweeps) >= 3, what="three sweeps")
+    async with (
+        ServiceHost("unbounded", unbounded) as without_limits,
+        ServiceHost("bounded", bounded) as with_limits,
+    ):
+        without_limits.sweep_regularly("nothing", sweep_of("unbounded"))
+        with_limits.sweep_regularly("nothing", sweep_of("bounded"))
+        # A sweep started without limits would have run first, at once.
+        await eventually(lambda: len(sweeps["bounded"]) >= 3, what="three sweeps")
+    assert sweeps["unbounded"] == []
 
 
 class StoredAgainAfterRead:

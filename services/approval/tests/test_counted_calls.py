@@ -169,17 +169,7 @@ async def test_two_replicas_judging_at_once_use_a_standing_grant_no_more_than_it
     assert sorted([*under_the_grant[1:], *asked_again]) == ["b", "c"]
 
 
-ASK_FOR_ONE_ECHO = """
-rules:
-  - name: ask-once
-    tool: echo
-    at_most: {calls: 1, per: 10m}
-    effect: require_approval
-  - name: no-more-echoes
-    tool: echo
-    effect: deny
-    reason: one echo per ten minutes
-"""
+ASK_FOR_ONE_ECHO = POLICY.replace("effect: allow", "effect: require_approval")
 
 
 async def asked_for(

@@ -20,6 +20,7 @@ from helmline.sandbox._snapshots import (
     CONDEMNED,
     SnapshotMissing,
     WorkspaceSnapshots,
+    blob_name,
     condemned_at,
 )
 from helmline.sandbox._sweep import WorkspaceSweep
@@ -36,8 +37,8 @@ class Clock:
         return self.now
 
 
-def blob_name(content: bytes) -> str:
-    return f"blobs/{hashlib.sha256(content).hexdigest()}"
+def blob_of(content: bytes) -> str:
+    return blob_name(hashlib.sha256(content).hexdigest())
 
 
 def write_files(workspace: Path, files: dict[str, bytes]) -> None:
@@ -58,7 +59,7 @@ async def snapshot_of(
 
 async def condemnation(js: JetStreamContext, content: bytes) -> datetime | None:
     bucket = await js.object_store(WORKSPACES_BUCKET.bucket)
-    return condemned_at((await bucket.get_info(blob_name(content))).headers)
+    return condemned_at((await bucket.get_info(blob_of(content))).headers)
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ async def test_a_gone_sessions_snapshots_go_then_after_the_grace_the_blobs_only_
 
     bucket = await js.object_store(WORKSPACES_BUCKET.bucket)
     with pytest.raises(ObjectNotFoundError):
-        await bucket.get_info(blob_name(ONLY_GONE))
+        await bucket.get_info(blob_of(ONLY_GONE))
     restored = tmp_path / "restored"
     await snapshots.restore(restored, kept.tenant, kept.session_id, "snap-1")
     assert (restored / "shared").read_bytes() == SHARED
@@ -145,9 +146,7 @@ async def test_a_condemned_blob_a_snapshot_holds_is_pardoned(
     def condemned(meta: dict[str, object]) -> dict[str, object]:
         return {**meta, "headers": {CONDEMNED: [earlier.isoformat()]}}
 
-    changed = await change_object_meta(
-        js, WORKSPACES_BUCKET.bucket, blob_name(ONLY_KEPT), condemned
-    )
+    changed = await change_object_meta(js, WORKSPACES_BUCKET.bucket, blob_of(ONLY_KEPT), condemned)
     assert changed is not None
 
     assert await WorkspaceSweep(js, store)() == 0

@@ -48,6 +48,7 @@ from helmline.runtime import (
     FoldedStates,
     RetryableError,
     SessionCache,
+    StoredEvent,
 )
 
 logger = logging.getLogger(__name__)
@@ -188,10 +189,7 @@ class ApprovalHandler:
             log = await self._store.read_all(event.tenant, event.session_id)
             session, approved_plan = _session_and_plan([stored.event for stored in log])
             if last_authorised is None:
-                last_authorised = max(
-                    (s.seq for s in log if isinstance(s.event.data, ToolCallAuthorized)),
-                    default=0,
-                )
+                last_authorised = _last_authorised(log)
             decisions = judge_step(
                 scheduled,
                 policy,
@@ -266,9 +264,7 @@ class ApprovalHandler:
             and policy.counted_span_for(tenant=cause.tenant, tool=request.tool) is not None
         ):
             counted = events
-            last_authorised = max(
-                (s.seq for s in log if isinstance(s.event.data, ToolCallAuthorized)), default=0
-            )
+            last_authorised = _last_authorised(log)
         decisions = judge_vote_again(
             session, vote, policy, cause.time, recorded, uses_by_rule(counted)
         )
@@ -408,6 +404,12 @@ def _session_and_plan(events: Sequence[Event]) -> tuple[SessionState, PlanPropos
         if isinstance(e.data, PlanProposed) and e.data.revision == session.plan_approved_revision
     )
     return session, next(plans, None)
+
+
+def _last_authorised(log: Sequence[StoredEvent]) -> int:
+    """The sequence of the session's last authorisation (0: none), which an authorisation
+    let by a count expects to be still the last."""
+    return max((s.seq for s in log if isinstance(s.event.data, ToolCallAuthorized)), default=0)
 
 
 def _timer_key(tenant: str, session_id: str, request_id: str) -> str:

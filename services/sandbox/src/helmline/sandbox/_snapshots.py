@@ -124,7 +124,7 @@ def _hash_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def _blob_name(sha256: str) -> str:
+def blob_name(sha256: str) -> str:
     return f"{BLOBS}{sha256}"
 
 
@@ -186,7 +186,7 @@ class WorkspaceSnapshots:
         missing: dict[str, Entry] = {}
         for entry in files:
             if entry.sha256 not in self._stored_blobs and entry.sha256 not in missing:
-                if await _stored_and_kept(bucket, _blob_name(entry.sha256)):
+                if await _stored_and_kept(bucket, blob_name(entry.sha256)):
                     self._stored_blobs[entry.sha256] = None
                 else:
                     missing[entry.sha256] = entry
@@ -212,7 +212,7 @@ class WorkspaceSnapshots:
                 return _refused(
                     snapshot, f"file {entry.path!r} changed while it was being snapshotted"
                 )
-            await bucket.put(_blob_name(sha256), data)
+            await bucket.put(blob_name(sha256), data)
             self._stored_blobs[sha256] = None
         if time.monotonic() - started > TAKE_LIMIT_S:
             # A sweep may have deleted blobs it found stored at its start.
@@ -255,7 +255,7 @@ class WorkspaceSnapshots:
 
     async def blob(self, sha256: str) -> bytes:
         """A stored file's content by its hash; raises `SnapshotMissing` if not stored."""
-        return await self._get(_blob_name(sha256), f"the content {sha256}")
+        return await self._get(blob_name(sha256), f"the content {sha256}")
 
     async def _get(self, name: str, what: str) -> bytes:
         bucket = await self._bucket()
