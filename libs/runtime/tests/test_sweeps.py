@@ -1,6 +1,6 @@
 """What services keep beside the log goes once retention removed its session's events:
 stored states here (tool outputs and snapshots in their services' tests), and the
-conditional change of an object's metadata the snapshots' sweep relies on."""
+conditional change and whole delete of an object the object stores' sweeps rely on."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from helmline.runtime import (
     Sweep,
     change_object_meta,
     delete_object_if,
+    live_objects,
     sessions_gone,
 )
-from helmline.runtime.testing import eventually, push_out, session_started
+from helmline.runtime.testing import eventually, push_out, remains_of, session_started
 
 BoundedLog = tuple[str, JetStreamContext, EventStore]
 
@@ -106,19 +107,27 @@ async def test_a_service_sweeps_regularly_only_when_the_log_has_limits_whatever_
     assert sweeps["unbounded"] == []
 
 
-class StoredAgainAfterRead:
+class StoredAgain:
     """JetStream on which the object `name` is stored again (as a snapshot would) right
-    after a reader read an object's metadata: the worst moment for a blind write."""
+    after a reader read an object's metadata, the worst moment for a blind write; or, with
+    `before_read`, right before (after the reader listed it)."""
 
-    def __init__(self, js: JetStreamContext, name: str) -> None:
+    def __init__(self, js: JetStreamContext, name: str, *, before_read: bool = False) -> None:
         self._js = js
         self._name = name
+        self._before_read = before_read
 
     async def get_last_msg(self, stream: str, subject: str):  # type: ignore[no-untyped-def]
+        if self._before_read:
+            await self._store_again()
         last = await self._js.get_last_msg(stream, subject)
+        if not self._before_read:
+            await self._store_again()
+        return last
+
+    async def _store_again(self) -> None:
         bucket = await self._js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
         await bucket.put(self._name, b"stored again")
-        return last
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._js, name)
@@ -130,7 +139,7 @@ async def test_an_object_stored_again_after_its_metadata_was_read_is_neither_cha
     bucket = await js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
     name = f"{tenant}/s/c"
     await bucket.put(name, b"first")
-    racing = StoredAgainAfterRead(js, name)
+    racing = StoredAgain(js, name)
 
     marked = await change_object_meta(
         racing,  # type: ignore[arg-type]
@@ -171,3 +180,40 @@ async def test_an_object_unchanged_since_read_is_changed_and_deleted(
     )
     with pytest.raises(ObjectNotFoundError):
         await bucket.get_info(name)
+
+
+def cut_short(meta: dict[str, object]) -> dict[str, object]:
+    """The marker a delete writes before a crash keeps it from purging anything."""
+    return {**meta, "deleted": True, "size": 0, "chunks": 0, "digest": "", "mtime": ""}
+
+
+async def test_a_delete_leaves_nothing_and_one_cut_short_is_finished_by_the_next_listing(
+    js: JetStreamContext, tenant: str
+) -> None:
+    bucket = await js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
+    deleted = await bucket.put(f"{tenant}/s/deleted", b"x" * 300_000)  # Three chunks.
+    crashed = await bucket.put(f"{tenant}/s/crashed", b"y" * 300_000)
+
+    assert await delete_object_if(js, TOOL_OUTPUTS_BUCKET.bucket, deleted.name, lambda _: True)
+    assert await change_object_meta(js, TOOL_OUTPUTS_BUCKET.bucket, crashed.name, cut_short)
+    assert await remains_of(js, TOOL_OUTPUTS_BUCKET.bucket, [deleted]) == 0
+    assert await remains_of(js, TOOL_OUTPUTS_BUCKET.bucket, [crashed]) == 4
+
+    listed = {info.name for info in await live_objects(js, TOOL_OUTPUTS_BUCKET.bucket)}
+    assert crashed.name not in listed
+    assert await remains_of(js, TOOL_OUTPUTS_BUCKET.bucket, [crashed]) == 0
+
+
+@pytest.mark.parametrize("before_read", [False, True])
+async def test_a_name_stored_again_while_its_delete_is_finished_keeps_what_was_stored(
+    js: JetStreamContext, tenant: str, before_read: bool
+) -> None:
+    bucket = await js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
+    name = f"{tenant}/s/c"
+    await bucket.put(name, b"first")
+    assert await change_object_meta(js, TOOL_OUTPUTS_BUCKET.bucket, name, cut_short)
+
+    racing = StoredAgain(js, name, before_read=before_read)
+    await live_objects(racing, TOOL_OUTPUTS_BUCKET.bucket)  # type: ignore[arg-type]
+
+    assert (await bucket.get(name)).data == b"stored again"

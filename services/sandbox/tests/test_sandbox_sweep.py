@@ -1,6 +1,7 @@
-"""The workspaces' object store is swept once retention removed sessions' events: their
-snapshots go, then the blobs no snapshot holds, never one a snapshot still holds or has
-just stored again."""
+"""What the sandbox keeps of a session is swept once retention removed the session's events:
+in the workspaces' object store, its snapshots go, then the blobs no snapshot holds, never one
+a snapshot still holds or has just stored again, and what goes leaves nothing in the bucket's
+stream; on the sandbox's disk, its workspace folder and marker go."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from nats.js.errors import ObjectNotFoundError
 
 from helmline.contracts import WORKSPACES_BUCKET, Event
 from helmline.runtime import EventStore, change_object_meta
-from helmline.runtime.testing import push_out, session_started
+from helmline.runtime.testing import push_out, remains_of, session_started
+from helmline.sandbox._paths import workspace_of
+from helmline.sandbox._reclaim import (
+    OWNED_STAMP,
+    marker_of,
+    own_workspaces_dir,
+    sweep_workspace_folders,
+)
 from helmline.sandbox._snapshots import (
     BLOB_GRACE,
     CONDEMNED,
@@ -85,6 +93,13 @@ async def test_a_gone_sessions_snapshots_go_then_after_the_grace_the_blobs_only_
     clock = Clock()
     sweep = WorkspaceSweep(js, store, clock=clock)
     snapshots = WorkspaceSnapshots(js, max_bytes=1 << 20)
+    bucket = await js.object_store(WORKSPACES_BUCKET.bucket)
+    only_gones = [
+        info
+        for info in await bucket.list()
+        if gone.session_id in info.name or info.name == blob_of(ONLY_GONE)
+    ]
+    assert len(only_gones) == 2  # Its manifest and the blob only it held.
 
     assert await sweep() == 1  # The gone session's manifest.
     with pytest.raises(SnapshotMissing):
@@ -98,9 +113,9 @@ async def test_a_gone_sessions_snapshots_go_then_after_the_grace_the_blobs_only_
     clock.now += timedelta(seconds=1)
     assert await sweep() == 1
 
-    bucket = await js.object_store(WORKSPACES_BUCKET.bucket)
     with pytest.raises(ObjectNotFoundError):
         await bucket.get_info(blob_of(ONLY_GONE))
+    assert await remains_of(js, WORKSPACES_BUCKET.bucket, only_gones) == 0
     restored = tmp_path / "restored"
     await snapshots.restore(restored, kept.tenant, kept.session_id, "snap-1")
     assert (restored / "shared").read_bytes() == SHARED
@@ -151,3 +166,53 @@ async def test_a_condemned_blob_a_snapshot_holds_is_pardoned(
 
     assert await WorkspaceSweep(js, store)() == 0
     assert await condemnation(js, ONLY_KEPT) is None
+
+
+async def test_the_folders_and_markers_of_sessions_gone_leave_the_disk_but_one_running_a_call(
+    bounded_log: BoundedLog, tenant: str, tmp_path: Path
+) -> None:
+    _, _, store = bounded_log
+    root = tmp_path / "workspaces"
+    own_workspaces_dir(root)
+    gone, running, kept = (session_started(tenant) for _ in range(3))
+    (root / tenant).mkdir()
+    for session in (gone, running, kept):
+        await store.append(session)
+        write_files(workspace_of(root, tenant, session.session_id), {"f": b"x"})
+    gone_workspace = workspace_of(root, tenant, gone.session_id)
+    (gone_workspace / "sub").mkdir()
+    (gone_workspace / "sub" / "g").write_bytes(b"y")
+    # A reclaim cut short: its marker written, and another half written beside it.
+    marker_of(gone_workspace).write_text("snap-1")
+    gone_workspace.with_name(f"{gone.session_id}.reclaimed.new").write_text("snap-")
+    half_removed = root / tenant / f".removing-{kept.session_id}.abc"
+    half_removed.mkdir()
+    await push_out(store, gone, kept)
+    await push_out(store, running, kept)
+
+    def runs_a_call(tenant: str, session_id: str) -> bool:
+        return session_id == running.session_id
+
+    assert await sweep_workspace_folders(store, root, runs_a_call) == 1
+
+    left = {path.name for path in (root / tenant).iterdir()}
+    assert left == {running.session_id, kept.session_id, half_removed.name}
+    assert await sweep_workspace_folders(store, root, lambda *_: False) == 1
+    assert {path.name for path in (root / tenant).iterdir()} == {
+        kept.session_id,
+        half_removed.name,
+    }
+
+
+async def test_a_root_the_sandbox_did_not_make_is_never_swept(
+    bounded_log: BoundedLog, tenant: str, tmp_path: Path
+) -> None:
+    _, _, store = bounded_log
+    root = tmp_path / "shared"
+    (root / "notes" / "todo").mkdir(parents=True)  # Looks like a tenant's session.
+    own_workspaces_dir(root)
+
+    assert await sweep_workspace_folders(store, root, lambda *_: False) == 0
+
+    assert (root / "notes" / "todo").is_dir()
+    assert not (root / OWNED_STAMP).exists()

@@ -24,7 +24,13 @@ from helmline.runtime._errors import (
 from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
 from helmline.runtime._metrics import ServiceMetrics
-from helmline.runtime._object_meta import ObjectMeta, change_object_meta, delete_object_if
+from helmline.runtime._object_meta import (
+    ObjectMeta,
+    change_object_meta,
+    delete_object,
+    delete_object_if,
+    live_objects,
+)
 from helmline.runtime._provision import ensure_topology, provision, stream_config
 from helmline.runtime._retry_after import retry_after_s
 from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_service
@@ -76,9 +82,11 @@ __all__ = [
     "change_object_meta",
     "configure_logging",
     "consumer_config",
+    "delete_object",
     "delete_object_if",
     "ensure_topology",
     "latest_tool_registry",
+    "live_objects",
     "log_context",
     "nats_server_binary",
     "provision",

@@ -22,6 +22,9 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ObjectInfo
+from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
 from helmline.contracts import (
     Actor,
@@ -37,6 +40,7 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime._embedded import nats_server_binary
+from helmline.runtime._object_meta import chunks_subject, meta_subject
 from helmline.runtime._store import EventStore
 
 
@@ -226,6 +230,16 @@ async def push_out(store: EventStore, gone: Event, by: Event) -> None:
         ]
         await store.append_pipelined(thoughts)
     raise AssertionError(f"session {gone.session_id} is still in the log: has it no limit?")
+
+
+async def remains_of(js: JetStreamContext, bucket: str, objects: list[ObjectInfo]) -> int:
+    """How many messages of `objects` (as they were put) the bucket's stream still holds:
+    their metadata, deletion markers and chunks."""
+    subjects = {meta_subject(bucket, o.name) for o in objects}
+    subjects |= {chunks_subject(bucket, o.nuid or "") for o in objects}
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
+    held = (await js.stream_info(stream, subjects_filter=f"$O.{bucket}.>")).state.subjects
+    return sum(count for subject, count in (held or {}).items() if subject in subjects)
 
 
 async def start_playbook(

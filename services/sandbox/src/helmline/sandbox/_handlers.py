@@ -80,7 +80,7 @@ class SandboxHandler:
             WorkspaceRestorer(store, workspaces_dir, snapshots) if snapshots is not None else None
         )
         self._reclaimer = (
-            WorkspaceReclaimer(store, snapshots, self._runs_a_call)
+            WorkspaceReclaimer(store, snapshots, self.runs_a_call)
             if snapshots is not None and reclaim
             else None
         )
@@ -128,7 +128,8 @@ class SandboxHandler:
     def _workspace_of(self, event: Event) -> Path:
         return workspace_of(self._workspaces_dir, event.tenant, event.session_id)
 
-    def _runs_a_call(self, tenant: str, session_id: str) -> bool:
+    def runs_a_call(self, tenant: str, session_id: str) -> bool:
+        """Whether a call of the session runs in this process now."""
         return any((t, s) == (tenant, session_id) for t, s, _ in self._running)
 
     def cancel_session(self, tenant: str, session_id: str) -> int:

@@ -8,6 +8,9 @@ Crash-safe in this order: the marker is written, the folder is renamed out of th
 step, then deleted. A crash leaves the folder (and perhaps its marker, which a folder
 overrides), reclaimed when the session's end is delivered again; or the marker and a renamed
 folder, which the next start deletes.
+
+With the log's retention limits set, a sweep also removes the folders and markers of
+sessions of which the log holds nothing any more (`sweep_workspace_folders`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from helmline.contracts import Event, SessionState
-from helmline.runtime import Deferred, EventStore
+from helmline.runtime import Deferred, EventStore, sessions_gone
 from helmline.sandbox._snapshots import WorkspaceSnapshots
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,9 @@ MARKER_SUFFIX = ".reclaimed"
 session id contains a dot, so it never names a workspace."""
 REMOVING_PREFIX = ".removing-"
 """A workspace renamed to `.removing-<session_id>.<random>` is being deleted."""
+OWNED_STAMP = ".helmline-workspaces"
+"""A file in the workspaces' root saying the sandbox made it. Only such a root is swept, so
+that a root set by mistake to a folder holding anything else never loses a thing."""
 CALLS_FINISHING_WAIT = timedelta(seconds=5)
 """How long to wait before looking again at a session whose calls are still finishing (a
 cancelled session's command being killed, then snapshotted)."""
@@ -154,10 +160,7 @@ class WorkspaceReclaimer:
             return None
         if not workspace.is_dir():
             return None  # Gone already (a reclaim cut short): the marker says from where.
-        # A name of its own: what an earlier removal failed to delete is not in the way.
-        removing = workspace.with_name(f"{REMOVING_PREFIX}{workspace.name}.{uuid.uuid4().hex}")
-        workspace.rename(removing)
-        return removing
+        return _renamed_aside(workspace)
 
     async def put_back(self, workspace: Path, tenant: str, session_id: str) -> None:
         """Before a call runs: a reclaimed workspace is restored from its snapshot (raises
@@ -192,6 +195,72 @@ def _write_durably(path: Path, text: str) -> None:
         written.flush()
         os.fsync(written.fileno())
     os.replace(partial, path)
+
+
+def _renamed_aside(workspace: Path) -> Path:
+    """Rename a workspace to be deleted out of the way, in one step; where it went."""
+    # A name of its own: what an earlier removal failed to delete is not in the way.
+    removing = workspace.with_name(f"{REMOVING_PREFIX}{workspace.name}.{uuid.uuid4().hex}")
+    workspace.rename(removing)
+    return removing
+
+
+def own_workspaces_dir(workspaces_dir: Path) -> None:
+    """Stamp the workspaces' root as the sandbox's if it is new: missing, or empty but for
+    the `lost+found` of a new volume."""
+    workspaces_dir.mkdir(parents=True, exist_ok=True)
+    stamp = workspaces_dir / OWNED_STAMP
+    if not stamp.exists() and all(e.name == "lost+found" for e in workspaces_dir.iterdir()):
+        stamp.write_text("Made by Helmline's sandbox, which removes what it holds of sessions.\n")
+
+
+async def sweep_workspace_folders(
+    store: EventStore, workspaces_dir: Path, runs_a_call: Callable[[str, str], bool]
+) -> int:
+    """Remove what the disk holds of sessions the log no longer holds (workspaces, markers
+    of reclaimed ones), but for those running a call here (`runs_a_call(tenant, session_id)`);
+    of how many sessions. Only in a root the sandbox made (`own_workspaces_dir`)."""
+    if not (workspaces_dir / OWNED_STAMP).exists():
+        logger.warning(
+            "not sweeping %s: the sandbox did not make it; if only workspaces are in it, "
+            "create an empty file %s there to let the sandbox sweep it",
+            workspaces_dir,
+            OWNED_STAMP,
+        )
+        return 0
+    on_disk = await asyncio.to_thread(_sessions_on_disk, workspaces_dir)
+    swept = 0
+    for session in await sessions_gone(store, on_disk):
+        # Retention pushed its events out while a command ran: its result is still to come.
+        if not runs_a_call(*session):
+            await asyncio.to_thread(_remove_all, on_disk[session])
+            swept += 1
+    return swept
+
+
+def _sessions_on_disk(workspaces_dir: Path) -> dict[tuple[str, str], list[Path]]:
+    """What the disk holds of each session: its workspace, its marker, a marker half written."""
+    found: dict[tuple[str, str], list[Path]] = {}
+    tenants = workspaces_dir.iterdir() if workspaces_dir.is_dir() else iter(())
+    for tenant in tenants:
+        if not tenant.is_dir():
+            continue
+        for held in tenant.iterdir():
+            if held.name.startswith(REMOVING_PREFIX):
+                continue  # Being removed already.
+            session_id = held.name.split(".", 1)[0]  # No session id contains a dot.
+            found.setdefault((tenant.name, session_id), []).append(held)
+    return found
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        # Another replica sharing the volume may have removed it first.
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(_renamed_aside(path))
+            else:
+                path.unlink()
 
 
 def remove_half_removed(workspaces_dir: Path) -> int:

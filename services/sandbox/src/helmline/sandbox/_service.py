@@ -19,7 +19,11 @@ from helmline.sandbox._backends import CommandBackend, ProcessBackend, start_bac
 from helmline.sandbox._containers import ContainerBackend, connect
 from helmline.sandbox._handlers import SandboxHandler
 from helmline.sandbox._limits import Defaults
-from helmline.sandbox._reclaim import remove_half_removed
+from helmline.sandbox._reclaim import (
+    own_workspaces_dir,
+    remove_half_removed,
+    sweep_workspace_folders,
+)
 from helmline.sandbox._settings import SandboxSettings
 from helmline.sandbox._snapshots import WorkspaceSnapshots
 from helmline.sandbox._sweep import WorkspaceSweep
@@ -66,9 +70,14 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
             snapshots=snapshots,
             reclaim=settings.reclaim_workspaces,
         )
+        await asyncio.to_thread(own_workspaces_dir, workspaces_dir)
         await asyncio.to_thread(remove_half_removed, workspaces_dir)
         await host.consume(consumer, handler)
         host.sweep_regularly("workspace snapshots", WorkspaceSweep(host.js, host.store))
+        host.sweep_regularly(
+            "workspace folders",
+            lambda: sweep_workspace_folders(host.store, workspaces_dir, handler.runs_a_call),
+        )
 
         async def cancelled(message: Msg) -> None:
             # The consumer hands a cancel to one replica, but the session's commands may

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from helmline.contracts import WORKSPACES_BUCKET
@@ -15,7 +15,9 @@ from helmline.runtime import (
     EventStore,
     ObjectMeta,
     change_object_meta,
+    delete_object,
     delete_object_if,
+    live_objects,
     sessions_gone,
 )
 from helmline.sandbox._manifests import decode_manifest
@@ -49,11 +51,7 @@ class WorkspaceSweep:
     async def __call__(self) -> int:
         # Taken before listing: a manifest written before it is listed.
         now = self._clock()
-        bucket = await self._js.object_store(WORKSPACES_BUCKET.bucket)
-        try:
-            stored = await bucket.list(ignore_deletes=True)
-        except NotFoundError:  # The bucket holds nothing.
-            return 0
+        stored = await live_objects(self._js, WORKSPACES_BUCKET.bucket)
         manifests: dict[tuple[str, str], list[tuple[str, str]]] = {}
         blobs: dict[str, dict[str, list[str]] | None] = {}
         for info in stored:
@@ -65,8 +63,8 @@ class WorkspaceSweep:
         swept = 0
         for session in await sessions_gone(self._store, manifests):
             for name, _ in manifests.pop(session):
-                await bucket.delete(name)
-                swept += 1
+                swept += await delete_object(self._js, WORKSPACES_BUCKET.bucket, name)
+        bucket = await self._js.object_store(WORKSPACES_BUCKET.bucket)
         held = await self._blobs_held(bucket, [m for ms in manifests.values() for m in ms])
         for name, headers in blobs.items():
             if name.removeprefix(BLOBS) in held:

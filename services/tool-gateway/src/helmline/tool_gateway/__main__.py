@@ -32,7 +32,7 @@ def setup_gateway(
             max_output_bytes=settings.max_output_bytes,
         )
         await host.consume(consumer, handler)
-        host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(raw_outputs, host.store))
+        host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))
 
     return setup
 
