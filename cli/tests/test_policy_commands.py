@@ -195,6 +195,32 @@ async def test_explain_reads_a_time_window_as_of_when_the_decision_was_recorded(
     assert "verdict: deny by rule weekend" in result.stdout
 
 
+async def test_explain_says_when_the_plan_asked_a_person_about_a_step_the_policy_allows(
+    store: EventStore, nats_url: str, tenant: str
+) -> None:
+    started = session_started(tenant)
+    step = PlanStep(id="say", tool="echo", arguments={"message": "hi"}, requires_approval=True)
+    for event in _planned_and_scheduled(started, step):
+        await store.append(event)
+
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["policy", "explain", started.session_id, "say", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url, "HELMLINE_POLICY": None},
+    )
+
+    assert result.exit_code == 0, result.output
+    assert any(
+        line.startswith("  1. allow-low-and-medium-risk: MATCHED")
+        for line in result.stdout.splitlines()
+    )
+    assert (
+        "verdict: require_approval by rule allow-low-and-medium-risk: the plan asks a person "
+        "to approve this step (rule allow-low-and-medium-risk would allow it)"
+    ) in result.stdout
+
+
 async def test_explain_names_the_steps_when_the_step_is_unknown(
     store: EventStore, nats_url: str, tenant: str
 ) -> None:

@@ -121,6 +121,31 @@ async def test_a_high_risk_step_waits_for_a_person_and_a_denial_fails_the_sessio
     assert state.steps["wipe"].status == "denied"
 
 
+async def test_a_step_its_playbook_asks_a_person_about_waits_though_the_policy_allows_it(
+    services: ServiceProcesses, store: EventStore, tenant: str
+) -> None:
+    asked = _step("announce").model_copy(update={"requires_approval": True})
+    playbook = Playbook(goal="ask first", steps=(_step("prepare"), asked))
+    session_id = await _start(store, tenant, playbook)
+
+    waiting = await _until(store, tenant, session_id, "waiting")
+    (request,) = waiting.pending_approvals
+    assert (request.step_id, request.tool, request.risk) == ("announce", "echo", "low")
+    assert "the plan asks a person" in request.reason
+    assert waiting.steps["prepare"].status == "succeeded"
+    assert waiting.steps["announce"].status != "succeeded"
+
+    started = (await store.read_all(tenant, session_id))[0].event
+    vote = ApprovalDecisionSubmitted(
+        request_id=request.request_id, decision="grant", decided_by=OPERATOR
+    )
+    await store.append(started.derive(vote, source="test"))
+
+    state = await _until(store, tenant, session_id, "completed", "failed")
+    assert state.status == "completed"
+    assert state.steps["announce"].output == {"message": "announce"}
+
+
 async def test_a_denied_step_is_skipped_with_its_dependants_when_the_plan_continues(
     services: ServiceProcesses, store: EventStore, tenant: str
 ) -> None:

@@ -637,3 +637,86 @@ def test_only_calls_a_counting_rule_may_decide_need_the_sessions_calls_counted(
 ) -> None:
     assert COUNTING_SOME.counted_span_for(tenant=tenant, tool=tool) == span
     assert COUNTING_SOME.counted_span_for(tenant=tenant, tool=tool) == span  # Kept.
+
+
+ASKED_BY_PLAN = parse_policy(
+    b"""
+approval: {roles: [approver], expires_in: 30m, escalate_after: 10m, escalate_to: [lead]}
+plan_approval: {roles: [approver]}
+rules:
+  - name: no-rm
+    tool: run_command
+    arguments:
+      command: {regex: '\\brm\\b'}
+    effect: deny
+    reason: nothing is deleted from a shell here
+  - name: commands-need-two-sre
+    tool: run_command
+    effect: require_approval
+    approval: {roles: [sre], quorum: 2}
+  - name: the-rest
+    effect: allow
+""",
+    source="asked-by-plan.yaml",
+)
+
+
+def _asked(tool: str, **arguments: Any) -> StepScheduled:
+    return _scheduled(tool, **arguments).model_copy(update={"requires_approval": True})
+
+
+def test_a_step_its_plan_asks_about_waits_for_a_person_though_the_policy_allows_it() -> None:
+    assert isinstance(_judge(_scheduled("echo", message="hi"), ASKED_BY_PLAN), ToolCallAuthorized)
+
+    request = _judge(_asked("echo", message="hi"), ASKED_BY_PLAN)
+    assert isinstance(request, ApprovalRequested)
+    assert request.rule == "the-rest"
+    assert "the plan asks a person to approve this step" in request.reason
+    # On the policy's default terms.
+    assert (request.approver_roles, request.quorum) == (("approver",), 1)
+    assert request.expires_at == NOW + timedelta(minutes=30)
+
+    # Asking a person never loosens the policy: a denial stays, a rule keeps its own terms.
+    denied = _judge(_asked("run_command", command="rm -r build"), ASKED_BY_PLAN)
+    assert isinstance(denied, ToolCallDenied)
+    assert denied.rule == "no-rm"
+    own_terms = _judge(_asked("run_command", command="ls"), ASKED_BY_PLAN)
+    assert isinstance(own_terms, ApprovalRequested)
+    assert (own_terms.rule, own_terms.approver_roles, own_terms.quorum) == (
+        "commands-need-two-sre",
+        ("sre",),
+        2,
+    )
+
+
+def test_a_step_its_plan_asked_about_escalates_unanswered_and_runs_once_granted() -> None:
+    started = new_event(
+        SessionStarted(goal="g", requested_by=ANA), tenant="t", session_id="s1", source="test"
+    )
+    request = _judge(_asked("echo", message="hi"), ASKED_BY_PLAN)
+    assert isinstance(request, ApprovalRequested)
+    events = [started, started.derive(request, source="test", at=NOW)]
+    state = fold(events)
+
+    assert judge_escalation(state, request, ASKED_BY_PLAN, NOW + timedelta(minutes=9)) == []
+    (escalation,) = judge_escalation(state, request, ASKED_BY_PLAN, NOW + timedelta(minutes=10))
+    assert isinstance(escalation.payload, ApprovalRequested)
+    assert escalation.payload.approver_roles == ("lead",)
+
+    _, (granted, authorized), _ = _vote(state, events, started, ANA, policy=ASKED_BY_PLAN)
+    assert isinstance(granted, ApprovalGranted)
+    assert isinstance(authorized, ToolCallAuthorized)
+    assert (authorized.rule, authorized.approval_request_id) == ("the-rest", "s.1")
+
+
+def test_a_plan_with_a_step_it_asks_about_is_approved_as_a_whole_with_that_step_listed() -> None:
+    plan = _plan(
+        PlanStep(id="say", tool="echo", arguments={"message": "hi"}),
+        PlanStep(id="announce", tool="echo", arguments={"message": "hi"}, requires_approval=True),
+    )
+    (decision,) = judge_plan(plan, ASKED_BY_PLAN, tenant="t", requester=ANA, now=NOW)
+    request = decision.payload
+    assert isinstance(request, ApprovalRequested)
+    assert request.scope == "plan"
+    assert "announce (echo, rule the-rest)" in request.reason
+    assert "say" not in request.reason

@@ -258,7 +258,13 @@ async def test_a_planned_session_completes_on_either_protocol(
                 text="Two echoes.",
                 steps=[
                     {"id": "a", "tool": "echo", "arguments": {"message": "a"}},
-                    {"id": "b", "tool": "echo", "arguments": {"message": "b"}, "depends_on": ["a"]},
+                    {
+                        "id": "b",
+                        "tool": "echo",
+                        "arguments": {"message": "b"},
+                        "depends_on": ["a"],
+                        "requires_approval": True,
+                    },
                 ],
                 completion_criteria=["both said"],
                 reasoning="a then b",
@@ -282,6 +288,7 @@ async def test_a_planned_session_completes_on_either_protocol(
     assert state.status == "completed", state.outcome
     assert [c.criterion for c in state.criteria] == ["both said"]
     assert state.plan_confidence == 0.9
+    assert [s.requires_approval for s in state.steps.values()] == [False, True]
     second = model.received("either")[1]
     assert second.protocol == provider
     assert "- b (echo): succeeded" in second.last_result()

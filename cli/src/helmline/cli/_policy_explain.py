@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from helmline.approval import Policy, RuleCheck, Verdict, uses_by_rule
+from helmline.approval import Policy, RuleCheck, Verdict, as_the_plan_asks, uses_by_rule
 from helmline.cli._errors import CliError
 from helmline.contracts import (
     ApprovalRequested,
@@ -78,6 +78,8 @@ def explain_step(
         )
     else:
         checks, verdict = policy.explain(facts)
+    if step.requires_approval:
+        verdict = as_the_plan_asks(verdict, policy)
     approval = state.approvals.get(step.approval_request_id or "")
     outcome = None
     if approval is not None:

@@ -443,6 +443,8 @@ class StepScheduled(Payload):
     """The arguments."""
     risk: Risk | None = None
     """Risk declared by the plan, if any."""
+    requires_approval: bool = False
+    """The plan asks a person to approve this call, even where the policy would let it run."""
     compensation_id: str | None = Field(default=None, min_length=1, max_length=128)
     """Set when the call undoes a step during a rollback (scheduled by the state service, not
     the planner): it is judged and run like any call, but is not a step of the plan."""

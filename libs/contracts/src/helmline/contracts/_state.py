@@ -133,6 +133,8 @@ class StepState:
     """Steps of the plan that wait for it: the only ones its success can make ready."""
     risk: Risk | None = None
     """Risk declared by the plan or decided by policy."""
+    requires_approval: bool = False
+    """Whether the plan asks a person to approve the step."""
     on_denied: Literal["fail", "continue"] | None = None
     """What the plan said to do if this step is denied; None follows the session default."""
     status: StepStatus = "pending"
@@ -837,6 +839,7 @@ class SessionFold:
                     arguments=step.arguments,
                     depends_on=step.depends_on,
                     risk=step.risk,
+                    requires_approval=step.requires_approval,
                 )
             else:
                 steps[step.id] = StepState(
@@ -846,6 +849,7 @@ class SessionFold:
                     arguments=step.arguments,
                     depends_on=step.depends_on,
                     risk=step.risk,
+                    requires_approval=step.requires_approval,
                     on_denied=step.on_denied,
                 )
             made.add(step.id)

@@ -10,7 +10,7 @@ from helmline.approval._document import (
     RuleDocument,
     parse_duration,
 )
-from helmline.approval._policy import uses_by_rule
+from helmline.approval._policy import as_the_plan_asks, uses_by_rule
 from helmline.approval._policy_file import (
     BUILT_IN,
     PolicyFileError,
@@ -33,6 +33,7 @@ __all__ = [
     "RuleCheck",
     "RuleDocument",
     "Verdict",
+    "as_the_plan_asks",
     "default_policy",
     "load_policy",
     "parse_duration",

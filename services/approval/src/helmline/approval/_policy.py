@@ -6,7 +6,7 @@ Every decision event records the rule that made it and the hash of the policy in
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from helmline.approval._document import DEFAULT_APPROVER_ROLES, PLAN_APPROVAL_RULE
@@ -92,6 +92,8 @@ def judge_plan(
             requester=requester,
             at=now,
         )
+        if step.requires_approval:
+            verdict = as_the_plan_asks(verdict, policy)
         if verdict.effect == "require_approval":
             risky.append((step.id, step.tool, verdict))
     if not risky:
@@ -165,6 +167,8 @@ def judge_step(
         at=now,
         rule_uses=rule_uses,
     )
+    if scheduled.requires_approval:
+        verdict = as_the_plan_asks(verdict, policy)
     payload: Payload
     match verdict.effect:
         case "deny":
@@ -202,6 +206,17 @@ def judge_step(
                 agent_reason=_stated_reason(session, scheduled.step_id),
             )
     return [Decision(payload, identity)]
+
+
+def as_the_plan_asks(verdict: Verdict, policy: Policy) -> Verdict:
+    """A call its plan asks a person about: what the policy allows waits for a person, on
+    the policy's default approval terms; what it denies or sends to a person stays so."""
+    if verdict.effect != "allow":
+        return verdict
+    reason = f"the plan asks a person to approve this step (rule {verdict.rule} would allow it)"
+    return replace(
+        verdict, effect="require_approval", reason=reason, approval=policy.default_approval
+    )
 
 
 def _authorized(

@@ -413,6 +413,12 @@ def arguments_meet(
     return all(test.meets(arguments) for test in _argument_tests(conditions))
 
 
+def _approval(terms: ApprovalTerms) -> Approval:
+    return Approval(
+        terms.roles, terms.quorum, terms.expires_in, terms.escalate_after, terms.escalate_to or ()
+    )
+
+
 def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
     static: list[_Condition] = []
     dynamic: list[_Condition] = []
@@ -435,16 +441,7 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
         dynamic.append(_During.of(rule.during))
     if rule.at_most is not None:
         dynamic.append(_FewerCallsThan(rule.name, rule.at_most))
-    approval = None
-    if rule.effect == "require_approval":
-        terms = rule.approval or defaults
-        approval = Approval(
-            terms.roles,
-            terms.quorum,
-            terms.expires_in,
-            terms.escalate_after,
-            terms.escalate_to or (),
-        )
+    approval = _approval(rule.approval or defaults) if rule.effect == "require_approval" else None
     return _Rule(rule.name, rule, approval, tuple(static), tuple(dynamic))
 
 
@@ -466,6 +463,8 @@ class Policy:
         """Where the policy came from: a file path, or `built-in`."""
         self.tools = tools
         self._rules = tuple(_compile_rule(rule, document.approval) for rule in document.rules)
+        self.default_approval = _approval(document.approval)
+        """Who approves a call no require_approval rule decided: one its plan asks about."""
         self.uses_requester = any(
             isinstance(condition, _UserIs | _RoleIs)
             for rule in self._rules
@@ -523,8 +522,13 @@ class Policy:
         return self._counted_spans[key]
 
     def approval_terms(self, rule: str | None) -> Approval | None:
-        """The approval terms of a require_approval rule, by name."""
-        return next((r.approval for r in self._rules if r.name == rule), None)
+        """The approval terms of requests made under a rule, by name: a require_approval
+        rule's own; the policy's defaults for an allowing rule, whose calls are asked about
+        only when their plan asks for a person."""
+        found = next((r for r in self._rules if r.name == rule), None)
+        if found is None or found.verdict_template.effect == "deny":
+            return None
+        return found.approval or self.default_approval
 
     def facts(
         self,

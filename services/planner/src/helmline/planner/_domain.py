@@ -180,6 +180,7 @@ def _schedule(step: StepState, attempt: int) -> Decision:
         tool=step.tool,
         arguments=step.arguments,
         risk=step.risk,
+        requires_approval=step.requires_approval,
     )
     return Decision(scheduled, f"step/{step.id}/{attempt}")
 

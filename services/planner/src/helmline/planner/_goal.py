@@ -383,6 +383,7 @@ class _DraftStep(_Lenient):
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
     depends_on: list[str] = Field(default_factory=list)
     risk: Literal["low", "medium", "high", "critical"] | None = None
+    requires_approval: bool = False
 
 
 class _Draft(_Lenient):
@@ -448,6 +449,7 @@ def _plan_steps(exchange: ModelExchangeRecorded, draft: _Draft) -> tuple[PlanSte
             arguments=step.arguments,
             depends_on=tuple(prefix + d for d in step.depends_on),
             risk=step.risk,
+            requires_approval=step.requires_approval,
         )
         for step in draft.steps
     )

@@ -48,6 +48,7 @@ _STEP = _object(
         "arguments": {"type": "object"},
         "depends_on": {"type": "array", "items": {"type": "string"}},
         "risk": {"enum": ["low", "medium", "high", "critical"]},
+        "requires_approval": {"type": "boolean"},
     },
     ["id", "tool", "arguments"],
 )
