@@ -187,6 +187,44 @@ async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_c
         assert calls_received(state_dir, "note") == 1
 
 
+@pytest.mark.parametrize("status", [401, 403])
+async def test_refused_credentials_fail_the_call_at_once_without_counting_the_server_down(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    http_server: str,
+    status: int,
+) -> None:
+    servers = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        http=http_server,
+        retries=2,
+        # One failure counted against the server would open its breaker.
+        circuit={"failures": 1, "reset_s": 60},
+    )
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        (state_dir / "http-answer").write_text(str(status))
+        call_id = await calls.authorise(f"{server_id}__note", message="denied")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallFailed), outcome
+        assert (outcome.error.kind, outcome.error.retryable) == ("permission", False)
+        assert f"answered {status}" in outcome.error.message
+        assert "credentials" in (outcome.error.suggestion or "")
+        assert outcome.retry_at is None
+        assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (1, 0)
+
+        # Sent once, and the server's breaker is still closed: the next call runs.
+        call_id = await calls.authorise(f"{server_id}__note", message="allowed")
+        assert isinstance(await calls.outcome(call_id), ToolCallCompleted)
+
+
 async def test_a_503_is_tried_again_but_a_proxys_504_after_the_call_ran_is_not(
     nats_url: str,
     js: JetStreamContext,

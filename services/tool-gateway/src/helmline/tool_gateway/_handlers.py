@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from http import HTTPStatus
 from typing import Any
 
 import httpx2
@@ -405,6 +406,19 @@ def _as_reported(failure: _Attempt, tool: ToolSpec) -> ToolError:
 
 
 def _refused_over_http(name: str, refusal: HttpRefusal) -> _Attempt:
+    if refusal.status in (401, 403):
+        status = HTTPStatus(refusal.status)
+        return _Attempt(
+            ToolError(
+                kind="permission",
+                message=f"MCP server {name} answered {status.value} {status.phrase}: it "
+                "refused the gateway's credentials, so the call did not run",
+                suggestion=f"check the credentials the gateway sends to {name} (the headers "
+                "in its MCP servers file); trying again will not help until they change",
+            ),
+            definite=True,
+            counts_against_server=False,
+        )
     if refusal.status == 429:
         return _Attempt(
             ToolError(

@@ -1,12 +1,13 @@
 """The gateway's HTTP transport to Streamable HTTP MCP servers.
 
 The MCP SDK reports any error status of a call as a bare JSON-RPC internal error. The
-gateway needs the status itself: a 429 (from the server or a proxy in front of it) is rate
-limiting, not a server down, and says when to try again; a 503 was not handled and may say
-when to try again; a 502 or 504 from a proxy may come after the server ran the call, so its
-outcome is unknown and a tool that is not idempotent must not be sent again. This transport
-hands such an answer to the call that caused it as a JSON-RPC error of its own, which the
-SDK passes on as it is, carrying the status and the server's Retry-After.
+gateway needs the status itself: a 401 or 403 refuses the gateway's credentials, which no
+retry mends, and the server is not down; a 429 (from the server or a proxy in front of it)
+is rate limiting, not a server down, and says when to try again; a 503 was not handled and
+may say when to try again; a 502 or 504 from a proxy may come after the server ran the
+call, so its outcome is unknown and a tool that is not idempotent must not be sent again.
+This transport hands such an answer to the call that caused it as a JSON-RPC error of its
+own, which the SDK passes on as it is, carrying the status and the server's Retry-After.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx2
 
 from helmline.runtime import retry_after_s
 
-HANDED_OVER = frozenset({429, 502, 503, 504})
+HANDED_OVER = frozenset({401, 403, 429, 502, 503, 504})
 """Statuses whose meaning the gateway acts on; other error statuses stay the SDK's."""
 REFUSED_OVER_HTTP = -32029
 """JSON-RPC code (implementation-defined server error) of a call answered with one of them."""
@@ -29,8 +30,8 @@ MARK = "helmline/http-status"
 
 
 class HttpStatusAware(httpx2.AsyncBaseTransport):
-    """Wraps a transport; turns a 429, 502, 503 or 504 answer to a JSON-RPC request into a
-    JSON-RPC error naming the status."""
+    """Wraps a transport; turns an answer to a JSON-RPC request with one of the statuses
+    `HANDED_OVER` into a JSON-RPC error naming the status."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self._inner = inner
