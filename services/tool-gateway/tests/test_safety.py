@@ -14,8 +14,8 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import TOOL_OUTPUTS_BUCKET, ToolCallCompleted
 from helmline.tool_gateway._safety import (
-    _CARD,
     _INSTRUCTIONS,
+    _NUMBERS,
     _ROLE_TOKENS,
     _SECRETS,
     REDACTED,
@@ -47,6 +47,9 @@ from .conftest import (  # type: ignore[import-not-found]
         ("https://bob:s3cret@example.com/x", "https://bob:[REDACTED]@example.com/x"),
         ("card 4111 1111 1111 1111 ok", "card [REDACTED] ok"),
         ("card 4111-1111-1111-1111", "card [REDACTED]"),
+        ("SSN 123-45-6789 on file", "SSN [REDACTED] on file"),
+        ("NI number AB 12 34 56 C.", "NI number [REDACTED]."),
+        ("ni=JG103759A", "ni=[REDACTED]"),
         (
             "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
             "[REDACTED]",
@@ -100,6 +103,7 @@ def test_text_that_instructs_a_model_is_neutralised(text: str) -> None:
         ("é-sk-abcdefghijklmnopqrstuvwx", "é-[REDACTED]"),
         ("4111111111111111", REDACTED),
         ("a4111 1111 1111 1111", f"a{REDACTED}"),
+        ("ssn:123-45-6789", f"ssn:{REDACTED}"),
         # Case as `re.IGNORECASE` sees it, beyond what `str.lower` does.
         ("pa\u017f\u017fword=hunter2hunter", "pa\u017f\u017fword=[REDACTED]"),
         ("AUTH_TOKEN: abcd1234efgh", "AUTH_TOKEN: [REDACTED]"),
@@ -118,6 +122,12 @@ def test_secrets_are_found_wherever_they_stand(text: str, kept: str) -> None:
         "ask-abcdefghijklmnopqrstuvwx",
         "-4111-1111-1111-1111",  # part of a longer hyphenated number
         "41111111111111111111 is too long for a card",
+        "1-123-45-6789",  # not a Social Security number inside a longer number
+        "123 45 6789 spaced is too many other things",
+        # Never issued: area 000, 666 or 9xx, group 00, serial 0000.
+        *("000-12-3456", "666-12-3456", "923-45-6789", "123-00-4567", "123-45-0000"),
+        # Never issued as National Insurance prefixes, or inside a longer word.
+        *("GB123456A", "DA123456A", "AO123456B", "XAB123456C", "AB123456CX"),
     ],
 )
 def test_lookalikes_inside_longer_words_or_numbers_are_left_alone(text: str) -> None:
@@ -149,7 +159,7 @@ def test_a_large_output_is_searched_throughout() -> None:
 def test_each_pattern_knows_its_shortest_match() -> None:
     """A text shorter than a pattern's shortest match is not searched, so that length must be
     the one `re` itself works out."""
-    for rule in (*_SECRETS, _CARD, _ROLE_TOKENS, _INSTRUCTIONS):
+    for rule in (*_SECRETS, *(number.rule for number in _NUMBERS), _ROLE_TOKENS, _INSTRUCTIONS):
         parsed = re._parser.parse(rule.pattern.pattern, rule.pattern.flags)  # type: ignore[attr-defined]
         assert rule.shortest == parsed.getwidth()[0], rule.pattern.pattern
 

@@ -18,6 +18,11 @@ from pydantic import JsonValue
 REDACTED = "[REDACTED]"
 
 
+def _card_number(match: str) -> bool:
+    digits = re.sub(r"\D", "", match)
+    return 13 <= len(digits) <= 19 and _luhn_valid(digits)
+
+
 def _luhn_valid(digits: str) -> bool:
     total = 0
     for index, char in enumerate(reversed(digits)):
@@ -95,10 +100,52 @@ _SECRETS: tuple[_Rule, ...] = (
     ),
     _Rule(re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?P<secret>[^/\s@]+)@"), 8, ("://",)),
 )
-# 13 to 19 digits, single spaces or hyphens between; the first digit matched before the
-# lookbehind that no digit or hyphen precedes it, for the same reason as above.
-_CARD = _Rule(re.compile(r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])"), 13)
-_SHORTEST_SECRET = min(rule.shortest for rule in (*_SECRETS, _CARD))
+
+
+def _social_security_number(match: str) -> bool:
+    # Numbers never issued: area 000, 666 or 900-999, group 00, serial 0000.
+    area, group, serial = match[:3], match[4:6], match[7:]
+    return area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000"
+
+
+_NINO_FIRST_NEVER, _NINO_SECOND_NEVER = set("DFIQUV"), set("DFIOQUV")
+_NINO_PREFIXES_NEVER = frozenset({"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"})
+
+
+def _national_insurance_number(match: str) -> bool:
+    return (
+        match[0] not in _NINO_FIRST_NEVER
+        and match[1] not in _NINO_SECOND_NEVER
+        and match[:2] not in _NINO_PREFIXES_NEVER
+    )
+
+
+class _Number(NamedTuple):
+    """A number that identifies a person or pays for something, and whether a match really
+    is one (its checksum or issuing rules): many other numbers look the same."""
+
+    rule: _Rule
+    valid: Callable[[str], bool]
+
+
+# Each starts with its first character matched before a lookbehind saying that nothing of
+# the kind precedes it, for the same reason as above.
+_NUMBERS: tuple[_Number, ...] = (
+    # Card numbers: 13 to 19 digits, single spaces or hyphens between.
+    _Number(_Rule(re.compile(r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?![\d-])"), 13), _card_number),
+    # US Social Security numbers, as they are written, with hyphens: nine bare digits, or
+    # spaced, are too many other things.
+    _Number(
+        _Rule(re.compile(r"\d(?<![\d-]\d)\d\d-\d\d-\d{4}(?![\d-])"), 11, ("-",)),
+        _social_security_number,
+    ),
+    # UK National Insurance numbers, spaced in pairs or not.
+    _Number(
+        _Rule(re.compile(r"[A-Z](?<![A-Za-z0-9][A-Z])[A-Z](?: ?\d\d){3} ?[A-D](?![A-Za-z0-9])"), 9),
+        _national_insurance_number,
+    ),
+)
+_SHORTEST_SECRET = min(rule.shortest for rule in (*_SECRETS, *(n.rule for n in _NUMBERS)))
 
 # Zero-width, bidirectional overrides, tag characters and C0/C1 controls other than
 # tab and newlines: invisible to a person, read by a model.
@@ -160,7 +207,8 @@ def make_safe(output: JsonValue, *, max_bytes: int) -> SafeOutput:
 
 
 def redact_secrets(text: str) -> tuple[str, int]:
-    """The text with keys, tokens, credentials and card numbers replaced; how many."""
+    """The text with keys, tokens, credentials, card numbers and national identity numbers
+    replaced; how many."""
     if len(text) < _SHORTEST_SECRET:
         return text, 0
     count = 0
@@ -184,17 +232,19 @@ def redact_secrets(text: str) -> tuple[str, int]:
         if _may_match(rule, text, clue_text):
             text = rule.pattern.sub(secret, text)
 
-    def card(match: re.Match[str]) -> str:
-        nonlocal count
-        digits = re.sub(r"\D", "", match.group(0))
-        if 13 <= len(digits) <= 19 and _luhn_valid(digits):
+    for number in _NUMBERS:
+        if not _may_match(number.rule, text, clue_text):
+            continue
+
+        def replaced(match: re.Match[str], valid: Callable[[str], bool] = number.valid) -> str:
+            nonlocal count
+            if not valid(match.group(0)):
+                return match.group(0)
             count += 1
             return REDACTED
-        return match.group(0)
 
-    if not _may_match(_CARD, text, None):
-        return text, count
-    return _CARD.pattern.sub(card, text), count
+        text = number.rule.pattern.sub(replaced, text)
+    return text, count
 
 
 def neutralise_instructions(text: str) -> tuple[str, int]:
