@@ -232,6 +232,9 @@ async def test_a_session_is_one_trace_across_services_and_moves_every_services_m
         for counter in counters:
             assert _total(after[name], counter) > _total(before[name], counter), (name, counter)
     assert "helmline_consumer_pending_messages{consumer=helmline-planner}" in after["planner"]
+    # The steps' success rate, by how their calls ended.
+    succeeded = "helmline_step_duration_seconds_count{outcome=succeeded,tool=echo}"
+    assert after["planner"][succeeded] > before["planner"].get(succeeded, 0)
 
     _assert_logs_name_the_session(traced_services.data_dir, session_id, tenant, trace_id.hex())
 

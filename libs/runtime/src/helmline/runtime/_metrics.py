@@ -140,8 +140,9 @@ class ServiceMetrics:
         self.steps_skipped = counter("steps_skipped", "Steps skipped.")
         self.step_seconds = histogram(
             "step_duration_seconds",
-            "Time from scheduling a step to its tool call's end.",
-            ("tool",),
+            "Time from scheduling a step to its tool call's end, by how the call ended "
+            "(succeeded, failed or denied): their counts give the steps' success rate.",
+            ("tool", "outcome"),
         )
         # Tool calls
         self.tool_calls = counter(
@@ -308,7 +309,8 @@ class ServiceMetrics:
         assert isinstance(event.data, ToolCallCompleted | ToolCallFailed | ToolCallDenied)
         began = self._step_starts.stop(_call_key(event, event.data.call_id))
         if began is not None:
-            self.step_seconds.labels(event.data.tool).observe(_seconds(began, event.time))
+            outcome = _STEP_OUTCOMES[type(event.data)]
+            self.step_seconds.labels(event.data.tool, outcome).observe(_seconds(began, event.time))
 
     def _tool_call_started(self, event: Event) -> None:
         assert isinstance(event.data, ToolCallStarted)
@@ -435,6 +437,13 @@ _ON_HANDLE: dict[type[Payload], Observer] = {
 """Observed by a consumer that subscribes to the type by name, once handled (a session's
 start only by the consumer that counts sessions: the sandbox hears it too, for forks, but
 never sees a session end)."""
+
+
+_STEP_OUTCOMES: dict[type[Payload], str] = {
+    ToolCallCompleted: "succeeded",
+    ToolCallFailed: "failed",
+    ToolCallDenied: "denied",
+}
 
 
 class _Clock:
