@@ -238,7 +238,7 @@ async def remains_of(js: JetStreamContext, bucket: str, objects: list[ObjectInfo
     subjects = {meta_subject(bucket, o.name) for o in objects}
     subjects |= {chunks_subject(bucket, o.nuid or "") for o in objects}
     stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
-    held = (await js.stream_info(stream, subjects_filter=f"$O.{bucket}.>")).state.subjects
+    held = (await js.stream_info(stream, subjects_filter=">")).state.subjects
     return sum(count for subject, count in (held or {}).items() if subject in subjects)
 
 

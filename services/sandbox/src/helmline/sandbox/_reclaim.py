@@ -241,8 +241,7 @@ async def sweep_workspace_folders(
 def _sessions_on_disk(workspaces_dir: Path) -> dict[tuple[str, str], list[Path]]:
     """What the disk holds of each session: its workspace, its marker, a marker half written."""
     found: dict[tuple[str, str], list[Path]] = {}
-    tenants = workspaces_dir.iterdir() if workspaces_dir.is_dir() else iter(())
-    for tenant in tenants:
+    for tenant in workspaces_dir.iterdir():
         if not tenant.is_dir():
             continue
         for held in tenant.iterdir():

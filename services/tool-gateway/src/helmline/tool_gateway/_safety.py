@@ -145,6 +145,7 @@ _NUMBERS: tuple[_Number, ...] = (
         _national_insurance_number,
     ),
 )
+_VALID = {rule.pattern: valid for rule, valid in _NUMBERS}
 _SHORTEST_SECRET = min(rule.shortest for rule in (*_SECRETS, *(n.rule for n in _NUMBERS)))
 
 # Zero-width, bidirectional overrides, tag characters and C0/C1 controls other than
@@ -232,18 +233,16 @@ def redact_secrets(text: str) -> tuple[str, int]:
         if _may_match(rule, text, clue_text):
             text = rule.pattern.sub(secret, text)
 
-    for number in _NUMBERS:
-        if not _may_match(number.rule, text, clue_text):
-            continue
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if not _VALID[match.re](match.group(0)):
+            return match.group(0)
+        count += 1
+        return REDACTED
 
-        def replaced(match: re.Match[str], valid: Callable[[str], bool] = number.valid) -> str:
-            nonlocal count
-            if not valid(match.group(0)):
-                return match.group(0)
-            count += 1
-            return REDACTED
-
-        text = number.rule.pattern.sub(replaced, text)
+    for rule, _ in _NUMBERS:
+        if _may_match(rule, text, clue_text):
+            text = rule.pattern.sub(number, text)
     return text, count
 
 
