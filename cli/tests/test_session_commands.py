@@ -34,6 +34,7 @@ from helmline.contracts import (
     Event,
     Payload,
     PlanProposed,
+    PlanStep,
     SessionCancelled,
     SessionCancelRequested,
     SessionCompleted,
@@ -43,9 +44,11 @@ from helmline.contracts import (
     SessionStarted,
     SessionState,
     StepScheduled,
+    ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallStarted,
+    ToolError,
     decode_event,
     fold,
 )
@@ -460,6 +463,52 @@ async def test_show_lists_the_standing_grants_and_what_they_cover(
     assert result.exit_code == 0, result.output
     for shown in ("standing grants (approve similar)", "0 of 3", '{"command": {"regex": "^wc "}}'):
         assert shown in result.stdout
+
+
+async def test_show_says_up_front_what_the_plan_expects_and_how_each_call_went(
+    nats_url: str, session: Session
+) -> None:
+    steps = (
+        PlanStep(id="fetch", tool="echo", estimated_duration_s=30),
+        PlanStep(
+            id="send",
+            tool="run_command",
+            depends_on=("fetch",),
+            requires_approval=True,
+            estimated_duration_s=120,
+        ),
+    )
+    await session.emit(
+        PlanProposed(
+            revision=1,
+            steps=steps,
+            confidence=0.8,
+            estimated_duration_s=150,
+            permissions=("echo", "run_command"),
+            completion_criteria=("fetched", "sent", "logged"),
+            criteria_required=2,
+        )
+    )
+    call = {"call_id": "c-fetch", "step_id": "fetch", "tool": "echo"}
+    await session.emit(StepScheduled(**call, arguments={"message": "hi"}))
+    await session.emit(ToolCallAuthorized(**call, risk="low"))
+    error = ToolError(kind="unavailable", message="no answer", retryable=True)
+    for attempt in (1, 2):
+        await session.emit(
+            ToolCallAttemptFailed(**call, attempt=attempt, error=error, retry_in_s=1)
+        )
+
+    result = await helmline(nats_url, "show", session.id, "-t", session.tenant)
+
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.stdout.split())
+    expected = (
+        "plan: confidence 80%; about 2 min; needs echo, run_command; "
+        "2 of 3 completion criteria must be met"
+    )
+    assert expected in shown
+    assert "authorized (2 retries)" in shown
+    assert "pending (plan asks approval)" in shown
 
 
 async def _run_first_step(session: Session) -> None:

@@ -14,8 +14,10 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
+from helmline.contracts import ToolCallAttemptFailed, ToolError, new_event
+from helmline.runtime import EventStore
 from tests.api.conftest import KeyMaker
-from tests.api.test_api import start
+from tests.api.test_api import start, waiting_request
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -181,6 +183,72 @@ async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_i
         origin,
         ["write"],
     )
+
+
+async def test_the_plan_shows_its_estimates_and_needs_up_front_and_each_step_its_retries(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    playbook = {
+        "goal": "write a note a person looks at first, then count it",
+        "steps": [
+            {
+                "id": "write",
+                "tool": "write_file",
+                "arguments": {"path": "n.txt", "content": "a"},
+                "requires_approval": True,
+                "estimated_duration_s": 2,
+            },
+            {
+                "id": "count",
+                "tool": "run_command",
+                "arguments": {"command": "wc -c n.txt"},
+                "depends_on": ["write"],
+                "estimated_duration_s": 3.5,
+            },
+        ],
+    }
+    session_id = await start(client, admin, playbook)
+    await waiting_request(client, admin, session_id)
+    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
+    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
+
+    summary = page.locator("#summary")
+    await expect(summary).to_contain_text("about 5.5 s · needs run_command, write_file")
+    write = page.locator('details[data-step="write"] summary')
+    await expect(write).to_contain_text("plan asks approval")
+    await expect(write).to_contain_text("about 2 s")
+    await expect(page.locator('details[data-step="count"] summary')).not_to_contain_text(
+        "plan asks approval"
+    )
+
+    # As the gateway records a try it makes again (a server that did not answer).
+    state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
+    call = {"call_id": state["steps"]["write"]["call_id"], "step_id": "write"}
+    error = ToolError(kind="unavailable", message="no answer", retryable=True)
+    await store.append(
+        new_event(
+            ToolCallAttemptFailed(
+                **call, tool="write_file", attempt=1, error=error, retry_in_s=0.4
+            ),
+            tenant=tenant,
+            session_id=session_id,
+            source="helmline/test",
+        )
+    )
+    await expect(write).to_contain_text("1 retry")
+    tried = page.locator("details.call").filter(has_text="write_file")
+    await expect(tried.locator("summary")).to_contain_text("1 retry")
+    await tried.locator("summary").click()
+    await expect(tried).to_contain_text("Try 1 failed, tried again after 0.4 s")
+    await expect(tried).to_contain_text("no answer")
+    await screenshot(page, "plan-estimates-and-retries")
 
 
 async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:

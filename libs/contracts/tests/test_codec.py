@@ -9,6 +9,7 @@ import pytest
 
 from helmline.contracts import (
     Actor,
+    PlanProposed,
     PlanStep,
     Playbook,
     SessionStarted,
@@ -16,6 +17,7 @@ from helmline.contracts import (
     UnknownEventType,
     UnknownSchemaVersion,
     UpcasterRegistry,
+    critical_path_s,
     decode_event,
     encode_event,
     event_subject,
@@ -114,3 +116,30 @@ def test_subjects_round_trip() -> None:
     assert parse_event_subject(subject) == ("acme", "s1", "tool.call.completed")
     with pytest.raises(ValueError, match="not an event subject"):
         parse_event_subject("helmline.events.acme")
+
+
+def _estimated(step_id: str, seconds: float | None, *after: str) -> PlanStep:
+    return PlanStep(id=step_id, tool="echo", depends_on=after, estimated_duration_s=seconds)
+
+
+def test_a_plan_is_estimated_by_its_longest_chain_of_steps() -> None:
+    diamond = (
+        _estimated("fetch", 2),
+        _estimated("left", 5, "fetch"),
+        _estimated("right", 1, "fetch"),
+        _estimated("join", 0.5, "left", "right"),
+        _estimated("aside", 4),
+    )
+    assert critical_path_s(diamond) == 7.5  # fetch, left, join; aside runs alongside
+    # A dependency on a step an earlier plan completed adds nothing.
+    assert critical_path_s((_estimated("next", 3, "done.earlier"),)) == 3
+    assert critical_path_s((*diamond, _estimated("unknown", None))) is None
+
+
+def test_a_plan_requires_no_more_criteria_than_it_declares() -> None:
+    criteria = ("built", "tested")
+    steps = (PlanStep(id="a", tool="echo"),)
+    plan = PlanProposed(revision=1, steps=steps, completion_criteria=criteria, criteria_required=2)
+    assert plan.criteria_required == 2
+    with pytest.raises(ValueError, match="criteria_required is 3, but the plan declares 2"):
+        PlanProposed(revision=1, steps=steps, completion_criteria=criteria, criteria_required=3)

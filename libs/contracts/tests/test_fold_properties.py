@@ -144,7 +144,23 @@ def _playbooks(draw: st.DrawFn) -> Playbook:
     return Playbook(goal=draw(st.text(min_size=1, max_size=10)), steps=tuple(steps))
 
 
-_payloads: st.SearchStrategy[Payload] = st.one_of(*(_for_model(c) for c in PAYLOAD_CLASSES))
+@st.composite
+def _plans(draw: st.DrawFn) -> PlanProposed:
+    # A plan requires at most as many criteria as it declares, which no annotation tells.
+    fields = {
+        name: _for_field(info)
+        for name, info in PlanProposed.model_fields.items()
+        if name != "criteria_required"
+    }
+    values = draw(st.fixed_dictionaries(fields))
+    declared = len(values["completion_criteria"])
+    required = draw(st.none() | st.integers(1, declared)) if declared else None
+    return PlanProposed.model_validate({**values, "criteria_required": required})
+
+
+_payloads: st.SearchStrategy[Payload] = st.one_of(
+    *(_plans() if c is PlanProposed else _for_model(c) for c in PAYLOAD_CLASSES)
+)
 
 
 @st.composite

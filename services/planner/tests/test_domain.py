@@ -98,6 +98,20 @@ def test_independent_steps_are_scheduled_together_and_the_join_after_both() -> N
     assert completed.summary == "3 of 3 steps succeeded"
 
 
+def test_a_playbook_plan_is_estimated_up_front_from_its_steps_estimates() -> None:
+    steps = tuple(
+        step.model_copy(update={"estimated_duration_s": seconds})
+        for step, seconds in zip(_chain().steps, (4.0, 1.5, 2.0), strict=True)
+    )
+    session = Session(Playbook(goal="g", steps=steps))
+    (proposed,) = [e.data for e in session.events if isinstance(e.data, PlanProposed)]
+    assert proposed.estimated_duration_s == 6.0  # a and b side by side, then c
+    state = fold(session.events)
+    assert state.plan_estimated_duration_s == 6.0
+    assert state.plan_permissions == ("echo",)
+    assert [s.estimated_duration_s for s in state.steps.values()] == [4.0, 1.5, 2.0]
+
+
 def test_a_replan_rewires_which_steps_a_finished_step_releases() -> None:
     session = Session(_chain())
     session.happen(PlanApproved(revision=1, approved_by=ANA))

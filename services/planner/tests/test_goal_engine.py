@@ -328,6 +328,7 @@ async def test_finish_must_report_every_declared_criterion(model: ScriptedModel)
                 "create_plan",
                 steps=[{"id": "a", "tool": "echo", "arguments": {"message": "a"}}],
                 completion_criteria=criteria,
+                criteria_required=1,
                 reasoning="say a",
             ),
             Reply.call("finish", summary="half", criteria=[{"criterion": "said a", "met": True}]),
@@ -346,6 +347,105 @@ async def test_finish_must_report_every_declared_criterion(model: ScriptedModel)
     assert state.partial
     assert [(c.criterion, c.met) for c in state.criteria] == [("said a", True), ("said b", False)]
     assert "missing: ['said b']" in model.received("criteria")[2].last_result()
+
+
+def _finish(*met: bool) -> Reply:
+    return Reply.call(
+        "finish",
+        summary="checked",
+        criteria=[{"criterion": f"said {n}", "met": m} for n, m in zip("abc", met, strict=False)],
+    )
+
+
+async def test_a_finish_short_of_the_required_criteria_sends_the_model_back_to_work(
+    model: ScriptedModel,
+) -> None:
+    def step(name: str, seconds: float, *after: str) -> JsonValue:
+        arguments: JsonValue = {"message": name}
+        return {
+            "id": name,
+            "tool": "echo",
+            "arguments": arguments,
+            "depends_on": list(after),
+            "estimated_duration_s": seconds,
+        }
+
+    log = await _session(
+        model,
+        "required",
+        [
+            Reply.call(
+                "create_plan",
+                steps=[step("a", 2, "c"), step("b", 3, "c"), step("c", 1.5)],
+                completion_criteria=["said a", "said b", "said c"],
+                criteria_required=2,
+                reasoning="say all three",
+            ),
+            _finish(True, False, False),
+            Reply.call(
+                "create_plan",
+                steps=[{"id": "b", "tool": "echo", "arguments": {"message": "b"}}],
+                completion_criteria=["said a", "said b", "said c"],
+                criteria_required=2,
+            ),
+            _finish(True, True, False),
+        ],
+    )
+    state = fold(log)
+    assert state.status == "completed"
+    assert state.partial
+    assert state.criteria_required == 2
+    first_plan = next(e.data for e in log if isinstance(e.data, PlanProposed))
+    assert first_plan.estimated_duration_s == 4.5  # c, then the longer of a and b
+    assert [s.estimated_duration_s for s in first_plan.steps] == [2, 3, 1.5]
+    purposes = [e.data.purpose for e in log if isinstance(e.data, ModelExchangeRecorded)]
+    assert purposes == ["plan", "verify", "replan", "verify"]
+    told = model.received("required")[2].last_result()
+    assert "Not finished: 1 of 3 completion criteria met, 2 required" in told
+    assert state.plan_estimated_duration_s is None  # the second plan's step has no estimate
+
+
+@pytest.mark.parametrize(
+    ("met", "status", "outcome"),
+    [
+        ((True, False), "completed", "fell short: 1 of 2 completion criteria met, 2 required"),
+        ((False, False), "failed", "fell short: 0 of 2 completion criteria met, 2 required"),
+    ],
+)
+async def test_a_session_stops_after_its_last_check_falls_short(
+    model: ScriptedModel, met: tuple[bool, ...], status: str, outcome: str
+) -> None:
+    plan = Reply.call(
+        "create_plan",
+        steps=[{"id": "a", "tool": "echo", "arguments": {"message": "a"}}],
+        completion_criteria=["said a", "said b"],
+    )
+    log = await _session(
+        model,
+        f"short-{status}",
+        [plan, _finish(*met), _finish(*met)],
+        planner_max_finish_attempts=2,
+    )
+    state = fold(log)
+    assert state.status == status
+    assert state.outcome.startswith(f"stopped after 2 checks of the goal {outcome}")
+    assert state.partial == (status == "completed")
+    assert len(model.received(f"short-{status}")) == 3
+
+
+async def test_a_plan_may_not_require_more_criteria_than_it_declares(
+    model: ScriptedModel,
+) -> None:
+    plan = Reply.call(
+        "create_plan",
+        steps=[{"id": "a", "tool": "echo", "arguments": {"message": "a"}}],
+        completion_criteria=["said a"],
+        criteria_required=2,
+    )
+    log = await _session(model, "overreach", [plan, plan])
+    state = fold(log)
+    assert state.status == "failed"
+    assert "criteria_required is more than the 1 criteria declared" in state.outcome
 
 
 async def test_free_text_never_ends_a_session(model: ScriptedModel) -> None:

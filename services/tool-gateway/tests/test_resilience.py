@@ -57,6 +57,8 @@ async def test_a_call_that_fails_twice_then_succeeds_completes_with_two_recorded
         assert [r.attempt for r in retries] == [1, 2]
         assert all(r.error.retryable and r.error.kind == "unavailable" for r in retries)
         assert calls_received(state_dir, "flaky") == 3
+        log = await calls.store.read_all(tenant, calls.session_id)
+        assert fold(stored.event for stored in log).steps["s1"].retries == 2
 
 
 async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_probe_closes(

@@ -155,6 +155,8 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
         )
     if state.outcome:
         lines.append(Text(f"outcome: {state.outcome}"))
+    if full and state.plan_revision:
+        lines.append(Text(plan_line(state)))
     if full and state.model_calls:
         cost = f", ${state.cost_usd:.4f}" if state.cost_usd else ""
         lines.append(
@@ -172,6 +174,30 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
         lines.append(Text("cancel requested", style="magenta"))
     lines.append(_steps_table(state, full=full))
     return Group(*lines)
+
+
+def plan_line(state: SessionState) -> str:
+    """What the latest plan says of itself up front: confidence, duration, needs, criteria."""
+    parts = []
+    if state.plan_confidence is not None:
+        parts.append(f"confidence {state.plan_confidence:.0%}")
+    if state.plan_estimated_duration_s is not None:
+        parts.append(f"about {_duration(state.plan_estimated_duration_s)}")
+    if state.plan_permissions:
+        parts.append("needs " + ", ".join(state.plan_permissions))
+    if state.completion_criteria:
+        count = len(state.completion_criteria)
+        required = state.criteria_required or count
+        parts.append(f"{required} of {count} completion criteria must be met")
+    return "plan: " + ("; ".join(parts) or "no estimates")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:g} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def decide_command(state: SessionState) -> str:
@@ -324,8 +350,15 @@ def _status(state: SessionState) -> str:
 
 
 def _step_status(step: StepState) -> str:
-    attempts = f" (try {step.attempts})" if step.attempts > 1 else ""
-    return f"[{STEP_STYLE[step.status]}]{step.status}[/]{attempts}"
+    notes = []
+    if step.attempts > 1:
+        notes.append(f"try {step.attempts}")
+    if step.retries:
+        notes.append(f"{step.retries} {'retry' if step.retries == 1 else 'retries'}")
+    if step.requires_approval:
+        notes.append("plan asks approval")
+    shown = f" ({', '.join(notes)})" if notes else ""
+    return f"[{STEP_STYLE[step.status]}]{step.status}[/]{shown}"
 
 
 def _brief(value: JsonValue, width: int) -> str:

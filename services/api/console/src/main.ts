@@ -137,6 +137,8 @@ interface ToolCall {
   duration_ms?: number;
   truncated?: boolean;
   redactions?: number;
+  /** Tries the gateway made again, each with why the one before failed. */
+  retries: { attempt: number; error: unknown; retry_in_s: number }[];
 }
 
 async function sessionView(sessionId: string, current: Current): Promise<void> {
@@ -211,8 +213,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <h1>${esc(s.goal)}</h1>
       <p>${badge(s.status, s.status)} ${s.pause_requested && s.status !== "paused" ? badge("paused", "pause requested") : ""}
         <small>${esc(s.mode)} · ${steps.filter((x) => x.status === "succeeded").length}/${steps.length} steps
-        ${s.plan_confidence !== null ? ` · plan confidence ${Math.round(s.plan_confidence * 100)} %` : ""}
-        · started ${esc(when(s.started_at))}</small></p>
+        ${planFacts(s)} · started ${esc(when(s.started_at))}</small></p>
+      ${criteriaList(s)}
       ${s.fork_of ? `<p class="fork">started from <a href="#/sessions/${esc(s.fork_of.session_id)}">${esc(s.fork_of.session_id.slice(0, 12))}</a>${s.fork_of.completed_steps.length ? ` after ${esc(s.fork_of.completed_steps.join(", "))}` : ""}</p>` : ""}
       ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`;
     const ended = ["completed", "failed", "cancelled"].includes(s.status);
@@ -229,7 +231,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     document.getElementById("steps")!.innerHTML = steps
       .map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined))
       .join("");
-    document.getElementById("thinking")!.textContent = s.status === "planning" ? "thinking…" : "";
+    document.getElementById("thinking")!.textContent = thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
     thoughts.innerHTML = s.thoughts
       .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
@@ -302,8 +304,11 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const data = event.data.data as Record<string, unknown>;
     const callId = data.call_id as string | undefined;
     if (callId && event.type.startsWith("tool.call.")) {
-      const call: ToolCall = calls.get(callId) ?? { call_id: callId, step_id: String(data.step_id), tool: String(data.tool), status: "" };
-      call.status = event.type.slice("tool.call.".length);
+      const call: ToolCall = calls.get(callId) ?? { call_id: callId, step_id: String(data.step_id), tool: String(data.tool), status: "", retries: [] };
+      if (event.type === "tool.call.attempt_failed") {
+        call.status = "retrying";
+        call.retries.push({ attempt: Number(data.attempt), error: data.error, retry_in_s: Number(data.retry_in_s) });
+      } else call.status = event.type.slice("tool.call.".length);
       if (event.type === "tool.call.authorized") call.arguments = data.arguments;
       if (event.type === "tool.call.completed") Object.assign(call, { output: data.output, duration_ms: data.duration_ms, truncated: data.truncated, redactions: data.redactions });
       if (event.type === "tool.call.failed") Object.assign(call, { error: data.error, duration_ms: data.duration_ms });
@@ -430,6 +435,42 @@ function retryPoint(s: SessionState): RetryPoint | null {
   return null;
 }
 
+/** What the latest plan says of itself up front. */
+function planFacts(s: SessionState): string {
+  const facts = [];
+  if (s.plan_confidence !== null) facts.push(`plan confidence ${Math.round(s.plan_confidence * 100)} %`);
+  if (s.plan_estimated_duration_s !== null) facts.push(`about ${duration(s.plan_estimated_duration_s)}`);
+  if (s.plan_permissions.length) facts.push(`needs ${s.plan_permissions.join(", ")}`);
+  const count = s.completion_criteria.length;
+  if (count) facts.push(`${s.criteria_required ?? count} of ${count} criteria must be met`);
+  return facts.map((fact) => ` · ${esc(fact)}`).join("");
+}
+
+function retries(count: number): string {
+  return count === 1 ? "1 retry" : `${count} retries`;
+}
+
+function duration(seconds: number): string {
+  if (seconds < 90) return `${Number(seconds.toFixed(1))} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+/** The completion criteria as the planner checked them when the session ended. */
+function criteriaList(s: SessionState): string {
+  if (!s.criteria.length) return "";
+  const items = s.criteria.map((c) => `<li>${badge(c.met ? "succeeded" : "failed", c.met ? "met" : "not met")} ${esc(c.criterion)}${c.evidence ? ` <small>${esc(c.evidence)}</small>` : ""}</li>`);
+  return `<ul class="criteria">${items.join("")}</ul>`;
+}
+
+/** Whether the planner is deciding what comes next: before its first plan, and in a goal
+ * session whenever nothing of its plan is under way, which is while its model is asked. */
+function thinking(s: SessionState): boolean {
+  if (s.pause_requested || !["planning", "executing"].includes(s.status)) return false;
+  const underway = Object.values(s.steps).some((x) => ["pending", "scheduled", "authorized", "running"].includes(x.status) || x.retry_at !== null);
+  return !underway && (s.mode !== "playbook" || s.plan_revision === 0);
+}
+
 /** `retryFrom`: for a step whose failure ended the session, where a retry starts. */
 function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): string {
   const retry =
@@ -442,8 +483,9 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
   return `<li class="step ${esc(step.status)}" data-step-id="${esc(step.id)}">
     <details data-step="${esc(step.id)}" ${open ? "open" : ""}>
       <summary>${badge(step.status, step.status)} <strong>${esc(step.id)}</strong> ${esc(step.tool)}
-        ${step.risk ? badge(step.risk, step.risk) : ""}${step.duration_ms !== null ? ` <small>${step.duration_ms.toFixed(0)} ms</small>` : ""}
-        ${step.attempts > 1 ? ` <small>attempt ${step.attempts}</small>` : ""}</summary>
+        ${step.risk ? badge(step.risk, step.risk) : ""}${step.requires_approval ? badge("waiting", "plan asks approval") : ""}
+        ${step.duration_ms !== null ? ` <small>${step.duration_ms.toFixed(0)} ms</small>` : step.estimated_duration_s !== null ? ` <small>about ${esc(duration(step.estimated_duration_s))}</small>` : ""}
+        ${step.attempts > 1 ? ` <small>attempt ${step.attempts}</small>` : ""}${step.retries ? ` <small class="retries">${retries(step.retries)}</small>` : ""}</summary>
       ${step.description ? `<p>${esc(step.description)}</p>` : ""}
       <h4>Arguments</h4><pre>${json(step.arguments)}</pre>
       ${step.output !== null ? `<h4>Result</h4><pre>${json(step.output)}</pre>` : ""}
@@ -456,10 +498,11 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
 function callItem(call: ToolCall): string {
   return `<details class="call"><summary>${badge(call.status, call.status)} ${esc(call.tool)} <small>step ${esc(call.step_id)}</small>
       ${call.duration_ms !== undefined ? `<small>${Number(call.duration_ms).toFixed(0)} ms</small>` : ""}
-      ${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
+      ${call.retries.length ? badge("warning", retries(call.retries.length)) : ""}${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
     ${call.arguments !== undefined ? `<h4>Input</h4><pre>${json(call.arguments)}</pre>` : ""}
     ${call.output !== undefined ? `<h4>Output</h4><pre>${json(call.output)}</pre>` : ""}
     ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${json(call.error)}</pre>` : ""}
+    ${call.retries.map((r) => `<h4>Try ${r.attempt} failed, tried again after ${r.retry_in_s.toFixed(1)} s</h4><pre class="error">${json(r.error)}</pre>`).join("")}
   </details>`;
 }
 

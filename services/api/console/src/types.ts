@@ -25,8 +25,11 @@ export interface Step {
   tool: string;
   arguments: Record<string, unknown>;
   risk: string | null;
+  requires_approval: boolean;
+  estimated_duration_s: number | null;
   status: string;
   attempts: number;
+  retries: number;
   output: unknown;
   error: { kind: string; message: string } | null;
   reason: string | null;
@@ -92,8 +95,14 @@ export interface SessionState {
   fork_of: ForkOrigin | null;
   goal: string;
   mode: string;
+  plan_revision: number;
   plan_confidence: number | null;
+  plan_estimated_duration_s: number | null;
+  plan_permissions: string[];
   plan_reasoning: string;
+  completion_criteria: string[];
+  criteria_required: number | null;
+  criteria: { criterion: string; met: boolean; evidence: string }[];
   steps: Record<string, Step>;
   approvals: Record<string, Approval>;
   checkpoints: Checkpoint[];

@@ -84,7 +84,12 @@ from helmline.contracts._exchanges import (
     ModelToolCall,
     ModelUsage,
 )
-from helmline.contracts._plans import PlanStep, Playbook, find_dependency_problem
+from helmline.contracts._plans import (
+    PlanStep,
+    Playbook,
+    critical_path_s,
+    find_dependency_problem,
+)
 from helmline.contracts._schema import event_schema, export_schemas
 from helmline.contracts._state import (
     FOLD_VERSION,
@@ -331,6 +336,7 @@ __all__ = [
     "WorkspaceSnapshotted",
     "circuit_subject",
     "consumer_for",
+    "critical_path_s",
     "dead_letter_subject",
     "decode_event",
     "deliver_subject",

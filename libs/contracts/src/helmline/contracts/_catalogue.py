@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, model_validator
 
 from helmline.contracts._exchanges import CriterionResult, ModelReply, ModelRequestRecord
 from helmline.contracts._plans import PlanStep, Playbook
@@ -192,11 +192,26 @@ class PlanProposed(Payload):
     confidence: float | None = Field(default=None, ge=0, le=1)
     """How likely the planner thinks the plan is to succeed."""
     estimated_duration_s: float | None = Field(default=None, ge=0)
-    """Expected duration of the whole plan."""
+    """Expected duration of the whole plan: its longest chain of step estimates, when every
+    step has one."""
     permissions: tuple[str, ...] = ()
     """Permissions the plan needs, shown up front."""
     completion_criteria: tuple[str, ...] = ()
     """What must hold for the goal to be met; the planner checks and reports each one."""
+    criteria_required: int | None = Field(default=None, ge=1)
+    """How many of the completion criteria must be met for the goal to count as reached
+    (say 3 of 4); all of them when absent."""
+
+    @model_validator(mode="after")
+    def _requires_no_more_criteria_than_declared(self) -> PlanProposed:
+        if self.criteria_required is not None and self.criteria_required > len(
+            self.completion_criteria
+        ):
+            raise ValueError(
+                f"criteria_required is {self.criteria_required}, but the plan declares "
+                f"{len(self.completion_criteria)} completion criteria"
+            )
+        return self
 
 
 class PlanApproved(Payload):

@@ -59,6 +59,26 @@ def find_dependency_problem(steps: tuple[PlanStep, ...]) -> str | None:
     return None
 
 
+def critical_path_s(steps: tuple[PlanStep, ...]) -> float | None:
+    """How long the steps take at the least, independent ones running side by side: the
+    longest chain of estimates through their dependencies. None unless every step has an
+    estimate, since a guess for the others would be shown as if it were known.
+
+    The steps must form a DAG (see `find_dependency_problem`); a dependency on a step outside
+    them (one an earlier plan completed) adds nothing.
+    """
+    if any(step.estimated_duration_s is None for step in steps):
+        return None
+    by_id = {step.id: step for step in steps}
+    finish: dict[str, float] = {}
+    for step_id in TopologicalSorter({s.id: s.depends_on for s in steps}).static_order():
+        step = by_id.get(step_id)
+        if step is not None:
+            ready = max((finish.get(d, 0.0) for d in step.depends_on), default=0.0)
+            finish[step_id] = ready + (step.estimated_duration_s or 0.0)
+    return max(finish.values(), default=0.0)
+
+
 class Playbook(Contract):
     """A declared plan: a goal and its steps, run without a model."""
 

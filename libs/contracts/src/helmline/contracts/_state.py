@@ -135,12 +135,16 @@ class StepState:
     """Risk declared by the plan or decided by policy."""
     requires_approval: bool = False
     """Whether the plan asks a person to approve the step."""
+    estimated_duration_s: float | None = None
+    """How long the plan expects the step to take."""
     on_denied: Literal["fail", "continue"] | None = None
     """What the plan said to do if this step is denied; None follows the session default."""
     status: StepStatus = "pending"
     """Where the step is."""
     attempts: int = 0
     """How many times it was scheduled."""
+    retries: int = 0
+    """Tries of the latest call that failed and that the gateway made again."""
     call_id: str | None = None
     """The tool call of the latest attempt."""
     approval_request_id: str | None = None
@@ -323,6 +327,10 @@ class SessionState:
     """Latest approved plan revision; 0 before approval."""
     plan_confidence: float | None = None
     """Confidence of the latest plan."""
+    plan_estimated_duration_s: float | None = None
+    """How long the latest plan expects to take, when all its steps have estimates."""
+    plan_permissions: tuple[str, ...] = ()
+    """What the latest plan needs, as it declared it."""
     plan_reasoning: str = ""
     """Reasoning behind the latest plan."""
     plan_rejection: str | None = None
@@ -356,6 +364,8 @@ class SessionState:
     """Whether a completed session met only some of its criteria."""
     completion_criteria: tuple[str, ...] = ()
     """What must hold for the goal to be met, as the latest plan declared it."""
+    criteria_required: int | None = None
+    """How many of them must be met; all when None."""
     criteria: tuple[CriterionResult, ...] = ()
     """The completion criteria as checked when the session completed."""
     model_calls: int = 0
@@ -551,6 +561,7 @@ class SessionFold:
                     risk=data.risk if data.risk is not None else previous and previous.risk,
                     status="scheduled",
                     attempts=data.attempt,
+                    retries=0,
                     call_id=data.call_id,
                     output=None,
                     error=None,
@@ -619,7 +630,8 @@ class SessionFold:
                     ),
                 )
             case ToolCallAttemptFailed():
-                pass  # The call goes on; its final outcome is what the state records.
+                # The call goes on; its final outcome is recorded when it comes.
+                self.update_call(data.call_id, data.step_id, retries=data.attempt)
             case ToolRegistryPublished() | ToolCircuitChanged():
                 pass  # Gateway-wide facts on the tools stream, never in a session's log.
             case StreamLimitApproaching():
@@ -704,8 +716,11 @@ class SessionFold:
                 v["plan_confidence"] = data.confidence
                 v["plan_reasoning"] = data.reasoning
                 v["plan_rejection"] = None
+                v["plan_estimated_duration_s"] = data.estimated_duration_s
+                v["plan_permissions"] = data.permissions
                 if data.completion_criteria:
                     v["completion_criteria"] = data.completion_criteria
+                    v["criteria_required"] = data.criteria_required
                 self._lay_out_plan(data.steps)
                 self.set_status("planning")
             case PlanApproved():
@@ -840,6 +855,7 @@ class SessionFold:
                     depends_on=step.depends_on,
                     risk=step.risk,
                     requires_approval=step.requires_approval,
+                    estimated_duration_s=step.estimated_duration_s,
                 )
             else:
                 steps[step.id] = StepState(
@@ -850,6 +866,7 @@ class SessionFold:
                     depends_on=step.depends_on,
                     risk=step.risk,
                     requires_approval=step.requires_approval,
+                    estimated_duration_s=step.estimated_duration_s,
                     on_denied=step.on_denied,
                 )
             made.add(step.id)

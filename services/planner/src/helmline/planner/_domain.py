@@ -30,6 +30,7 @@ from helmline.contracts import (
     ToolCallFailed,
     ToolCircuitChanged,
     WorkspaceRestored,
+    critical_path_s,
 )
 
 MAX_ATTEMPTS = 3
@@ -115,6 +116,7 @@ def _plan(state: SessionState, started: SessionStarted) -> list[Decision]:
         steps=steps,
         reasoning="declared playbook",
         confidence=1.0,
+        estimated_duration_s=critical_path_s(steps),
         permissions=tuple(sorted({step.tool for step in steps})),
     )
     return [Decision(proposal, "plan/1")]

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Literal
 
 import json_repair
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from helmline.contracts import (
     ContextCompacted,
@@ -45,6 +45,7 @@ from helmline.contracts import (
     ToolCallDenied,
     ToolCallFailed,
     ToolSpec,
+    critical_path_s,
     find_dependency_problem,
 )
 from helmline.planner._context import (
@@ -275,6 +276,10 @@ def _answer(
     unfinished = _finish_problem(state, parsed)
     if unfinished is not None:
         return f"Error: {unfinished}. Send the call again with valid arguments."
+    if parsed.name == FINISH:
+        tally = _tally(state, _Finish.model_validate(parsed.arguments))
+        carry_on = "Call the next tool" if state.mode == "act" else "Call create_plan with steps"
+        return f"Not finished: {tally}. {carry_on} that meets more of them, or give_up."
     plans = [e.data for e in caused if isinstance(e.data, PlanProposed)]
     if not plans:
         return "Not run: another call of the same answer was taken instead."
@@ -330,7 +335,8 @@ def _facts(state: SessionState, budget_chars: int) -> list[str]:
     criteria, the plan in force and each step's outcome, newest kept when space runs out."""
     facts = []
     if state.completion_criteria:
-        facts.append("completion criteria: " + "; ".join(state.completion_criteria))
+        required = f" ({state.criteria_required} required)" if state.criteria_required else ""
+        facts.append(f"completion criteria{required}: " + "; ".join(state.completion_criteria))
     # In the order steps were first scheduled (a replan lays its new steps out first).
     ordered = dict.fromkeys([*state.calls.values(), *state.steps])
     steps = [_outcome(state, step_id, FACT_CHARS)[2:] for step_id in ordered]
@@ -384,13 +390,22 @@ class _DraftStep(_Lenient):
     depends_on: list[str] = Field(default_factory=list)
     risk: Literal["low", "medium", "high", "critical"] | None = None
     requires_approval: bool = False
+    estimated_duration_s: float | None = Field(default=None, ge=0)
 
 
 class _Draft(_Lenient):
     steps: list[_DraftStep] = Field(min_length=1)
     completion_criteria: list[str] = Field(min_length=1)
+    criteria_required: int | None = Field(default=None, ge=1)
     reasoning: str = ""
     confidence: float | None = Field(default=None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _requires_no_more_criteria_than_declared(self) -> _Draft:
+        declared = len(self.completion_criteria)
+        if self.criteria_required is not None and self.criteria_required > declared:
+            raise ValueError(f"criteria_required is more than the {declared} criteria declared")
+        return self
 
 
 class _Finish(_Lenient):
@@ -450,6 +465,7 @@ def _plan_steps(exchange: ModelExchangeRecorded, draft: _Draft) -> tuple[PlanSte
             depends_on=tuple(prefix + d for d in step.depends_on),
             risk=step.risk,
             requires_approval=step.requires_approval,
+            estimated_duration_s=step.estimated_duration_s,
         )
         for step in draft.steps
     )
@@ -490,7 +506,8 @@ def interpret(
         if p.repaired
     ]
     if ending is not None:
-        return Reaction([*decisions, _end(state, ending)])
+        end = _end(state, log, exchange_event, ending, settings)
+        return Reaction([*decisions, *end.decisions], end.ask)
     plan = next((p for p in usable if p.name == CREATE_PLAN), None)
     if plan is not None:
         return Reaction([*decisions, *_propose(state, plan)])
@@ -527,17 +544,83 @@ def _finish_problem(state: SessionState, call: Parsed) -> str | None:
     return f"finish must report every completion criterion; missing: {missing}"
 
 
-def _end(state: SessionState, ending: Parsed) -> Decision:
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """How the criteria a `finish` call reports stand against what the plan requires."""
+
+    met: int
+    reported: int
+    required: int
+
+    @property
+    def short(self) -> bool:
+        return self.met < self.required
+
+    def __str__(self) -> str:
+        return f"{self.met} of {self.reported} completion criteria met, {self.required} required"
+
+
+def _tally(state: SessionState, finish: _Finish) -> _Tally:
+    """Only declared criteria count once a plan declared some; otherwise all reported do."""
+    declared = {c.strip().lower() for c in state.completion_criteria}
+    counted = [
+        c for c in finish.criteria if not declared or c.criterion.strip().lower() in declared
+    ]
+    required = state.criteria_required or len(declared) or len(counted)
+    return _Tally(sum(1 for c in counted if c.met), len(counted), required)
+
+
+def _short_finishes(state: SessionState, log: Sequence[Event], current: Event) -> int:
+    """Earlier `finish` calls of the session that fell short of the required criteria."""
+    short = 0
+    for event in exchanges(log):
+        if event.id == current.id:
+            continue
+        assert isinstance(event.data, ModelExchangeRecorded)
+        for call in event.data.reply.tool_calls:
+            parsed = parse_call(call, event.data)
+            if (
+                isinstance(parsed, Parsed)
+                and parsed.name == FINISH
+                and _finish_problem(state, parsed) is None
+                and _tally(state, _Finish.model_validate(parsed.arguments)).short
+            ):
+                short += 1
+                break
+    return short
+
+
+def _end(
+    state: SessionState,
+    log: Sequence[Event],
+    exchange: Event,
+    ending: Parsed,
+    settings: PlannerSettings,
+) -> Reaction:
+    """The end a `give_up` or `finish` call brings; a `finish` short of the required criteria
+    sends the model back to work, until it has fallen short too often."""
     if ending.name == GIVE_UP:
         reason = _GiveUp.model_validate(ending.arguments).reason
-        return Decision(SessionFailed(reason=f"the planner gave up: {reason}"), "end")
+        return Reaction([Decision(SessionFailed(reason=f"the planner gave up: {reason}"), "end")])
     finish = _Finish.model_validate(ending.arguments)
-    met = sum(1 for c in finish.criteria if c.met)
-    summary = finish.summary or f"{met} of {len(finish.criteria)} completion criteria met"
-    completed = SessionCompleted(
-        summary=summary, partial=met < len(finish.criteria), criteria=tuple(finish.criteria)
-    )
-    return Decision(completed, "end")
+    tally = _tally(state, finish)
+    if not tally.short:
+        completed = SessionCompleted(
+            summary=finish.summary or str(tally),
+            partial=tally.met < tally.reported,
+            criteria=tuple(finish.criteria),
+        )
+        return Reaction([Decision(completed, "end")])
+    checks = 1 + _short_finishes(state, log, exchange)
+    if checks < settings.planner_max_finish_attempts:
+        note = f"finish reported {tally}; the model is asked to carry on"
+        return Reaction([_thought("reflection", note)], "act" if state.mode == "act" else "replan")
+    stop = f"stopped after {checks} checks of the goal fell short: {tally}"
+    if tally.met == 0:
+        return Reaction([Decision(SessionFailed(reason=stop), "end")])
+    summary = f"{stop}. {finish.summary}" if finish.summary else stop
+    partly = SessionCompleted(summary=summary, partial=True, criteria=tuple(finish.criteria))
+    return Reaction([Decision(partly, "end")])
 
 
 def _step_id(exchange: ModelExchangeRecorded, index: int, count: int) -> str:
@@ -553,8 +636,10 @@ def _propose(state: SessionState, plan: Parsed) -> list[Decision]:
         steps=steps,
         reasoning=draft.reasoning,
         confidence=draft.confidence,
+        estimated_duration_s=critical_path_s(steps),
         permissions=tuple(sorted({s.tool for s in steps})),
         completion_criteria=tuple(draft.completion_criteria),
+        criteria_required=draft.criteria_required,
     )
     decision = Decision(
         ThoughtRecorded(

@@ -18,12 +18,14 @@ SYSTEM_PLAN = (
     "You are the planner of Helmline, which runs tools for a goal under policy, in a sandbox. "
     "Plan the whole goal at once: call create_plan with the steps (each step is one call of "
     "one tool with its arguments; depends_on lists the steps that must succeed first), the "
-    "completion criteria that will show the goal is met, your reasoning and your confidence. "
+    "completion criteria that will show the goal is met (and, if not all of them must be, how "
+    "many: criteria_required), your reasoning and your confidence. "
     "The steps then run under policy and you see every result. If a step fails or is "
     "denied, call create_plan again with a new plan for what remains (choose another way), "
     "or call give_up with a clear reason. When every step has succeeded, check each "
     "completion criterion against the results and call finish, reporting each criterion as "
-    "met or not with its evidence. Never answer with free text alone."
+    "met or not with its evidence; the session ends when enough of them are met. Never answer "
+    "with free text alone."
 )
 
 SYSTEM_ACT = (
@@ -49,6 +51,7 @@ _STEP = _object(
         "depends_on": {"type": "array", "items": {"type": "string"}},
         "risk": {"enum": ["low", "medium", "high", "critical"]},
         "requires_approval": {"type": "boolean"},
+        "estimated_duration_s": {"type": "number", "minimum": 0},
     },
     ["id", "tool", "arguments"],
 )
@@ -73,6 +76,11 @@ CONTROL_TOOLS: dict[str, ToolSpec] = {
                     "type": "array",
                     "items": {"type": "string"},
                     "minItems": 1,
+                },
+                "criteria_required": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "How many of the criteria must be met; all when omitted.",
                 },
                 "reasoning": {"type": "string"},
                 "confidence": {"type": "number", "minimum": 0, "maximum": 1},

@@ -75,6 +75,9 @@ class PlannerSettings(RuntimeSettings):
     """Tool results longer than this are cut, with a marker, before the model sees them."""
     planner_loop_repeats: int = Field(default=3, ge=2)
     """The same call (or cycle of calls) this many times in a row stops the session."""
+    planner_max_finish_attempts: int = Field(default=3, ge=1)
+    """`finish` calls short of the required completion criteria after which the session
+    stops: completed in part when some criteria were met, failed when none was."""
 
     def base_url(self) -> str:
         """The endpoint to call."""
