@@ -24,7 +24,7 @@ from helmline.contracts import (
     fold,
     new_event,
 )
-from helmline.planner._context import estimate_tokens
+from helmline.planner._context import estimate_tokens, schema_tokens
 from helmline.planner._engine import GoalEngine
 from helmline.planner._providers import model_client
 from helmline.planner._settings import PlannerSettings
@@ -114,12 +114,73 @@ async def test_with_200_federated_tools_the_model_is_offered_a_bounded_relevant_
     assert "jira__close_ticket" in model.received("jira")[1].tool_names
 
 
+async def test_tool_schemas_stay_within_their_share_and_a_tool_in_use_keeps_its_place(
+    model: ScriptedModel,
+) -> None:
+    def bulky(name: str, description: str) -> ToolSpec:
+        fields = {f"field_{n}": {"type": "string", "description": "x" * 60} for n in range(12)}
+        return ToolSpec(
+            name=name,
+            description=description,
+            parameters={"type": "object", "properties": fields},
+            risk="low",
+            executor="gateway",
+        )
+
+    registry = (
+        *BUILTIN_TOOLS,
+        *(bulky(f"crm__report_{n}", f"Report number {n} of the crm.") for n in range(6)),
+    )
+    model.script(
+        "bulky",
+        [
+            Reply.call("crm__report_5", **{"field_0": "a"}),
+            Reply.call("finish", summary="done", criteria=[{"criterion": "read", "met": True}]),
+        ],
+    )
+    settings = _settings(
+        model,
+        planner_context_tokens=8000,
+        llm_max_output_tokens=2000,
+        planner_tool_schema_share=0.3,
+    )
+    client = model_client(settings)
+    try:
+        engine = GoalEngine(settings, client, lambda: registry)
+        log = await InMemoryWorld(engine).run("bulky: read the crm report")
+    finally:
+        await client.aclose()
+
+    assert fold(log).status == "completed"
+    room = int(6000 * 0.3)
+    by_name = {tool.name: tool for tool in (*registry, *_control())}
+    for received in model.received("bulky"):
+        offered = [by_name[name] for name in received.tool_names]
+        assert sum(schema_tokens(tool) for tool in offered) <= room
+        reports = [t.name for t in offered if t.name.startswith("crm__")]
+        assert 0 < len(reports) < 6  # some left out, the most relevant kept
+    # The report in use stays offered though others rank as high.
+    assert "crm__report_5" in model.received("bulky")[1].tool_names
+    requests = [e.data.request for e in log if isinstance(e.data, ModelExchangeRecorded)]
+    assert all(request.max_tokens == 2000 for request in requests)
+
+
+def test_an_answer_reserve_that_leaves_too_little_room_for_the_prompt_is_refused() -> None:
+    with pytest.raises(ValueError, match="llm_max_output_tokens \\(4096\\) leaves less than"):
+        PlannerSettings(planner_context_tokens=5000, llm_max_output_tokens=4096)
+
+
 async def test_a_long_session_stays_in_budget_and_compaction_lists_what_it_kept(
     model: ScriptedModel,
 ) -> None:
     model.script("long", _numbered(30))
-    budget = 3000
-    settings = _settings(model, planner_context_tokens=budget, planner_max_result_chars=300)
+    budget = 3000  # for the prompt; the context holds the answer's reserve besides
+    settings = _settings(
+        model,
+        planner_context_tokens=budget + 500,
+        llm_max_output_tokens=500,
+        planner_max_result_chars=300,
+    )
     client = model_client(settings)
     try:
         engine = GoalEngine(settings, client, lambda: BUILTIN_TOOLS)

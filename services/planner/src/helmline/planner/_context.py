@@ -27,9 +27,7 @@ def estimate_tokens(
     """Estimated prompt size of a request, counted on its JSON form as the wire carries it."""
     chars = len(json.dumps(system))
     chars += sum(len(message.model_dump_json()) for message in messages)
-    for tool in tools:
-        chars += len(json.dumps([tool.name, tool.description, tool.parameters]))
-    return chars // CHARS_PER_TOKEN + 1
+    return chars // CHARS_PER_TOKEN + 1 + sum(schema_tokens(tool) for tool in tools)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -39,11 +37,22 @@ def truncate(text: str, limit: int) -> str:
     return f"{text[:limit]}\n[truncated: {limit} of {len(text)} characters shown]"
 
 
+def schema_tokens(tool: ToolSpec) -> int:
+    """Estimated size of a tool's schema in a request, as `estimate_tokens` counts it."""
+    return len(json.dumps([tool.name, tool.description, tool.parameters])) // CHARS_PER_TOKEN + 1
+
+
 def select_tools(
-    registry: Sequence[ToolSpec], context: Iterable[str], used: Iterable[str], limit: int
+    registry: Sequence[ToolSpec],
+    context: Iterable[str],
+    used: Iterable[str],
+    limit: int,
+    max_tokens: int,
 ) -> list[ToolSpec]:
-    """At most `limit` tools: those the session used, then the best matches of the goal and
-    recent messages by shared words of name and description; registry order breaks ties."""
+    """At most `limit` tools whose schemas take at most `max_tokens`: those the session used,
+    then the best matches of the goal and recent messages by shared words of name and
+    description; registry order breaks ties. A tool too large for the room left is passed
+    over for the next that fits."""
     words = {word for text in context for word in _WORD.findall(text.lower())}
     recent = set(used)
 
@@ -55,8 +64,16 @@ def select_tools(
         return 10 * len(named & words) + len(described & words)
 
     ranked = sorted(range(len(registry)), key=lambda index: -score(registry[index]))
-    chosen = sorted(ranked[:limit])
-    return [registry[index] for index in chosen]
+    chosen: list[int] = []
+    room = max_tokens
+    for index in ranked:
+        if len(chosen) == limit:
+            break
+        size = schema_tokens(registry[index])
+        if size <= room:
+            chosen.append(index)
+            room -= size
+    return [registry[index] for index in sorted(chosen)]
 
 
 @dataclass(frozen=True, slots=True)

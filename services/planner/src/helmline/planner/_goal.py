@@ -52,6 +52,7 @@ from helmline.planner._context import (
     CHARS_PER_TOKEN,
     compact,
     estimate_tokens,
+    schema_tokens,
     select_tools,
     truncate,
 )
@@ -209,11 +210,16 @@ def prepare(
     messages = _conversation(state, log, previous, settings)
     used = [s.tool for s in state.steps.values()]
     context = [state.goal, *(m.content for m in messages[-3:])]
-    tools = select_tools(registry, context, used, settings.planner_max_tools) + control_tools(
-        state.mode
+    budget = settings.prompt_budget()
+    controls = control_tools(state.mode)
+    schema_room = int(budget * settings.planner_tool_schema_share) - sum(
+        schema_tokens(tool) for tool in controls
     )
+    tools = [
+        *select_tools(registry, context, used, settings.planner_max_tools, schema_room),
+        *controls,
+    ]
     system = system_prompt(state.mode, settings.planner_system_prompt)
-    budget = settings.planner_context_tokens
     size = estimate_tokens(system, messages, tools)
     compaction = None
     if size > settings.planner_compact_at * budget:

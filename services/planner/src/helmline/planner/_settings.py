@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from helmline.runtime import RuntimeSettings
 
@@ -66,11 +66,16 @@ class PlannerSettings(RuntimeSettings):
     planner_max_wall_s: float = Field(default=3600.0, gt=0)
     """Seconds from a session's start after which no model call is made."""
     planner_context_tokens: int = Field(default=16_000, ge=1000)
-    """Context budget of one request: system prompt, tool schemas, history and reserve."""
+    """The model's context window as a request may use it: the prompt (system prompt, tool
+    schemas, history with tool results) and a reserve of `llm_max_output_tokens` for the
+    answer."""
     planner_compact_at: float = Field(default=0.85, gt=0, lt=1)
-    """Share of the budget at which old history is compacted into a summary."""
+    """Share of the prompt's budget at which old history is compacted into a summary."""
     planner_max_tools: int = Field(default=16, ge=1)
     """Tools offered to the model per request, chosen by the goal and recent use."""
+    planner_tool_schema_share: float = Field(default=0.3, gt=0, lt=1)
+    """Share of the prompt's budget the offered tools' schemas may take; the least relevant
+    tools not used recently are left out to stay within it."""
     planner_max_result_chars: int = Field(default=4000, ge=100)
     """Tool results longer than this are cut, with a marker, before the model sees them."""
     planner_loop_repeats: int = Field(default=3, ge=2)
@@ -78,6 +83,20 @@ class PlannerSettings(RuntimeSettings):
     planner_max_finish_attempts: int = Field(default=3, ge=1)
     """`finish` calls short of the required completion criteria after which the session
     stops: completed in part when some criteria were met, failed when none was."""
+
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> PlannerSettings:
+        if self.prompt_budget() < self.planner_context_tokens // 4:
+            raise ValueError(
+                f"llm_max_output_tokens ({self.llm_max_output_tokens}) leaves less than a "
+                f"quarter of planner_context_tokens ({self.planner_context_tokens}) for the "
+                "prompt; raise the context or lower the output"
+            )
+        return self
+
+    def prompt_budget(self) -> int:
+        """Tokens a request's prompt may take: the context less the answer's reserve."""
+        return self.planner_context_tokens - self.llm_max_output_tokens
 
     def base_url(self) -> str:
         """The endpoint to call."""
