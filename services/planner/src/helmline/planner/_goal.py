@@ -285,7 +285,7 @@ def _answer(
     if parsed.name == FINISH:
         tally = _tally(state, _Finish.model_validate(parsed.arguments))
         carry_on = "Call the next tool" if state.mode == "act" else "Call create_plan with steps"
-        return f"Not finished: {tally}. {carry_on} that meets more of them, or give_up."
+        return f"Not finished: {tally}. {carry_on} to meet more of them, or give_up."
     plans = [e.data for e in caused if isinstance(e.data, PlanProposed)]
     if not plans:
         return "Not run: another call of the same answer was taken instead."
