@@ -144,6 +144,22 @@ async def test_a_server_that_always_times_out_opens_the_breaker_which_a_later_pr
         await subscription.unsubscribe()
 
 
+def breaking_at_first_failure(
+    tmp_path: Path, server_id: str, state_dir: Path, http_server: str
+) -> Path:
+    """The test server over HTTP with two retries, whose breaker opens at the first failure
+    counted against it: a retry after such a failure would fail fast, and the next call too."""
+    servers: Path = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        http=http_server,
+        retries=2,
+        circuit={"failures": 1, "reset_s": 60},
+    )
+    return servers
+
+
 async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_counted_as_down(
     nats_url: str,
     js: JetStreamContext,
@@ -154,16 +170,7 @@ async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_c
     tmp_path: Path,
     http_server: str,
 ) -> None:
-    servers = write_servers_file(
-        tmp_path / "servers.yaml",
-        server_id,
-        state_dir,
-        http=http_server,
-        retries=2,
-        # One failure counted against the server would open its breaker, and the retry
-        # would then fail fast.
-        circuit={"failures": 1, "reset_s": 60},
-    )
+    servers = breaking_at_first_failure(tmp_path, server_id, state_dir, http_server)
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
         (state_dir / "http-answer").write_text("429 1")
@@ -201,15 +208,7 @@ async def test_refused_credentials_fail_the_call_at_once_without_counting_the_se
     http_server: str,
     status: int,
 ) -> None:
-    servers = write_servers_file(
-        tmp_path / "servers.yaml",
-        server_id,
-        state_dir,
-        http=http_server,
-        retries=2,
-        # One failure counted against the server would open its breaker.
-        circuit={"failures": 1, "reset_s": 60},
-    )
+    servers = breaking_at_first_failure(tmp_path, server_id, state_dir, http_server)
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
         (state_dir / "http-answer").write_text(str(status))
