@@ -477,6 +477,7 @@ async def test_show_says_up_front_what_the_plan_expects_and_how_each_call_went(
             requires_approval=True,
             estimated_duration_s=120,
         ),
+        PlanStep(id="recall", tool="echo"),
     )
     await session.emit(
         PlanProposed(
@@ -497,6 +498,10 @@ async def test_show_says_up_front_what_the_plan_expects_and_how_each_call_went(
         await session.emit(
             ToolCallAttemptFailed(**call, attempt=attempt, error=error, retry_in_s=1)
         )
+    recall = {"call_id": "c-recall", "step_id": "recall", "tool": "echo"}
+    await session.emit(StepScheduled(**recall, arguments={"message": "hi"}))
+    await session.emit(ToolCallAuthorized(**recall, risk="low"))
+    await session.emit(ToolCallCompleted(**recall, output="hi", cached_from="c-earlier"))
 
     result = await helmline(nats_url, "show", session.id, "-t", session.tenant)
 
@@ -509,6 +514,7 @@ async def test_show_says_up_front_what_the_plan_expects_and_how_each_call_went(
     assert expected in shown
     assert "authorized (2 retries)" in shown
     assert "pending (plan asks approval)" in shown
+    assert "succeeded (result of c-earlier)" in shown
 
 
 async def _run_first_step(session: Session) -> None:

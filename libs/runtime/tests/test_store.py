@@ -88,6 +88,18 @@ async def test_other_sessions_do_not_move_a_session_sequence(
     assert appended.seq > mine.seq
 
 
+async def test_an_event_is_read_at_its_sequence_only_as_its_own_sessions(
+    store: EventStore, tenant: str
+) -> None:
+    mine = await store.append(session_started(tenant, "mine"), expected_last_seq=0)
+    other = await store.append(session_started(tenant, "other"), expected_last_seq=0)
+    found = await store.read_at(tenant, "mine", mine.seq)
+    assert found is not None
+    assert (found.seq, found.event.session_id) == (mine.seq, "mine")
+    assert await store.read_at(tenant, "mine", other.seq) is None
+    assert await store.read_at(tenant, "mine", other.seq + 1000) is None
+
+
 async def test_events_of_a_type_are_read_since_a_time_with_the_last_of_them(
     store: EventStore, tenant: str
 ) -> None:

@@ -63,6 +63,16 @@ def test_a_valid_file_loads_with_transports_and_overrides(tmp_path: Path) -> Non
             "      t: {required_permission: ' '}\n",
             ":5: servers[0].tools.t.required_permission:",
         ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n    tools:\n"
+            "      t: {pure: true, effect: external}\n",
+            ":5: servers[0].tools.t: a pure tool changes nothing: drop `effect: external`",
+        ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n    tools:\n"
+            "      t: {pure: true, idempotent: false}\n",
+            ":5: servers[0].tools.t: a pure tool is idempotent",
+        ),
         ("servers: [\n", ":2: invalid YAML"),
     ],
 )
@@ -148,3 +158,13 @@ def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
     assert all(0 <= pause <= 0.4 for pause in pauses)
     assert max(pauses) > 0.2
     assert all(backoff_s(20, base_s=0.1, cap_s=5) <= 5 for _ in range(50))
+
+
+def test_a_tool_declared_pure_changes_nothing_and_may_be_sent_again() -> None:
+    config = ServerConfig.model_validate(
+        {"id": "docs", "stdio": {"command": "x"}, "tools": {"lookup": {"pure": True}}}
+    )
+    listed = [ListedTool(name, "", {"type": "object"}) for name in ("lookup", "publish")]
+    lookup, publish = tool_specs(config, listed)
+    assert (lookup.pure, lookup.effect, lookup.idempotent) == (True, "none", True)
+    assert (publish.pure, publish.effect, publish.idempotent) == (False, "external", False)

@@ -355,6 +355,8 @@ def _step_status(step: StepState) -> str:
         notes.append(f"try {step.attempts}")
     if step.retries:
         notes.append(f"{step.retries} {'retry' if step.retries == 1 else 'retries'}")
+    if step.cached_from is not None:
+        notes.append(f"result of {step.cached_from}")
     if step.requires_approval:
         notes.append("plan asks approval")
     shown = f" ({', '.join(notes)})" if notes else ""

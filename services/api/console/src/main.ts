@@ -137,6 +137,8 @@ interface ToolCall {
   duration_ms?: number;
   truncated?: boolean;
   redactions?: number;
+  /** The earlier call whose result this one reused (a pure tool, called again alike). */
+  cached_from?: string;
   /** Tries the gateway made again, each with why the one before failed. */
   retries: { attempt: number; error: unknown; retry_in_s: number }[];
 }
@@ -310,7 +312,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         call.retries.push({ attempt: Number(data.attempt), error: data.error, retry_in_s: Number(data.retry_in_s) });
       } else call.status = event.type.slice("tool.call.".length);
       if (event.type === "tool.call.authorized") call.arguments = data.arguments;
-      if (event.type === "tool.call.completed") Object.assign(call, { output: data.output, duration_ms: data.duration_ms, truncated: data.truncated, redactions: data.redactions });
+      if (event.type === "tool.call.completed") Object.assign(call, { output: data.output, duration_ms: data.duration_ms, truncated: data.truncated, redactions: data.redactions, cached_from: data.cached_from ?? undefined });
       if (event.type === "tool.call.failed") Object.assign(call, { error: data.error, duration_ms: data.duration_ms });
       calls.set(callId, call);
     }
@@ -488,7 +490,7 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
         ${step.attempts > 1 ? ` <small>attempt ${step.attempts}</small>` : ""}${step.retries ? ` <small class="retries">${retries(step.retries)}</small>` : ""}</summary>
       ${step.description ? `<p>${esc(step.description)}</p>` : ""}
       <h4>Arguments</h4><pre>${json(step.arguments)}</pre>
-      ${step.output !== null ? `<h4>Result</h4><pre>${json(step.output)}</pre>` : ""}
+      ${step.output !== null ? `<h4>Result${step.cached_from ? ` <small>of ${esc(step.cached_from)}, an earlier call alike</small>` : ""}</h4><pre>${json(step.output)}</pre>` : ""}
       ${step.error ? `<h4>Error</h4><pre class="error">${esc(step.error.kind)}: ${esc(step.error.message)}</pre>` : ""}
       ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
       ${step.retry_at ? `<p><small>tried again at ${esc(when(step.retry_at))}</small></p>` : ""}
@@ -498,7 +500,7 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
 function callItem(call: ToolCall): string {
   return `<details class="call"><summary>${badge(call.status, call.status)} ${esc(call.tool)} <small>step ${esc(call.step_id)}</small>
       ${call.duration_ms !== undefined ? `<small>${Number(call.duration_ms).toFixed(0)} ms</small>` : ""}
-      ${call.retries.length ? badge("warning", retries(call.retries.length)) : ""}${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
+      ${call.retries.length ? badge("warning", retries(call.retries.length)) : ""}${call.cached_from ? badge("cached", `result of ${call.cached_from}`) : ""}${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
     ${call.arguments !== undefined ? `<h4>Input</h4><pre>${json(call.arguments)}</pre>` : ""}
     ${call.output !== undefined ? `<h4>Output</h4><pre>${json(call.output)}</pre>` : ""}
     ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${json(call.error)}</pre>` : ""}

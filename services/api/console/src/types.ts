@@ -31,6 +31,8 @@ export interface Step {
   attempts: number;
   retries: number;
   output: unknown;
+  /** The earlier call whose result the step's call reused (its tool is pure). */
+  cached_from: string | null;
   error: { kind: string; message: string } | null;
   reason: string | null;
   duration_ms: number | null;

@@ -588,6 +588,9 @@ class ToolCallCompleted(Payload):
     the tool-outputs store that holds it unchanged, for people allowed to see it."""
     attempts: int = Field(default=1, ge=1)
     """How many times the call was sent; each earlier try is a `tool.call.attempt_failed`."""
+    cached_from: str | None = Field(default=None, min_length=1, max_length=128)
+    """The earlier call of the session whose result this is, when the tool is declared pure
+    and was called with the same arguments before: it was not called again."""
 
 
 class ToolCallFailed(Payload):

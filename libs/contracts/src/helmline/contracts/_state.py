@@ -151,6 +151,9 @@ class StepState:
     """The approval request the step waits or waited for."""
     output: JsonValue = None
     """The result of the latest successful call."""
+    cached_from: str | None = None
+    """The earlier call whose result the latest call reused (its tool is pure, and the
+    session called it before with the same arguments), if it did."""
     error: ToolError | None = None
     """The error of the latest failed call."""
     limit_hit: LimitHit | None = None
@@ -564,6 +567,7 @@ class SessionFold:
                     retries=0,
                     call_id=data.call_id,
                     output=None,
+                    cached_from=None,
                     error=None,
                     limit_hit=None,
                     reason=None,
@@ -592,6 +596,7 @@ class SessionFold:
                     data.step_id,
                     status="succeeded",
                     output=data.output,
+                    cached_from=data.cached_from,
                     error=None,
                     finished_at=event.time,
                     duration_ms=data.duration_ms,

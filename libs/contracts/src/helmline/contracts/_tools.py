@@ -98,6 +98,10 @@ class ToolSpec(Contract):
     """Whether calling it twice with the same arguments has the effect of calling it once."""
     effect: ToolEffect = "external"
     """What its calls change; decides how rollback undoes them."""
+    pure: bool = False
+    """Whether its result depends on its arguments only, and a call changes nothing: a
+    session that calls it again with the same arguments gets the earlier call's result, and
+    the tool is not called again."""
 
 
 _PATH = {
@@ -125,6 +129,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         risk="low",
         executor="gateway",
         effect="none",
+        pure=True,
     ),
     ToolSpec(
         name="read_file",

@@ -307,8 +307,16 @@ SESSION_STATES_BUCKET = KeyValueSpec(
     "log, dropped and rebuilt at will.",
 )
 
+TOOL_RESULTS_BUCKET = KeyValueSpec(
+    bucket="helmline_tool_results",
+    description="Where each session's results of pure tools are logged (a stream sequence), "
+    "by tool and arguments, so that the same call is answered from the log; kept for a day.",
+    ttl_s=24 * 3600.0,
+)
+
 KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (
     RATE_LIMITS_BUCKET,
+    TOOL_RESULTS_BUCKET,
     API_KEYS_BUCKET,
     SESSION_STATES_BUCKET,
 )
@@ -500,6 +508,7 @@ SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {
 
 BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
     RATE_LIMITS_BUCKET.bucket: (TOOL_GATEWAY,),
+    TOOL_RESULTS_BUCKET.bucket: (TOOL_GATEWAY,),
     API_KEYS_BUCKET.bucket: (API,),
     WORKSPACES_BUCKET.bucket: (SANDBOX,),
     TOOL_OUTPUTS_BUCKET.bucket: (TOOL_GATEWAY,),

@@ -273,6 +273,22 @@ class EventStore:
         )
         return stored
 
+    async def read_at(self, tenant: str, session_id: str, seq: int) -> StoredEvent | None:
+        """The session's event stored at `seq`; None when the log holds none of the
+        session's there (the sequence is another session's, or the event was pruned)."""
+        subject_filter = session_filter(tenant, session_id)
+        try:
+            message = await self._js.get_msg(
+                self._stream, seq, subject=subject_filter, next=True, direct=True
+            )
+        except NotFoundError:
+            return None
+        if message.seq != seq or message.data is None:
+            return None
+        found: list[StoredEvent] = []
+        _deliver_stored(seq, message.data, subject_filter, found.append)
+        return found[0] if found else None
+
     async def load(
         self,
         tenant: str,

@@ -7,6 +7,7 @@ from helmline.tool_gateway._federation import Federation
 from helmline.tool_gateway._handlers import GatewayHandler
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import sweep_raw_outputs
+from helmline.tool_gateway._results import PureResults
 from helmline.tool_gateway._settings import GatewaySettings
 from helmline.yamlfile import YamlFileError
 
@@ -28,6 +29,7 @@ def setup_gateway(
             host.store,
             federation,
             limiter=await RateLimiter.open(host.js),
+            results=await PureResults.open(host.js, host.store),
             raw_outputs=raw_outputs,
             max_output_bytes=settings.max_output_bytes,
         )

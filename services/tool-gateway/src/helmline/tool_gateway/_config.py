@@ -16,6 +16,8 @@ servers:
         inverse: {tool: git__git_delete_branch, arguments: {name: /arguments/branch_name}}
   - id: tickets
     http: {url: "https://tickets.internal/mcp", headers: {Authorization: Bearer ...}}
+    tools:
+      field_schema: {risk: low, pure: true}   # a session's same call is answered from the log
 ```
 
 Every problem is reported with the file's line and the field at fault.
@@ -84,7 +86,20 @@ class ToolOverride(_Strict):
     idempotent: bool | None = None
     inverse: ToolInverse | None = None
     effect: ToolEffect | None = None
+    # Its result depends on its arguments only: a session's same call is answered from the
+    # log. A call of such a tool changes nothing, so it has no effect and nothing to undo.
+    pure: bool = False
     rate_limit: RateLimit | None = None
+
+    @model_validator(mode="after")
+    def _pure_changes_nothing(self) -> ToolOverride:
+        if self.pure and self.effect not in (None, "none"):
+            raise ValueError(f"a pure tool changes nothing: drop `effect: {self.effect}`")
+        if self.pure and self.inverse is not None:
+            raise ValueError("a pure tool changes nothing, so it has no inverse")
+        if self.pure and self.idempotent is False:
+            raise ValueError("a pure tool is idempotent: drop `idempotent: false`")
+        return self
 
 
 class ServerConfig(_Strict):

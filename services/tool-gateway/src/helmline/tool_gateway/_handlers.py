@@ -5,6 +5,9 @@ or could not record the outcome) reads the session's log first: a call with an o
 done; one that was started but has no outcome may or may not have reached the server, so it
 is sent again only if its tool is declared idempotent, and otherwise failed as
 `unknown_outcome` for the planner and people to decide.
+
+A call of a tool declared pure, which the session made before with the same arguments, is
+not sent: it ends with the earlier call's result, read from the log (`_results`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from helmline.contracts import (
     ToolError,
     ToolSpec,
 )
-from helmline.runtime import ArgumentChecker, Delivery, EventStore, RetryableError
+from helmline.runtime import Appended, ArgumentChecker, Delivery, EventStore, RetryableError
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
@@ -44,6 +47,7 @@ from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import raw_output_name
 from helmline.tool_gateway._registry import rate_limit_of
 from helmline.tool_gateway._resilience import LONGEST_PAUSE_S, backoff_s
+from helmline.tool_gateway._results import PureResults
 from helmline.tool_gateway._safety import make_safe
 
 logger = logging.getLogger(__name__)
@@ -78,12 +82,14 @@ class GatewayHandler:
         federation: Federation,
         *,
         limiter: RateLimiter | None = None,
+        results: PureResults | None = None,
         raw_outputs: ObjectStore | None = None,
         max_output_bytes: int = 65536,
     ) -> None:
         self._store = store
         self._federation = federation
         self._limiter = limiter
+        self._results = results
         self._raw_outputs = raw_outputs
         self._max_output_bytes = max_output_bytes
         self._checker = ArgumentChecker()
@@ -128,6 +134,12 @@ class GatewayHandler:
                 return
             if started and not tool.idempotent:
                 await self._record(cause, failed(call, _UNKNOWN_OUTCOME))
+                return
+        if tool.pure and self._results is not None:
+            answer = await self._results.recall(cause, call)
+            if answer is not None:
+                # Answered from the log: the server is not asked, nor its rate limit counted.
+                await self._record(cause, answer)
                 return
         server = self._federation.servers[tool.server]
         limit = rate_limit_of(server.config, tool.remote_name or tool.name)
@@ -199,9 +211,10 @@ class GatewayHandler:
                 await asyncio.sleep(pause)
                 attempt += 1
         duration_ms = (time.perf_counter() - began) * 1000
-        await self._record(
-            cause, await self._outcome(cause, call, tool, result, attempt, duration_ms)
-        )
+        outcome = await self._outcome(cause, call, tool, result, attempt, duration_ms)
+        appended = await self._record(cause, outcome)
+        if tool.pure and isinstance(outcome, ToolCallCompleted) and self._results is not None:
+            await self._results.remember(cause, call, appended.seq)
 
     async def _attempt(
         self, server: McpServer, tool: ToolSpec, call: ToolCallAuthorized, *, key: str
@@ -295,9 +308,9 @@ class GatewayHandler:
                     pass
         return started, finished
 
-    async def _record(self, cause: Event, data: Any, *, key: str = "") -> None:
+    async def _record(self, cause: Event, data: Any, *, key: str = "") -> Appended:
         try:
-            await self._store.append(cause.derive(data, source=SOURCE, key=key))
+            return await self._store.append(cause.derive(data, source=SOURCE, key=key))
         except Exception as error:
             raise RetryableError(f"could not record {data.TYPE} of {cause.id}") from error
 

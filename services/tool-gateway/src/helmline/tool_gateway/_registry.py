@@ -12,11 +12,12 @@ from typing import Any
 from helmline.contracts import (
     BUILTIN_TOOLS,
     MCP_NAME_SEPARATOR,
+    ToolEffect,
     ToolRegistryPublished,
     ToolServerStatus,
     ToolSpec,
 )
-from helmline.tool_gateway._config import RateLimit, ServerConfig
+from helmline.tool_gateway._config import RateLimit, ServerConfig, ToolOverride
 from helmline.tool_gateway._resilience import CircuitState
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -62,14 +63,21 @@ def tool_specs(config: ServerConfig, listed: Iterable[ListedTool]) -> tuple[Tool
                 executor="mcp",
                 timeout_s=(override and override.timeout_s) or config.timeout_s,
                 inverse=override.inverse if override else None,
-                idempotent=bool(override and override.idempotent),
-                effect=(override and override.effect) or "external",
+                idempotent=bool(override and (override.idempotent or override.pure)),
+                effect=_effect_of(override),
+                pure=bool(override and override.pure),
                 server=config.id,
                 remote_name=tool.name,
                 required_permission=override.required_permission if override else None,
             )
         )
     return tuple(sorted(specs, key=lambda spec: spec.name))
+
+
+def _effect_of(override: ToolOverride | None) -> ToolEffect:
+    if override is None:
+        return "external"
+    return "none" if override.pure else override.effect or "external"
 
 
 def rate_limit_of(config: ServerConfig, remote_name: str) -> RateLimit | None:
