@@ -4,7 +4,9 @@ purpose, for the gateway's tests: `python mcp_test_server.py STATE_DIR` over std
 HTTP, while STATE_DIR/http-answer exists, the next tool call is answered with the status it
 names instead (and the file removed), as a proxy in front of the server would: `429 1` is
 429 with `Retry-After: 1`, without passing the call on; `504 after 7` passes the call on, so
-the tool runs, and answers 504 (with `Retry-After: 7`) all the same.
+the tool runs, and answers 504 (with `Retry-After: 7`) all the same. While
+STATE_DIR/http-refuse-all exists, every request is answered with the status it names, as a
+server checking credentials it does not accept would.
 
 Every call is counted in STATE_DIR/calls-<tool>.log before the tool does anything, so a test
 can tell how often the gateway really sent a call, even across gateway restarts.
@@ -99,6 +101,10 @@ class ProxyAnswer:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        refused = STATE / "http-refuse-all"
+        if scope["type"] == "http" and refused.exists():
+            await _answer(send, int(refused.read_text()), [])
+            return
         flag = STATE / "http-answer"
         if scope["type"] != "http" or scope["method"] != "POST" or not flag.exists():
             await self.app(scope, receive, send)
@@ -121,12 +127,16 @@ class ProxyAnswer:
         status, *rest = flag.read_text().split()
         flag.unlink()
         _count("refused")
-        headers = [(b"content-type", b"text/plain")]
         if "after" in rest:
             await self.app(scope, replay, _swallowed)
-        headers += [(b"retry-after", seconds.encode()) for seconds in rest if seconds != "after"]
-        await send({"type": "http.response.start", "status": int(status), "headers": headers})
-        await send({"type": "http.response.body", "body": b"refused by the proxy"})
+        retry_after = [(b"retry-after", seconds.encode()) for seconds in rest if seconds != "after"]
+        await _answer(send, int(status), retry_after)
+
+
+async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    headers = [(b"content-type", b"text/plain"), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"refused by the proxy"})
 
 
 async def _swallowed(message: Any) -> None:

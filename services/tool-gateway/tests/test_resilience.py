@@ -226,6 +226,46 @@ async def test_refused_credentials_fail_the_call_at_once_without_counting_the_se
         assert isinstance(await calls.outcome(call_id), ToolCallCompleted)
 
 
+async def test_a_server_refusing_credentials_as_it_connects_fails_calls_as_refused_until_mended(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    http_server: str,
+) -> None:
+    refuse = state_dir / "http-refuse-all"
+    refuse.write_text("401")
+    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir, http=http_server)
+    async with gateway_in_process(nats_url, servers, tenant):
+        call_id = await calls.authorise(f"{server_id}__note", message="refused")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallFailed), outcome
+        assert (outcome.error.kind, outcome.error.retryable) == ("permission", False)
+        assert "answered 401" in outcome.error.message
+        assert "credentials" in (outcome.error.suggestion or "")
+
+        async def listed_as_refusing() -> bool:
+            registry = await latest_tool_registry(js)
+            return registry is not None and any(
+                s.server == server_id
+                and not s.available
+                and "refused the gateway's credentials" in (s.error or "")
+                for s in registry.servers
+            )
+
+        await eventually(listed_as_refusing, what="the server listed as refusing credentials")
+
+        # Credentials mended on the server's side: the gateway connects again by itself.
+        refuse.unlink()
+        await federated(js, server_id)
+        call_id = await calls.authorise(f"{server_id}__note", message="allowed")
+        assert isinstance(await calls.outcome(call_id), ToolCallCompleted)
+        assert calls_received(state_dir, "note") == 1
+
+
 async def test_a_503_is_tried_again_but_a_proxys_504_after_the_call_ran_is_not(
     nats_url: str,
     js: JetStreamContext,

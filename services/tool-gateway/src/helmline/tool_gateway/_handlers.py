@@ -103,13 +103,7 @@ class GatewayHandler:
             # started) is unavailable for now, not unknown.
             server = self._federation.server_of(call.tool)
             if server is not None and not await server.wait_connected(server.config.timeout_s):
-                error = ToolError(
-                    kind="unavailable",
-                    message=f"MCP server {server.config.id} is not connected: {server.view.error}",
-                    retryable=True,
-                    suggestion="try again later; the gateway reconnects in the background",
-                )
-                await self._record(delivery.event, failed(call, error))
+                await self._record(delivery.event, failed(call, _not_connected(server)))
                 return
         next_step = route(
             call,
@@ -415,6 +409,17 @@ def _as_reported(failure: _Attempt, tool: ToolSpec) -> ToolError:
         message=f"{failure.error.message}; the call may have taken effect, and the tool is "
         "not declared idempotent, so it was not sent again",
         suggestion=_UNKNOWN_OUTCOME.suggestion,
+    )
+
+
+def _not_connected(server: McpServer) -> ToolError:
+    if server.credentials_refused is not None:
+        return _refused_over_http(server.config.id, server.credentials_refused).error
+    return ToolError(
+        kind="unavailable",
+        message=f"MCP server {server.config.id} is not connected: {server.view.error}",
+        retryable=True,
+        suggestion="try again later; the gateway reconnects in the background",
     )
 
 

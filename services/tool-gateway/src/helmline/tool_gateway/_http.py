@@ -78,7 +78,7 @@ class HttpRefusal:
     """A call answered with an error status, as this transport handed it over."""
 
     status: int
-    """429, 502, 503 or 504."""
+    """One of `HANDED_OVER`."""
     retry_after_s: float | None
     """The wait the server asked for, if it said."""
 

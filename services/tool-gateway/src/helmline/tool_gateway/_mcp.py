@@ -2,6 +2,9 @@
 
 A server that is down at start (or drops later) is marked unavailable and reconnected in
 the background with growing pauses; its tools come back into the registry when it does.
+One that refuses the gateway's credentials as it connects (401 or 403) is tried again the
+same way, since its owners may mend them on their side; until then, calls of its tools fail
+as refused credentials, which trying again does not mend, rather than as unavailable.
 A server's `tools/list_changed` makes the gateway list its tools again.
 """
 
@@ -28,7 +31,7 @@ from mcp.types import (
 )
 
 from helmline.tool_gateway._config import ServerConfig
-from helmline.tool_gateway._http import HttpStatusAware
+from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refusal
 from helmline.tool_gateway._registry import ListedTool, ServerView, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker, CircuitState
 
@@ -54,6 +57,8 @@ class McpServer:
         self._reconnect = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        self.credentials_refused: HttpRefusal | None = None
+        """The 401 or 403 the server answered the last attempt to connect with, if it did."""
         self._tried = asyncio.Event()
 
     def start(self) -> None:
@@ -110,6 +115,12 @@ class McpServer:
             except Exception as error:
                 reason = _describe(error)
                 logger.warning("MCP server %s unavailable: %s", self.config.id, reason)
+                self.credentials_refused = _credentials_refused(error)
+                if self.credentials_refused is not None:
+                    reason = (
+                        f"it answered {self.credentials_refused.status}: it refused the "
+                        "gateway's credentials (its headers in the MCP servers file)"
+                    )
                 self._client = None
                 self.connected.clear()
                 self.view = replace(self.view, available=False, error=reason, tools=())
@@ -132,6 +143,7 @@ class McpServer:
                 self._relist.clear()
                 listed = await _list_tools(client)
                 self._client = client
+                self.credentials_refused = None
                 self.view = replace(
                     self.view, tools=tool_specs(self.config, listed), available=True, error=None
                 )
@@ -214,6 +226,18 @@ async def _list_tools(client: Client) -> list[ListedTool]:
         cursor = page.next_cursor
         if cursor is None:
             return listed
+
+
+def _credentials_refused(error: BaseException) -> HttpRefusal | None:
+    """The 401 or 403 among the causes of a failure to connect, if any."""
+    if isinstance(error, BaseExceptionGroup):
+        found = (_credentials_refused(inner) for inner in error.exceptions)
+        return next((refusal for refusal in found if refusal is not None), None)
+    if isinstance(error, MCPError):
+        refusal = http_refusal(error.error.data)
+        if refusal is not None and refusal.status in (401, 403):
+            return refusal
+    return None
 
 
 def _describe(error: BaseException) -> str:
