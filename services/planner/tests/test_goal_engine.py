@@ -170,6 +170,12 @@ def test_an_answer_reserve_that_leaves_too_little_room_for_the_prompt_is_refused
         PlannerSettings(planner_context_tokens=5000, llm_max_output_tokens=4096)
 
 
+def test_a_tool_schema_share_too_small_for_the_control_and_built_in_tools_is_refused() -> None:
+    refusal = "planner_tool_schema_share \\(0.05\\) leaves 595 tokens"
+    with pytest.raises(ValueError, match=refusal):
+        PlannerSettings(planner_tool_schema_share=0.05)
+
+
 async def test_a_long_session_stays_in_budget_and_compaction_lists_what_it_kept(
     model: ScriptedModel,
 ) -> None:

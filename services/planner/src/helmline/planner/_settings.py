@@ -6,6 +6,9 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
+from helmline.contracts import BUILTIN_TOOLS
+from helmline.planner._context import schema_tokens
+from helmline.planner._prompts import CONTROL_TOOLS
 from helmline.runtime import RuntimeSettings
 
 Provider = Literal["openai", "anthropic"]
@@ -91,6 +94,19 @@ class PlannerSettings(RuntimeSettings):
                 f"llm_max_output_tokens ({self.llm_max_output_tokens}) leaves less than a "
                 f"quarter of planner_context_tokens ({self.planner_context_tokens}) for the "
                 "prompt; raise the context or lower the output"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _room_for_tool_schemas(self) -> PlannerSettings:
+        room = int(self.prompt_budget() * self.planner_tool_schema_share)
+        needed = sum(schema_tokens(tool) for tool in (*CONTROL_TOOLS.values(), *BUILTIN_TOOLS))
+        if room < needed:
+            raise ValueError(
+                f"planner_tool_schema_share ({self.planner_tool_schema_share:g}) leaves "
+                f"{room} tokens of the prompt for tool schemas, but the control tools and the "
+                f"built-in tools alone take {needed}: a session could be offered no tool to "
+                "act with; raise the share or planner_context_tokens"
             )
         return self
 
