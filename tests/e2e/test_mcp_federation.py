@@ -144,9 +144,9 @@ async def test_helmline_tools_lists_the_federated_registry_with_source_schema_an
         assert tool.parameters["required"] == ["timezone"]
     assert tools["git__git_status"].executor == "mcp"
     assert tools["everything__echo"].server == "everything"
-    assert {s.server: (s.transport, s.available) for s in registry.servers} == {
-        "time": ("stdio", True),
-        "clock": ("stdio", True),
-        "git": ("stdio", True),
-        "everything": ("http", True),
+    assert {s.server: (s.transport, s.available, s.health) for s in registry.servers} == {
+        "time": ("stdio", True, "healthy"),
+        "clock": ("stdio", True, "healthy"),
+        "git": ("stdio", True, "healthy"),
+        "everything": ("http", True, "healthy"),
     }

@@ -9,12 +9,14 @@ STATE_DIR/http-refuse-all exists, every request is answered with the status it n
 server checking credentials it does not accept would.
 
 Every call is counted in STATE_DIR/calls-<tool>.log before the tool does anything, so a test
-can tell how often the gateway really sent a call, even across gateway restarts.
+can tell how often the gateway really sent a call, even across gateway restarts. The server
+writes its process id to STATE_DIR/pid as it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
 STATE = Path(sys.argv[1])
+(STATE / "pid").write_text(str(os.getpid()))
 server = MCPServer("helmline-test-server")
 
 

@@ -123,6 +123,7 @@ def test_an_unavailable_server_is_listed_with_its_error() -> None:
     registry = registry_event([ServerView(down, error="connection refused")])
     [status] = registry.servers
     assert (status.available, status.error, status.tools) == (False, "connection refused", 0)
+    assert status.health == "dead"
 
 
 def test_the_breaker_opens_after_n_failures_probes_after_the_window_and_closes() -> None:

@@ -4,6 +4,9 @@ MCP server that misbehaves on purpose (mcp_test_server.py) behind a real gateway
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -158,6 +161,64 @@ def breaking_at_first_failure(
         circuit={"failures": 1, "reset_s": 60},
     )
     return servers
+
+
+async def test_health_follows_failing_calls_and_missed_heartbeats_and_a_stale_server_is_replaced(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    servers = write_servers_file(
+        tmp_path / "servers.yaml",
+        server_id,
+        state_dir,
+        retries=0,
+        heartbeat={"interval_s": 0.2, "timeout_s": 0.5, "misses": 2},
+    )
+
+    async def health_is(health: str, failures: int = 0) -> None:
+        async def listed() -> bool:
+            registry = await latest_tool_registry(js)
+            return registry is not None and any(
+                (s.server, s.health, s.failures) == (server_id, health, failures)
+                for s in registry.servers
+            )
+
+        await eventually(listed, timeout_s=30, what=f"{server_id} {health}, {failures} failures")
+
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        await health_is("healthy")
+        # `flaky` fails the first two calls of a key as a server error, which counts.
+        for failures in (1, 2):
+            outcome = await calls.outcome(await calls.authorise(f"{server_id}__flaky", key="k"))
+            assert isinstance(outcome, ToolCallFailed), outcome
+            await health_is("degraded", failures)
+        outcome = await calls.outcome(await calls.authorise(f"{server_id}__flaky", key="k"))
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        await health_is("healthy")
+
+        # A server process that stops answering: its heartbeats go unanswered, then the gateway
+        # drops the stale connection and starts the server anew.
+        stopped = int((state_dir / "pid").read_text())
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            await health_is("unresponsive", 1)
+            await eventually(
+                lambda: int((state_dir / "pid").read_text()) != stopped,
+                timeout_s=30,
+                what="a new server process",
+            )
+            await health_is("healthy")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGKILL)
+        outcome = await calls.outcome(await calls.authorise(f"{server_id}__note", message="up"))
+        assert isinstance(outcome, ToolCallCompleted), outcome
 
 
 async def test_a_server_answering_429_is_tried_again_after_its_retry_after_not_counted_as_down(

@@ -68,7 +68,7 @@ def tools(as_json: Json = False, data_dir: DataDir = None) -> None:
         state = "available" if server.available else f"unavailable: {server.error}"
         console.print(
             f"server {server.server} ({server.transport}): {state}; {server.tools} tools; "
-            f"circuit {server.circuit}",
+            f"circuit {server.circuit}; {server.health}",
             highlight=False,
         )
 

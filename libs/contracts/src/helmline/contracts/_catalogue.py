@@ -653,6 +653,12 @@ class ToolServerStatus(Contract):
     """How many tools it contributes."""
     circuit: Literal["closed", "open", "half_open"] = "closed"
     """The state of its circuit breaker."""
+    health: Literal["healthy", "degraded", "unresponsive", "dead"] = "healthy"
+    """In one word: `dead` when not connected; `unresponsive` when connected but its
+    heartbeats go unanswered or its breaker is open; `degraded` while calls fail (or a probe
+    is under way); else `healthy`."""
+    failures: int = Field(default=0, ge=0)
+    """Consecutive failures counted against it: calls, and heartbeats unanswered."""
 
 
 class ToolRegistryPublished(Payload):

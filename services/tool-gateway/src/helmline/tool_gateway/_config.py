@@ -9,6 +9,7 @@ servers:
     retries: 2                    # extra tries for retryable failures (idempotent tools only
                                   # when the outcome of a try is unknown)
     circuit: {failures: 5, reset_s: 30}
+    heartbeat: {interval_s: 15, timeout_s: 5, misses: 2}   # stale after 2 unanswered
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
     tools:
       git_commit: {risk: high, required_permission: repo.write, idempotent: false}
@@ -69,6 +70,15 @@ class CircuitSettings(_Strict):
     reset_s: float = Field(default=30.0, gt=0)
 
 
+class HeartbeatSettings(_Strict):
+    """How often a connected server is asked for a heartbeat (a `tools/list`), and how many
+    unanswered ones in a row make the gateway drop the connection as stale and connect anew."""
+
+    interval_s: float = Field(default=15.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0)
+    misses: int = Field(default=2, ge=1)
+
+
 class RateLimit(_Strict):
     """At most `calls` calls per `per_s` seconds, per tool and tenant."""
 
@@ -114,6 +124,7 @@ class ServerConfig(_Strict):
     timeout_s: float = Field(default=30.0, gt=0)
     retries: int = Field(default=2, ge=0, le=10)
     circuit: CircuitSettings = CircuitSettings()
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
     rate_limit: RateLimit | None = None
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
 

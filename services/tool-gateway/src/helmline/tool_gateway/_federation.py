@@ -73,9 +73,7 @@ class Federation:
         return self.servers.get(server) if separator else None
 
     async def circuit_changed(self, server: McpServer, change: CircuitChange) -> None:
-        """Record a breaker's move on the tools stream and in the registry."""
-        server.set_circuit(change.state)
-        self._changed()
+        """Record a breaker's move on the tools stream (the server shows it in the registry)."""
         logger.warning(
             "circuit of MCP server %s: %s -> %s (%s)",
             server.config.id,

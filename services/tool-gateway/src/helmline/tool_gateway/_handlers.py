@@ -46,7 +46,7 @@ from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import raw_output_name
 from helmline.tool_gateway._registry import rate_limit_of
-from helmline.tool_gateway._resilience import LONGEST_PAUSE_S, backoff_s
+from helmline.tool_gateway._resilience import LONGEST_PAUSE_S, CircuitChange, backoff_s
 from helmline.tool_gateway._results import PureResults
 from helmline.tool_gateway._safety import make_safe
 
@@ -214,8 +214,7 @@ class GatewayHandler:
         self, server: McpServer, tool: ToolSpec, call: ToolCallAuthorized, *, key: str
     ) -> CallToolResult:
         admitted, change = server.breaker.admit(time.monotonic())
-        if change is not None:
-            await self._federation.circuit_changed(server, change)
+        await self._breaker_moved(server, change)
         if not admitted:
             wait_s = max(0.0, server.breaker.retry_at() - time.monotonic())
             raise _Attempt(
@@ -240,13 +239,15 @@ class GatewayHandler:
             failure = _classify(server, tool, error)
             if failure.counts_against_server:
                 change = server.breaker.failed(time.monotonic(), failure.error.message)
-                if change is not None:
-                    await self._federation.circuit_changed(server, change)
+                await self._breaker_moved(server, change)
             raise failure from error
-        change = server.breaker.succeeded()
+        await self._breaker_moved(server, server.breaker.succeeded())
+        return result
+
+    async def _breaker_moved(self, server: McpServer, change: CircuitChange | None) -> None:
+        server.sync_breaker()
         if change is not None:
             await self._federation.circuit_changed(server, change)
-        return result
 
     async def _outcome(
         self,

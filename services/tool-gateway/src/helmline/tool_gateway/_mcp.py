@@ -5,7 +5,11 @@ the background with growing pauses; its tools come back into the registry when i
 One that refuses the gateway's credentials as it connects (401 or 403) is tried again the
 same way, since its owners may mend them on their side; until then, calls of its tools fail
 as refused credentials, which trying again does not mend, rather than as unavailable.
-A server's `tools/list_changed` makes the gateway list its tools again.
+A server's `tools/list_changed` makes the gateway list its tools again. A connected server
+is asked for a heartbeat every `heartbeat.interval_s`: the first page of its tools, since the
+2026-07-28 protocol has no `ping` and every server answers `tools/list`. After
+`heartbeat.misses` unanswered heartbeats in a row the connection is stale, and the gateway
+drops it and connects anew.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from mcp.types import (
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refusal
 from helmline.tool_gateway._registry import ListedTool, ServerView, tool_specs
-from helmline.tool_gateway._resilience import CircuitBreaker, CircuitState
+from helmline.tool_gateway._resilience import CircuitBreaker
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +61,7 @@ class McpServer:
         self._reconnect = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        self._dropped_because = "connection lost"
         self.credentials_refused: HttpRefusal | None = None
         """The 401 or 403 the server answered the last attempt to connect with, if it did."""
         self._tried = asyncio.Event()
@@ -80,9 +85,11 @@ class McpServer:
             await asyncio.wait_for(self._tried.wait(), timeout_s)
         return self.connected.is_set()
 
-    def set_circuit(self, state: CircuitState) -> None:
-        """Show the breaker's state in the registry."""
-        self.view = replace(self.view, circuit=state)
+    def sync_breaker(self) -> None:
+        """Show the breaker's state and count of failures in the registry, if they moved."""
+        breaker = self.breaker
+        if (self.view.circuit, self.view.failures) != (breaker.state, breaker.failures):
+            self._show(circuit=breaker.state, failures=breaker.failures)
 
     async def call(
         self, remote_name: str, arguments: dict[str, Any], *, timeout_s: float, key: str
@@ -101,8 +108,8 @@ class McpServer:
                     arguments,
                     meta=cast(RequestParamsMeta, {"helmline/idempotency-key": key}),
                 )
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError) as error:
-            self._reconnect.set()
+        except _CONNECTION_LOST as error:
+            self._drop(f"connection lost: {error}")
             raise ServerUnavailable(f"connection lost: {error}") from error
 
     async def _run(self) -> None:
@@ -113,6 +120,8 @@ class McpServer:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                if self.connected.is_set():
+                    pause = 0.5  # It was up: reconnect soon, as after a first failure.
                 reason = _describe(error)
                 logger.warning("MCP server %s unavailable: %s", self.config.id, reason)
                 self.credentials_refused = _credentials_refused(error)
@@ -123,13 +132,19 @@ class McpServer:
                     )
                 self._client = None
                 self.connected.clear()
-                self.view = replace(self.view, available=False, error=reason, tools=())
                 self._tried.set()
-                self._on_change()
-            else:
-                pause = 0.5
+                self._show(available=False, error=reason, tools=(), missed_heartbeats=0)
             await asyncio.sleep(pause)
             pause = min(pause * 2, RECONNECT_MAX_S)
+
+    def _show(self, **changes: Any) -> None:
+        self.view = replace(self.view, **changes)
+        self._on_change()
+
+    def _drop(self, reason: str) -> None:
+        """Have the connection closed and made anew, for `reason`."""
+        self._dropped_because = reason
+        self._reconnect.set()
 
     async def _serve(self) -> None:
         self._reconnect.clear()
@@ -137,22 +152,44 @@ class McpServer:
             client = await stack.enter_async_context(
                 Client(await self._transport(stack), message_handler=self._notified)
             )
-            follower = asyncio.create_task(self._follow_tool_changes(client))
-            stack.push_async_callback(_cancelled, follower)
+            for watch in (self._follow_tool_changes(client), self._beat(client)):
+                stack.push_async_callback(_cancelled, asyncio.create_task(watch))
             while True:
                 self._relist.clear()
                 listed = await _list_tools(client)
                 self._client = client
                 self.credentials_refused = None
-                self.view = replace(
-                    self.view, tools=tool_specs(self.config, listed), available=True, error=None
-                )
                 self.connected.set()
                 self._tried.set()
                 logger.info("MCP server %s: %d tools", self.config.id, len(listed))
-                self._on_change()
+                self._show(tools=tool_specs(self.config, listed), available=True, error=None)
                 if await _first_of(self._relist, self._reconnect) is self._reconnect:
-                    raise ServerUnavailable("connection lost")
+                    raise ServerUnavailable(self._dropped_because)
+
+    async def _beat(self, client: Client) -> None:
+        """Ask the server for a heartbeat at every interval; drop the connection as stale
+        after too many heartbeats in a row went unanswered."""
+        heartbeat = self.config.heartbeat
+        while True:
+            await asyncio.sleep(heartbeat.interval_s)
+            try:
+                with anyio.fail_after(heartbeat.timeout_s):
+                    await client.list_tools(cache_mode="refresh")
+            except (TimeoutError, MCPError, *_CONNECTION_LOST) as error:
+                missed = self.view.missed_heartbeats + 1
+                logger.warning(
+                    "MCP server %s: heartbeat %d in a row unanswered: %s",
+                    self.config.id,
+                    missed,
+                    _describe(error),
+                )
+                self._show(missed_heartbeats=missed)
+                if missed >= heartbeat.misses:
+                    self._drop(f"stale: {missed} heartbeats in a row unanswered")
+                    return
+            else:
+                if self.view.missed_heartbeats:
+                    self._show(missed_heartbeats=0)
 
     async def _transport(self, stack: contextlib.AsyncExitStack) -> StdioServerParameters | Any:
         config = self.config
@@ -195,6 +232,9 @@ class McpServer:
             self._relist.set()
         elif isinstance(message, Exception):
             logger.debug("MCP server %s: %s", self.config.id, message)
+
+
+_CONNECTION_LOST = (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError)
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:

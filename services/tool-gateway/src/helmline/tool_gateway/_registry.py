@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from helmline.contracts import (
     BUILTIN_TOOLS,
@@ -21,6 +21,8 @@ from helmline.tool_gateway._config import RateLimit, ServerConfig, ToolOverride
 from helmline.tool_gateway._resilience import CircuitState
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+Health = Literal["healthy", "degraded", "unresponsive", "dead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,21 @@ class ServerView:
     available: bool = False
     error: str | None = "not connected yet"
     circuit: CircuitState = "closed"
+    failures: int = 0
+    """Consecutive failures of calls counted against the server (its breaker's count)."""
+    missed_heartbeats: int = 0
+    """Pings in a row it left unanswered."""
+
+    @property
+    def health(self) -> Health:
+        """How the server is doing, in one word (see `ToolServerStatus.health`)."""
+        if not self.available:
+            return "dead"
+        if self.circuit == "open" or self.missed_heartbeats:
+            return "unresponsive"
+        if self.failures or self.circuit == "half_open":
+            return "degraded"
+        return "healthy"
 
 
 def registry_name(server: str, tool: str) -> str:
@@ -99,6 +116,8 @@ def registry_event(views: Iterable[ServerView]) -> ToolRegistryPublished:
                 error=view.error,
                 tools=len(view.tools),
                 circuit=view.circuit,
+                health=view.health,
+                failures=view.failures + view.missed_heartbeats,
             )
             for view in views
         ),
