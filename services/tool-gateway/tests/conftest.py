@@ -19,6 +19,7 @@ from helmline.contracts import (
     TOOL_GATEWAY_CONSUMER,
     ConsumerSpec,
     Payload,
+    Risk,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallFailed,
@@ -153,12 +154,12 @@ class Calls:
         self.tenant = tenant
         self.session_id = uuid.uuid4().hex
 
-    async def authorise(self, tool: str, **arguments: Any) -> str:
+    async def authorise(self, tool: str, *, risk: Risk = "low", **arguments: Any) -> str:
         call_id = f"c{uuid.uuid4().hex[:12]}"
         await self.store.append(
             new_event(
                 ToolCallAuthorized(
-                    call_id=call_id, step_id="s1", tool=tool, arguments=arguments, risk="low"
+                    call_id=call_id, step_id="s1", tool=tool, arguments=arguments, risk=risk
                 ),
                 tenant=self.tenant,
                 session_id=self.session_id,

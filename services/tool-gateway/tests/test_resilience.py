@@ -428,6 +428,33 @@ async def test_two_gateway_replicas_share_one_rate_limit(
         assert "rate limit: call" in log, (name, log[-3000:])
 
 
+async def test_tools_without_a_configured_limit_are_limited_by_the_risk_of_each_call(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir)
+    by_risk = {"high": {"calls": 2, "per_s": 60}, "low": {"calls": 3, "per_s": 60}}
+    async with gateway_in_process(nats_url, servers, tenant, rate_limits_by_risk=by_risk):
+        await federated(js, server_id)
+        note = f"{server_id}__note"
+        high = [await calls.authorise(note, risk="high", message=f"h{i}") for i in range(3)]
+        outcomes = [await calls.outcome(call_id) for call_id in high]
+        assert [type(o) for o in outcomes] == [ToolCallCompleted, ToolCallCompleted, ToolCallFailed]
+        refused = outcomes[2]
+        assert isinstance(refused, ToolCallFailed)
+        assert (refused.error.kind, refused.error.retryable) == ("rate_limited", True)
+        assert "limited to 2 calls per 60 s" in refused.error.message
+        # A low-risk call is held to the low-risk limit (the count is the tool's, at any risk).
+        low = await calls.outcome(await calls.authorise(note, risk="low", message="l"))
+        assert isinstance(low, ToolCallCompleted), low
+        assert calls_received(state_dir, "note") == 3
+
+
 @pytest.mark.parametrize("idempotent", [False, True])
 async def test_a_call_in_flight_when_the_gateway_is_killed_is_sent_again_only_if_idempotent(
     js: JetStreamContext,

@@ -32,6 +32,7 @@ def setup_gateway(
             results=await PureResults.open(host.js, host.store),
             raw_outputs=raw_outputs,
             max_output_bytes=settings.max_output_bytes,
+            limits_by_risk=settings.rate_limits_by_risk,
         )
         await host.consume(consumer, handler)
         host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))

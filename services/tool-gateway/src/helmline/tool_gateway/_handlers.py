@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -30,6 +31,7 @@ from pydantic_core import to_json
 from helmline.contracts import (
     Event,
     InverseCall,
+    Risk,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
@@ -40,6 +42,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import Appended, ArgumentChecker, Delivery, EventStore, RetryableError
 from helmline.tool_gateway._calls import RunOnServer, failed, route
+from helmline.tool_gateway._config import RateLimit
 from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
@@ -85,6 +88,7 @@ class GatewayHandler:
         results: PureResults | None = None,
         raw_outputs: ObjectStore | None = None,
         max_output_bytes: int = 65536,
+        limits_by_risk: Mapping[Risk, RateLimit] | None = None,
     ) -> None:
         self._store = store
         self._federation = federation
@@ -92,6 +96,7 @@ class GatewayHandler:
         self._results = results
         self._raw_outputs = raw_outputs
         self._max_output_bytes = max_output_bytes
+        self._limits_by_risk = limits_by_risk or {}
         self._checker = ArgumentChecker()
 
     async def __call__(self, delivery: Delivery) -> None:
@@ -136,7 +141,9 @@ class GatewayHandler:
                 await self._record(cause, answer)
                 return
         server = self._federation.servers[tool.server]
-        limit = rate_limit_of(server.config, tool.remote_name or tool.name)
+        limit = rate_limit_of(server.config, tool.remote_name or tool.name) or (
+            self._limits_by_risk.get(call.risk)
+        )
         if limit is not None and self._limiter is not None:
             wait_s = await self._limiter.admit(cause.tenant, tool.name, limit)
             if wait_s is not None:

@@ -6,7 +6,17 @@ from pathlib import Path
 
 from pydantic import Field
 
+from helmline.contracts import Risk
 from helmline.runtime import RuntimeSettings
+from helmline.tool_gateway._config import RateLimit
+
+DEFAULT_LIMITS_BY_RISK: dict[Risk, RateLimit] = {
+    "low": RateLimit(calls=100),
+    "medium": RateLimit(calls=20),
+    "high": RateLimit(calls=5),
+    "critical": RateLimit(calls=5),
+}
+"""Calls per minute of each MCP tool per tenant, by risk, unless configured otherwise."""
 
 
 class GatewaySettings(RuntimeSettings):
@@ -16,3 +26,6 @@ class GatewaySettings(RuntimeSettings):
     """The MCP servers file (`HELMLINE_MCP_SERVERS`); none federates no server."""
     max_output_bytes: int = Field(default=65536, gt=0)
     """Largest tool output a model is shown, in bytes of JSON; the rest is cut with a marker."""
+    rate_limits_by_risk: dict[Risk, RateLimit] = Field(default_factory=DEFAULT_LIMITS_BY_RISK.copy)
+    """Limits on the calls of each MCP tool per tenant, by the risk each call was authorised
+    at, for tools whose server and own configuration set none (JSON; `{}` sets none)."""
