@@ -32,6 +32,7 @@ from helmline.contracts import (
     ArgumentCondition,
     CheckpointCreated,
     Event,
+    FileChanges,
     Payload,
     PlanProposed,
     PlanStep,
@@ -440,6 +441,7 @@ async def test_show_lists_steps_results_approvals_and_checkpoints(
         "pending approvals",
         "run_command is high risk",
         "cp-write",
+        "+notes.txt",
     ):
         assert shown in result.stdout
 
@@ -525,7 +527,13 @@ async def _run_first_step(session: Session) -> None:
     await session.emit(ToolCallStarted(**call))
     await session.emit(ToolCallCompleted(**call, output={"bytes": 69}, duration_ms=1.5))
     await session.emit(
-        CheckpointCreated(checkpoint_id="cp-write", step_id="write", call_id="c-write", at_seq=5)
+        CheckpointCreated(
+            checkpoint_id="cp-write",
+            step_id="write",
+            call_id="c-write",
+            at_seq=5,
+            changes=FileChanges(created=("notes.txt",)),
+        )
     )
 
 

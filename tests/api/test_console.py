@@ -287,6 +287,10 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     checkpoints = page.locator("#checkpoints li.checkpoint")
     await expect(checkpoints).to_have_count(3)
+    # Each says what its step changed in the workspace, with the paths on hover.
+    files = checkpoints.nth(1).locator("small.files")
+    await expect(files).to_have_text("files: 1 created, 0 modified, 0 deleted")
+    await expect(files).to_have_attribute("title", "+ 2.txt")
     await checkpoints.first.get_by_role("button", name="Roll back to here").click()
     dialog = page.locator("dialog#confirm")
     await expect(dialog).to_contain_text("three")

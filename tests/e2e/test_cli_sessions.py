@@ -12,6 +12,7 @@ from pydantic import TypeAdapter
 
 from helmline.contracts import (
     Actor,
+    FileChanges,
     SessionCancelRequested,
     SessionPauseRequested,
     SessionState,
@@ -69,6 +70,12 @@ async def test_hello_completes_after_one_approval(
 
     shown: SessionState = await eventually(three_checkpoints, timeout_s=20, what="checkpoints")
     assert [step.status for step in shown.steps.values()] == ["succeeded"] * 3
+    # Each checkpoint of a step the sandbox ran says what it changed in the workspace.
+    assert {c.step_id: c.changes for c in shown.checkpoints} == {
+        "write": FileChanges(created=("notes.txt",)),
+        "count": FileChanges(),
+        "read": None,
+    }
     counted, read = shown.steps["count"].output, shown.steps["read"].output
     assert isinstance(counted, dict)
     assert isinstance(read, dict)

@@ -11,10 +11,15 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 
-from helmline.contracts import SandboxExecutionRequested, WorkspaceSnapshotted, new_event
+from helmline.contracts import (
+    FileChanges,
+    SandboxExecutionRequested,
+    WorkspaceSnapshotted,
+    new_event,
+)
 from helmline.runtime import Delivery, EventStore
 from helmline.sandbox import SandboxHandler, SandboxSettings, tools_for
-from helmline.sandbox._manifests import Entry, restore_plan
+from helmline.sandbox._manifests import LISTED_CHANGES, Entry, file_changes, restore_plan
 from helmline.sandbox._snapshots import WorkspaceSnapshots
 
 
@@ -156,3 +161,28 @@ async def test_mutating_calls_are_snapshotted_and_reads_are_not(
     second = await call("run_command", command="echo b > b.txt")
     assert [(snap.call_id is not None, snap.files) for snap in second] == [(True, 2)]
     assert second[0].digest != first[1].digest
+
+    # Each snapshot after a call says what the call changed.
+    assert first[0].changes is None
+    assert first[1].changes == FileChanges(created=("a.txt",))
+    assert second[0].changes == FileChanges(created=("b.txt",))
+    [third] = await call("run_command", command="mkdir d && echo x > a.txt && rm b.txt")
+    assert third.changes == FileChanges(created=("d/",), modified=("a.txt",), deleted=("b.txt",))
+    [fourth] = await call("run_command", command="true")
+    assert fourth.changes == FileChanges()
+
+
+def test_changes_list_the_first_paths_of_each_kind_and_count_the_rest() -> None:
+    before = (Entry("gone", "file", 0o644, 1, "g"), Entry("kind", "dir", 0o755),
+              Entry("same", "file", 0o644, 1, "s"))  # fmt: skip
+    after = (
+        Entry("kind", "file", 0o644, 1, "k"),
+        Entry("same", "file", 0o600, 1, "s"),
+        *(Entry(f"new{i:03}", "file", 0o644, 1, "n") for i in range(LISTED_CHANGES + 5)),
+    )
+    changes = file_changes(before, after)
+    assert changes.created[:2] == ("kind", "new000")
+    assert len(changes.created) == LISTED_CHANGES
+    assert (changes.modified, changes.deleted) == (("same",), ("gone", "kind/"))
+    assert changes.unlisted == 6
+    assert changes.total == LISTED_CHANGES + 6 + 3

@@ -13,6 +13,7 @@ from rich.text import Text
 from helmline.contracts import (
     ApprovalState,
     Event,
+    FileChanges,
     SessionState,
     StepState,
     encode_event,
@@ -121,7 +122,7 @@ def render_session(console: Console, state: SessionState) -> None:
 def checkpoints_table(state: SessionState) -> Table:
     """The session's checkpoints, numbered as `rollback --to` and `fork --at` accept them."""
     table = Table(title="checkpoints", title_justify="left")
-    for column in ("#", "checkpoint", "step", "seq", "reversible", "snapshot", "at"):
+    for column in ("#", "checkpoint", "step", "seq", "reversible", "files", "snapshot", "at"):
         table.add_column(column, no_wrap=column != "checkpoint")
     for number, checkpoint in enumerate(state.checkpoints, start=1):
         table.add_row(
@@ -130,10 +131,29 @@ def checkpoints_table(state: SessionState) -> Table:
             checkpoint.step_id,
             str(checkpoint.at_seq),
             Text("yes" if checkpoint.reversible else f"no ({checkpoint.compensation or '-'})"),
+            Text(_files_changed(checkpoint.changes)),
             Text(checkpoint.snapshot_id or ""),
             _time(checkpoint.created_at),
         )
     return table
+
+
+def _files_changed(changes: FileChanges | None) -> str:
+    """`+created ~modified -deleted`, with the paths when there are few."""
+    if changes is None:
+        return ""
+    if changes.total == 0:
+        return "none"
+    unlisted = changes.unlisted
+    counts = f"+{len(changes.created)} ~{len(changes.modified)} -{len(changes.deleted)}"
+    if unlisted:
+        return f"{counts} and {unlisted} more"
+    listed = [
+        *(f"+{p}" for p in changes.created),
+        *(f"~{p}" for p in changes.modified),
+        *(f"-{p}" for p in changes.deleted),
+    ]
+    return " ".join(listed) if 0 < len(listed) <= 3 else counts
 
 
 def session_panel(state: SessionState, *, full: bool) -> RenderableType:

@@ -1,7 +1,7 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, storedKey, type StreamEvent, Unauthorized } from "./api";
-import type { Approval, Checkpoint, Me, SessionState, SessionSummary, Step } from "./types";
+import type { Approval, Checkpoint, FileChanges, Me, SessionState, SessionSummary, Step } from "./types";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -261,7 +261,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         const undone = s.steps[c.step_id]?.status === "undone";
         return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
           <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
-            <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small></span>
+            <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
+            ${c.changes ? filesChanged(c.changes) : ""}</span>
           ${undone ? badge("undone", "undone") : ""}
           <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
             title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
@@ -506,6 +507,18 @@ function callItem(call: ToolCall): string {
     ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${json(call.error)}</pre>` : ""}
     ${call.retries.map((r) => `<h4>Try ${r.attempt} failed, tried again after ${r.retry_in_s.toFixed(1)} s</h4><pre class="error">${json(r.error)}</pre>`).join("")}
   </details>`;
+}
+
+/** What a step changed in the workspace: counts, and the paths on hover. */
+function filesChanged(changes: FileChanges): string {
+  const paths = [
+    ...changes.created.map((p) => `+ ${p}`),
+    ...changes.modified.map((p) => `~ ${p}`),
+    ...changes.deleted.map((p) => `- ${p}`),
+  ];
+  const more = changes.unlisted ? ` and ${changes.unlisted} more` : "";
+  const counts = `${changes.created.length} created, ${changes.modified.length} modified, ${changes.deleted.length} deleted${more}`;
+  return `<small class="files" title="${esc(paths.join("\n"))}">files: ${paths.length || changes.unlisted ? counts : "none changed"}</small>`;
 }
 
 function standingGrant(a: Approval): string {

@@ -65,6 +65,15 @@ export interface Checkpoint {
   created_at: string;
   reversible: boolean;
   compensation: string | null;
+  /** What the step changed in the workspace, when the sandbox ran it. */
+  changes: FileChanges | null;
+}
+
+export interface FileChanges {
+  created: string[];
+  modified: string[];
+  deleted: string[];
+  unlisted: number;
 }
 
 export interface Rollback {

@@ -20,6 +20,7 @@ from helmline.contracts._values import (
     ArgumentCondition,
     Arguments,
     Contract,
+    FileChanges,
     LimitHit,
     ResourceUsage,
     Risk,
@@ -760,6 +761,8 @@ class WorkspaceSnapshotted(Payload):
     """Total size of the workspace."""
     digest: str = ""
     """Digest of the workspace manifest."""
+    changes: FileChanges | None = None
+    """What the call changed in the workspace (set for a snapshot taken after a call)."""
     irreversible_reason: str | None = None
     """Set when the snapshot's contents could not be stored (above the size cap, or files
     changing while read): the workspace cannot be restored to it, and the step is
@@ -803,6 +806,8 @@ class CheckpointCreated(Payload):
     """What the call changed: nothing, the workspace, or something outside Helmline."""
     inverse: InverseCall | None = None
     """The call that undoes the step, for a tool with a declared inverse."""
+    changes: FileChanges | None = None
+    """What the step changed in the workspace, when the sandbox ran it."""
 
 
 class RollbackRequested(Payload):

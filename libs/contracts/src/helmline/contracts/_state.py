@@ -80,6 +80,7 @@ from helmline.contracts._values import (
     Actor,
     ArgumentCondition,
     Arguments,
+    FileChanges,
     LimitHit,
     Risk,
     ToolError,
@@ -249,6 +250,8 @@ class CheckpointState:
     """What the call changed: nothing, the workspace, or something outside Helmline."""
     inverse: InverseCall | None = None
     """The call that undoes the step, for a tool with a declared inverse."""
+    changes: FileChanges | None = None
+    """What the step changed in the workspace, when the sandbox ran it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +355,10 @@ class SessionState:
     """The planner's thoughts in order."""
     latest_snapshot_id: str | None = None
     """The newest workspace snapshot."""
+    latest_snapshot_call_id: str | None = None
+    """The call after which the newest snapshot was taken (None: before any, or restored)."""
+    latest_snapshot_changes: FileChanges | None = None
+    """What that call changed in the workspace."""
     initial_snapshot_id: str | None = None
     """The workspace before the session first changed it (the sandbox's first snapshot)."""
     unrestorable_snapshots: dict[str, str] = field(default_factory=dict)
@@ -632,6 +639,7 @@ class SessionFold:
                         tool=data.tool,
                         effect=data.effect,
                         inverse=data.inverse,
+                        changes=data.changes,
                     ),
                 )
             case ToolCallAttemptFailed():
@@ -649,6 +657,8 @@ class SessionFold:
                 pass  # A warning for people and alerts; the call runs on unchanged.
             case WorkspaceSnapshotted():
                 v["latest_snapshot_id"] = data.snapshot_id
+                v["latest_snapshot_call_id"] = data.call_id
+                v["latest_snapshot_changes"] = data.changes
                 v["initial_snapshot_id"] = v["initial_snapshot_id"] or data.snapshot_id
                 if data.irreversible_reason is not None:
                     v["unrestorable_snapshots"] = {
@@ -657,6 +667,8 @@ class SessionFold:
                     }
             case WorkspaceRestored():
                 v["latest_snapshot_id"] = data.snapshot_id
+                v["latest_snapshot_call_id"] = None
+                v["latest_snapshot_changes"] = None
             case StepSkipped():
                 self.update_step(
                     data.step_id, status="skipped", reason=data.reason, finished_at=event.time

@@ -122,6 +122,24 @@ class ResourceUsage(Contract):
     """Peak resident memory in MiB, where measured."""
 
 
+class FileChanges(Contract):
+    """What a call changed in the workspace, path by path (folders end in `/`)."""
+
+    created: tuple[str, ...] = ()
+    """Paths that are new, or changed kind (a file became a folder)."""
+    modified: tuple[str, ...] = ()
+    """Paths whose content, mode or link target changed."""
+    deleted: tuple[str, ...] = ()
+    """Paths that are gone, or changed kind."""
+    unlisted: int = Field(default=0, ge=0)
+    """Changed paths left out of the lists, which hold the first ones of each, by path."""
+
+    @property
+    def total(self) -> int:
+        """How many paths changed."""
+        return len(self.created) + len(self.modified) + len(self.deleted) + self.unlisted
+
+
 class LimitHit(Contract):
     """A resource limit that stopped a sandboxed call."""
 

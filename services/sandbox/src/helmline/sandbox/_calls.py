@@ -10,6 +10,7 @@ from typing import assert_never
 from helmline.contracts import (
     EVENTS_STREAM,
     Event,
+    FileChanges,
     LimitHit,
     ResourceUsage,
     SandboxExecutionRequested,
@@ -80,8 +81,11 @@ def snapshot_id(cause: Event, when: str) -> str:
     return f"snap-{uuid.uuid5(cause.id, f'{SOURCE}/snapshot/{when}').hex}"
 
 
-def snapshotted(cause: Event, snapshot: Snapshot, call_id: str | None) -> Event:
-    """`workspace.snapshotted` for a snapshot taken after `call_id` (None: before any)."""
+def snapshotted(
+    cause: Event, snapshot: Snapshot, call_id: str | None, changes: FileChanges | None = None
+) -> Event:
+    """`workspace.snapshotted` for a snapshot taken after `call_id` (None: before any), and
+    what the call changed."""
     return cause.derive(
         WorkspaceSnapshotted(
             snapshot_id=snapshot.snapshot_id,
@@ -89,6 +93,7 @@ def snapshotted(cause: Event, snapshot: Snapshot, call_id: str | None) -> Event:
             files=snapshot.files,
             bytes=snapshot.bytes,
             digest=snapshot.digest,
+            changes=changes,
             irreversible_reason=snapshot.refused,
         ),
         source=SOURCE,

@@ -46,6 +46,7 @@ from helmline.sandbox._calls import (
     started,
 )
 from helmline.sandbox._commands import CommandControl, Reaper, kill_marked
+from helmline.sandbox._manifests import Manifest, file_changes
 from helmline.sandbox._paths import workspace_of
 from helmline.sandbox._reclaim import WorkspaceReclaimer
 from helmline.sandbox._restores import WorkspaceRestorer
@@ -180,6 +181,7 @@ class SandboxHandler:
         workspace = workspace_of(self._workspaces_dir, *session)
         mutating = self._snapshots is not None and request.tool in MUTATING_TOOLS
         before: list[Event] = []
+        baseline: Manifest | None = None
         try:
             if self._reclaimer is not None:
                 try:
@@ -190,6 +192,9 @@ class SandboxHandler:
             if mutating and session not in self._snapshotted:
                 taken = await self._snapshot(workspace, session, snapshot_id(cause, "before"))
                 before.append(snapshotted(cause, taken, None))
+                baseline = _scanned(taken)
+            elif mutating:
+                baseline = await self._scan(workspace)
             await self._store.append(started(cause, request))
             warnings: list[asyncio.Task[object]] = []
 
@@ -210,7 +215,11 @@ class SandboxHandler:
         after: list[Event] = []
         if mutating:
             taken = await self._snapshot(workspace, session, snapshot_id(cause, "after"))
-            after.append(snapshotted(cause, taken, request.call_id))
+            scanned = _scanned(taken)
+            changes = None
+            if baseline is not None and scanned is not None:
+                changes = file_changes(baseline, scanned)
+            after.append(snapshotted(cause, taken, request.call_id, changes))
             self._snapshotted[session] = None
         await self._record(key, [*before, *after, *results(cause, request, outcome, duration_ms)])
 
@@ -223,6 +232,15 @@ class SandboxHandler:
             logger.warning("snapshot %s of %s/%s failed: %s", snapshot, *session, error)
             return Snapshot(snapshot, (), "", 0, 0, 0, refused=f"snapshot failed: {error}")
 
+    async def _scan(self, workspace: Path) -> Manifest | None:
+        """The workspace before a call, to tell what the call changed; None if unreadable."""
+        assert self._snapshots is not None
+        try:
+            return await self._snapshots.scan(workspace)
+        except OSError as error:
+            logger.warning("scan of %s failed: %s", workspace, error)
+            return None
+
     async def _record(self, key: CallKey, events: list[Event]) -> None:
         try:
             await self._store.append_all(events)
@@ -231,6 +249,12 @@ class SandboxHandler:
             self._unrecorded[key] = events
             raise RetryableError(f"could not record the result of call {key[2]}") from error
         self._finished[key] = None
+
+
+def _scanned(snapshot: Snapshot) -> Manifest | None:
+    """The workspace a snapshot saw; None when taking it failed before it looked (its
+    digest is then empty)."""
+    return snapshot.manifest if snapshot.digest else None
 
 
 def _cannot_put_back(missing: SnapshotMissing) -> ToolError:

@@ -8,6 +8,11 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from helmline.contracts import FileChanges
+
+LISTED_CHANGES = 100
+"""Paths of each kind of change an event lists; the rest are only counted."""
+
 Kind = Literal["file", "dir", "link"]
 
 
@@ -71,3 +76,27 @@ def restore_plan(current: Manifest, target: Manifest) -> RestorePlan:
         remove=tuple(sorted(remove, key=lambda entry: entry.path, reverse=True)),
         create=tuple(sorted(create, key=lambda entry: entry.path)),
     )
+
+
+def file_changes(before: Manifest, after: Manifest) -> FileChanges:
+    """What turned the workspace of `before` into that of `after`, path by path."""
+    old = {entry.path: entry for entry in before}
+    new = {entry.path: entry for entry in after}
+    created = [_shown(e) for path, e in new.items() if path not in old or old[path].kind != e.kind]
+    deleted = [_shown(e) for path, e in old.items() if path not in new or new[path].kind != e.kind]
+    modified = [
+        _shown(e)
+        for path, e in new.items()
+        if path in old and old[path].kind == e.kind and old[path] != e
+    ]
+    unlisted = sum(max(0, len(paths) - LISTED_CHANGES) for paths in (created, modified, deleted))
+    return FileChanges(
+        created=tuple(created[:LISTED_CHANGES]),
+        modified=tuple(modified[:LISTED_CHANGES]),
+        deleted=tuple(deleted[:LISTED_CHANGES]),
+        unlisted=unlisted,
+    )
+
+
+def _shown(entry: Entry) -> str:
+    return f"{entry.path}/" if entry.kind == "dir" else entry.path

@@ -168,6 +168,12 @@ class WorkspaceSnapshots:
             cache = self._caches[workspace] = HashCache()
         return cache
 
+    async def scan(self, workspace: Path) -> Manifest:
+        """What the workspace holds now (nothing if it does not exist yet), stored nowhere."""
+        if not await asyncio.to_thread(workspace.is_dir):
+            return ()
+        return await asyncio.to_thread(scan, workspace, self._cache_of(workspace))
+
     async def take(
         self, workspace: Path, tenant: str, session_id: str, snapshot_id: str
     ) -> Snapshot:
@@ -177,10 +183,7 @@ class WorkspaceSnapshots:
         the snapshot says why.
         """
         started = time.monotonic()
-        cache = self._cache_of(workspace)
-        manifest: Manifest = ()
-        if await asyncio.to_thread(workspace.is_dir):
-            manifest = await asyncio.to_thread(scan, workspace, cache)
+        manifest = await self.scan(workspace)
         files = [entry for entry in manifest if entry.kind == "file"]
         bucket = await self._bucket()
         missing: dict[str, Entry] = {}

@@ -44,6 +44,11 @@ def checkpoint_after(
         tool=completed.tool,
         effect=effect,
         inverse=completed.inverse,
+        changes=(
+            state.latest_snapshot_changes
+            if state.latest_snapshot_call_id == completed.call_id
+            else None
+        ),
     )
 
 
