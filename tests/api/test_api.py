@@ -12,7 +12,7 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from helmline.api import new_api_key, store_api_key
-from helmline.contracts import SessionStarted
+from helmline.contracts import SessionStarted, WorkspaceSnapshotsPruned, new_event
 from helmline.runtime import EventStore
 from helmline.runtime.testing import checkpointed, eventually
 from tests.api.conftest import Issuer, KeyMaker
@@ -332,6 +332,13 @@ async def test_rollback_and_fork_append_their_events(
     assert first.event.data.fork_of.at_seq == checkpoint["at_seq"]
     assert first.event.data.fork_of.completed_steps == ("write",)
     assert first.event.data.playbook is not None
+
+    # Once the checkpoint's snapshot is pruned, no fork can start from its workspace.
+    assert checkpoint["snapshot_id"]
+    pruned = WorkspaceSnapshotsPruned(snapshot_ids=(checkpoint["snapshot_id"],), reason="kept 1")
+    await store.append(new_event(pruned, tenant=tenant, session_id=session_id, source="test"))
+    refused = await client.post(f"{base}/fork", json=origin, headers=operator)
+    assert_problem(refused, 409, "is not kept (pruned: kept 1): fork from a later checkpoint")
 
 
 async def test_tools_are_listed_with_their_schemas(

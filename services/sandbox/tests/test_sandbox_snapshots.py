@@ -9,18 +9,24 @@ import stat
 import uuid
 from pathlib import Path
 
+import pytest
 from nats.js import JetStreamContext
 
 from helmline.contracts import (
+    CompensationFailed,
+    CompensationScheduled,
+    Event,
     FileChanges,
+    Payload,
     SandboxExecutionRequested,
+    WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
     new_event,
 )
 from helmline.runtime import Delivery, EventStore
 from helmline.sandbox import SandboxHandler, SandboxSettings, tools_for
 from helmline.sandbox._manifests import LISTED_CHANGES, Entry, file_changes, restore_plan
-from helmline.sandbox._snapshots import WorkspaceSnapshots
+from helmline.sandbox._snapshots import SnapshotMissing, WorkspaceSnapshots
 
 
 def tree(root: Path) -> dict[str, tuple[str, int, str]]:
@@ -186,3 +192,50 @@ def test_changes_list_the_first_paths_of_each_kind_and_count_the_rest() -> None:
     assert (changes.modified, changes.deleted) == (("same",), ("gone", "kind/"))
     assert changes.unlisted == 6
     assert changes.total == LISTED_CHANGES + 6 + 3
+
+
+async def test_pruned_snapshots_are_deleted_and_a_rollback_to_one_fails_as_not_stored(
+    js: JetStreamContext, tenant: str, tmp_path: Path
+) -> None:
+    store = EventStore(js)
+    snapshots = snapshots_for(js)
+    workspaces = tmp_path / "workspaces"
+    handler = SandboxHandler(
+        store, workspaces, await tools_for(SandboxSettings()), snapshots=snapshots
+    )
+    session = uuid.uuid4().hex
+    workspace = workspaces / tenant / session
+    workspace.mkdir(parents=True)
+    (workspace / "a.txt").write_text("a")
+    for snapshot in ("s1", "s2"):
+        await snapshots.take(workspace, tenant, session, snapshot)
+
+    async def deliver(payload: Payload, deliveries: int = 1) -> Event:
+        event = new_event(payload, tenant=tenant, session_id=session, source="test")
+        await store.append(event)
+        await handler(Delivery(event, seq=1, deliveries=deliveries))
+        return event
+
+    pruned = WorkspaceSnapshotsPruned(snapshot_ids=("s1",), reason="a test keeps one")
+    await deliver(pruned)
+    with pytest.raises(SnapshotMissing):
+        await snapshots.manifest(tenant, session, "s1")
+    assert await snapshots.manifest(tenant, session, "s2")
+    await deliver(pruned, deliveries=2)  # Delivered again: nothing left to delete.
+
+    # A rollback that was under way when the snapshot went fails its restore, saying why.
+    compensation = CompensationScheduled(
+        rollback_id="r", compensation_id="c", step_id="s", kind="restore_workspace",
+        snapshot_id="s1",
+    )  # fmt: skip
+    cause = await deliver(compensation)
+    outcomes = [
+        stored.event.data
+        for stored in await store.read_all(tenant, session)
+        if stored.event.causation_id == cause.id
+    ]
+    assert [type(outcome) for outcome in outcomes] == [CompensationFailed]
+    failed = outcomes[0]
+    assert isinstance(failed, CompensationFailed)
+    assert failed.error.kind == "not_found"
+    assert "snapshot s1 is not in the object store" in failed.error.message

@@ -29,7 +29,7 @@ from helmline.contracts import (
     fold,
     new_event,
 )
-from helmline.state._checkpoints import checkpoint_after
+from helmline.state._checkpoints import checkpoint_after, snapshots_beyond
 from helmline.state._rollback import (
     Decision,
     RollbackPlan,
@@ -292,6 +292,34 @@ def test_a_workspace_that_was_not_stored_at_the_checkpoint_blocks_the_steps_that
 
     assert isinstance(refusal, RollbackRefused)
     assert refusal.blocking_steps == ("small",)
+
+
+def test_past_the_snapshots_kept_the_oldest_go_and_a_rollback_to_them_is_refused() -> None:
+    session = Session(
+        ("one", "write_file"), ("look", "read_file"), ("two", "write_file"),
+        ("three", "write_file"),
+    )  # fmt: skip
+    session.run("one", "write_file", snapshot="after-one")
+    session.run("look", "read_file")  # Changes nothing: its checkpoint shares after-one.
+    assert snapshots_beyond(session.state, 2) is None
+    session.run("two", "write_file", snapshot="after-two")
+    assert snapshots_beyond(session.state, 2) is None
+    session.run("three", "write_file", snapshot="after-three")
+
+    pruned = snapshots_beyond(session.state, 2)
+
+    assert pruned is not None
+    # The workspace before the session's first change stays, for a rollback to the start.
+    assert pruned.snapshot_ids == ("after-one",)
+    assert "newest 2 workspace snapshots" in pruned.reason
+    session.add(pruned)
+    assert snapshots_beyond(session.state, 2) is None
+    # The log keeps every checkpoint; a rollback to a pruned one cannot restore it.
+    assert len(session.state.checkpoints) == 4
+    session.request(2)
+    (refusal,) = session.decide()
+    assert isinstance(refusal, RollbackRefused)
+    assert refusal.blocking_steps == ("three", "two")
 
 
 def test_a_rollback_does_not_start_while_a_step_may_still_run() -> None:

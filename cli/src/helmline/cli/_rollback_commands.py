@@ -181,14 +181,15 @@ def fork(
     completed steps not run again. The session forked from is left as it is."""
     from helmline.cli._connection import connect
     from helmline.cli._display import stdout
-    from helmline.cli._rollbacks import choose_checkpoint, latest_checkpoint, start_fork
+    from helmline.cli._rollbacks import choose_checkpoint, forkable, latest_checkpoint, start_fork
 
     state = _load(session, tenant, data_dir)
     checkpoint = _attempt(
-        lambda: (
+        lambda: forkable(
+            state,
             latest_checkpoint(state)
             if at is None
-            else choose_checkpoint(state, to=at, to_step=None)
+            else choose_checkpoint(state, to=at, to_step=None),
         )
     )
     url = _nats_url(data_dir)

@@ -57,6 +57,18 @@ def latest_checkpoint(state: SessionState) -> CheckpointState:
     return state.checkpoints[-1]
 
 
+def forkable(state: SessionState, checkpoint: CheckpointState) -> CheckpointState:
+    """The checkpoint, if a fork can start from its workspace."""
+    lost = state.workspace_lost_at(checkpoint)
+    if lost is not None:
+        raise CliError(
+            f"the workspace at checkpoint {checkpoint.checkpoint_id} is not kept ({lost}): "
+            "fork from a later checkpoint",
+            exit_code=1,
+        )
+    return checkpoint
+
+
 async def request_rollback(
     log: EventLog,
     tenant: str,

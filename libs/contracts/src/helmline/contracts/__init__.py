@@ -59,6 +59,7 @@ from helmline.contracts._catalogue import (
     ToolRegistryPublished,
     ToolServerStatus,
     WorkspaceRestored,
+    WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
 )
 from helmline.contracts._deadletters import DeadLetter
@@ -337,6 +338,7 @@ __all__ = [
     "Upcaster",
     "UpcasterRegistry",
     "WorkspaceRestored",
+    "WorkspaceSnapshotsPruned",
     "WorkspaceSnapshotted",
     "circuit_subject",
     "consumer_for",

@@ -779,6 +779,17 @@ class WorkspaceRestored(Payload):
     """The compensation this restore carries out, during a rollback."""
 
 
+class WorkspaceSnapshotsPruned(Payload):
+    """Snapshots of older checkpoints are no longer kept: the sandbox deletes them, and the
+    workspace cannot return to them. The log keeps every checkpoint and what it says."""
+
+    TYPE = "workspace.snapshots_pruned"
+    snapshot_ids: tuple[str, ...] = Field(min_length=1)
+    """The snapshots dropped."""
+    reason: str = Field(min_length=1)
+    """Why (the number of checkpoints whose snapshots a session keeps)."""
+
+
 # --- checkpoints and rollback -------------------------------------------------------------
 
 
@@ -981,6 +992,7 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     SandboxLimitExceeded,
     WorkspaceSnapshotted,
     WorkspaceRestored,
+    WorkspaceSnapshotsPruned,
     CheckpointCreated,
     RollbackRequested,
     RollbackRefused,

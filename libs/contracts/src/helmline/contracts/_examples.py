@@ -56,6 +56,7 @@ from helmline.contracts._catalogue import (
     ToolRegistryPublished,
     ToolServerStatus,
     WorkspaceRestored,
+    WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
 )
 from helmline.contracts._envelope import Event, new_event
@@ -262,6 +263,10 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         snapshot_id="snap-7", call_id="write.1", files=1, bytes=5, digest="sha256:2cf24dba5fb0a30e"
     ),
     WorkspaceRestored(snapshot_id="snap-6", compensation_id="undo-write"),
+    WorkspaceSnapshotsPruned(
+        snapshot_ids=("snap-2", "snap-3"),
+        reason="a session keeps its newest 100 workspace snapshots",
+    ),
     CheckpointCreated(
         checkpoint_id="cp-count.1",
         step_id="count",

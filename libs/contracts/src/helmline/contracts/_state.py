@@ -70,6 +70,7 @@ from helmline.contracts._catalogue import (
     ToolCircuitChanged,
     ToolRegistryPublished,
     WorkspaceRestored,
+    WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
 )
 from helmline.contracts._envelope import Event
@@ -403,6 +404,13 @@ class SessionState:
         """Approval requests still waiting for a decision."""
         return tuple(a for a in self.approvals.values() if a.status == "pending")
 
+    def workspace_lost_at(self, checkpoint: CheckpointState) -> str | None:
+        """Why no workspace can be as it was at `checkpoint` any more (its snapshot was
+        pruned, or never stored), if so."""
+        if checkpoint.snapshot_id is None:
+            return None
+        return self.unrestorable_snapshots.get(checkpoint.snapshot_id)
+
 
 def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState:
     """The state after applying `events`, in order, to `state` (or to a new session)."""
@@ -665,6 +673,11 @@ class SessionFold:
                         **v["unrestorable_snapshots"],
                         data.snapshot_id: data.irreversible_reason,
                     }
+            case WorkspaceSnapshotsPruned():
+                v["unrestorable_snapshots"] = {
+                    **v["unrestorable_snapshots"],
+                    **dict.fromkeys(data.snapshot_ids, f"pruned: {data.reason}"),
+                }
             case WorkspaceRestored():
                 v["latest_snapshot_id"] = data.snapshot_id
                 v["latest_snapshot_call_id"] = None

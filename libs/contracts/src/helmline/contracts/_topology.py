@@ -60,6 +60,7 @@ from helmline.contracts._catalogue import (
     ToolCircuitChanged,
     ToolRegistryPublished,
     WorkspaceRestored,
+    WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
 )
 from helmline.contracts._values import Contract
@@ -374,13 +375,15 @@ SANDBOX_CONSUMER = consumer_for(
         SandboxExecutionRequested,
         SessionCancelRequested,
         CompensationScheduled,
+        WorkspaceSnapshotsPruned,
         SessionStarted,
         SessionCompleted,
         SessionFailed,
         SessionCancelled,
     ),
     "Runs built-in tools in session workspaces; kills running commands on cancel; restores "
-    "workspaces for rollbacks and forks; removes ended sessions' workspaces from its disk.",
+    "workspaces for rollbacks and forks; deletes pruned snapshots; removes ended sessions' "
+    "workspaces from its disk.",
     # A command may run for minutes; its message is kept in progress meanwhile. A cancel
     # must reach the command it kills, and parallel steps run in parallel.
     max_ack_pending=256,
@@ -487,6 +490,7 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     WorkspaceSnapshotted: (SANDBOX,),
     WorkspaceRestored: (SANDBOX,),
     CheckpointCreated: (STATE,),
+    WorkspaceSnapshotsPruned: (STATE,),
     StreamLimitApproaching: (STATE,),
     RollbackRefused: (STATE,),
     CompensationScheduled: (STATE,),

@@ -337,7 +337,7 @@ async def rollback(
     return RollbackAccepted(**accepted.model_dump(), rollback_id=rollback_id)
 
 
-@router.post("/sessions/{session_id}/fork", status_code=201, tags=["sessions"], responses=NOT_FOUND)
+@router.post("/sessions/{session_id}/fork", status_code=201, tags=["sessions"], responses=CONFLICTS)
 async def fork(
     session_id: SessionPath, body: Fork, principal: Operator, request: Request, response: Response
 ) -> Accepted:
@@ -350,6 +350,12 @@ async def fork(
     )
     if checkpoint is None:
         raise not_found(f"session {session_id} has no checkpoint {body.checkpoint_id}")
+    lost = current.workspace_lost_at(checkpoint)
+    if lost is not None:
+        raise conflict(
+            f"the workspace at checkpoint {checkpoint.checkpoint_id} is not kept ({lost}): "
+            "fork from a later checkpoint"
+        )
     history = await store.read_all(principal.tenant, session_id, up_to_seq=checkpoint.at_seq)
     then = fold(stored.event for stored in history)
     origin = next(s.event.data for s in history if isinstance(s.event.data, SessionStarted))

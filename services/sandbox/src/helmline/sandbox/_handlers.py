@@ -29,6 +29,7 @@ from helmline.contracts import (
     SessionFailed,
     SessionStarted,
     ToolError,
+    WorkspaceSnapshotsPruned,
 )
 from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
 from helmline.sandbox._calls import (
@@ -119,6 +120,15 @@ class SandboxHandler:
                 )
                 async with held:
                     await self._restorer(delivery)
+            case WorkspaceSnapshotsPruned() as pruned if self._snapshots is not None:
+                dropped = await self._snapshots.drop(
+                    event.tenant, event.session_id, pruned.snapshot_ids
+                )
+                logger.info(
+                    "pruned %d snapshot(s) of %s/%s", dropped, event.tenant, event.session_id
+                )
+            case WorkspaceSnapshotsPruned():
+                pass  # Without snapshots there is nothing stored to prune.
             case SessionCompleted() | SessionFailed() | SessionCancelled():
                 if self._reclaimer is not None:
                     workspace = self._workspace_of(event)

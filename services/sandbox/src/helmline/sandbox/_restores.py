@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 from nats.errors import Error as NatsError
-from nats.js.errors import ObjectNotFoundError
 
 from helmline.contracts import (
     CompensationCompleted,
@@ -26,7 +25,7 @@ from helmline.contracts import (
 from helmline.runtime import Delivery, EventStore, RetryableError
 from helmline.sandbox._paths import workspace_of
 from helmline.sandbox._reclaim import marker_of
-from helmline.sandbox._snapshots import WorkspaceSnapshots
+from helmline.sandbox._snapshots import SnapshotMissing, WorkspaceSnapshots
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +82,8 @@ class WorkspaceRestorer:
         if not done:
             try:
                 await self._restore(cause, cause.session_id, snapshot)
-            except ObjectNotFoundError:
-                error = ToolError(kind="not_found", message=f"snapshot {snapshot} is not stored")
+            except SnapshotMissing as missing:
+                error = ToolError(kind="not_found", message=str(missing))
                 await self._store.append(
                     cause.derive(CompensationFailed(**ids, error=error), source=SOURCE)
                 )
@@ -103,8 +102,8 @@ class WorkspaceRestorer:
             await self._snapshots.restore(workspace, cause.tenant, origin_session, snapshot)
             # Restored: a reclaimed workspace's marker no longer says what it holds.
             marker_of(workspace).unlink(missing_ok=True)
-        except ObjectNotFoundError:
-            raise  # Not there: waiting will not bring it.
+        except SnapshotMissing:
+            raise  # Not there (pruned, or never stored): waiting will not bring it.
         except (TimeoutError, NatsError) as error:
             raise RetryableError(f"could not read snapshot {snapshot}: {error}") from error
         logger.info("restored %s/%s to %s", cause.tenant, cause.session_id, snapshot)

@@ -32,6 +32,7 @@ from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from helmline.contracts import WORKSPACES_BUCKET
+from helmline.runtime import delete_object
 from helmline.sandbox._errors import SandboxError
 from helmline.sandbox._manifests import (
     Entry,
@@ -250,6 +251,15 @@ class WorkspaceSnapshots:
                 data = await self.blob(entry.sha256)
             await asyncio.to_thread(_create, workspace / entry.path, entry, data, owner)
         return target
+
+    async def drop(self, tenant: str, session_id: str, snapshot_ids: Sequence[str]) -> int:
+        """Delete snapshots' manifests (a sweep deletes their blobs once no manifest holds
+        them); how many were still stored."""
+        dropped = 0
+        for snapshot_id in snapshot_ids:
+            name = _manifest_name(tenant, session_id, snapshot_id)
+            dropped += await delete_object(self._js, WORKSPACES_BUCKET.bucket, name)
+        return dropped
 
     async def manifest(self, tenant: str, session_id: str, snapshot_id: str) -> Manifest:
         """What a stored snapshot holds; raises `SnapshotMissing` if it was never stored."""

@@ -28,7 +28,8 @@ def setup_state(
         await tools.follow(host.nc, host.js)
         host.on_shutdown(tools.close)
         states = host.states
-        await host.consume(checkpoints, StateHandler(host.store, tools, states))
+        handler = StateHandler(host.store, tools, states, snapshots_kept=settings.snapshots_kept)
+        await host.consume(checkpoints, handler)
         host.sweep_regularly("stored states", states.sweep)
         watch = RetentionWatch(
             host.js,

@@ -11,6 +11,7 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolEffect,
     ToolSpec,
+    WorkspaceSnapshotsPruned,
 )
 
 
@@ -82,3 +83,23 @@ def _workspace_undo(state: SessionState, after: str | None) -> tuple[bool, str]:
         how += f"; the workspace after it was not stored ({unstored[after]}), so no rollback "
         how += "can return to this checkpoint"
     return True, how
+
+
+def snapshots_beyond(state: SessionState, kept: int) -> WorkspaceSnapshotsPruned | None:
+    """The stored snapshots of the session's checkpoints older than its newest `kept`
+    (checkpoints of steps that changed nothing share the snapshot before them). The
+    workspace before the session first changed it is kept: a rollback to the start needs it."""
+    unstored = state.unrestorable_snapshots
+    stored = dict.fromkeys(
+        c.snapshot_id
+        for c in state.checkpoints
+        if c.snapshot_id is not None
+        and c.snapshot_id not in unstored
+        and c.snapshot_id != state.initial_snapshot_id
+    )
+    if len(stored) <= kept:
+        return None
+    return WorkspaceSnapshotsPruned(
+        snapshot_ids=tuple(stored)[: len(stored) - kept],
+        reason=f"a session keeps its newest {kept} workspace snapshots",
+    )

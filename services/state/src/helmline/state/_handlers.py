@@ -21,7 +21,7 @@ from helmline.contracts import (
     fold,
 )
 from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
-from helmline.state._checkpoints import checkpoint_after
+from helmline.state._checkpoints import checkpoint_after, snapshots_beyond
 from helmline.state._rollback import call_outcome, is_undo_step, next_decisions, plan_rollback
 
 SOURCE = "helmline/state"
@@ -31,11 +31,17 @@ class StateHandler:
     """Records checkpoints and drives rollbacks."""
 
     def __init__(
-        self, store: EventStore, tools: Mapping[str, ToolSpec], states: FoldedStates
+        self,
+        store: EventStore,
+        tools: Mapping[str, ToolSpec],
+        states: FoldedStates,
+        *,
+        snapshots_kept: int = 100,
     ) -> None:
         self._store = store
         self._tools = tools
         self._states = states
+        self._snapshots_kept = snapshots_kept
         # What the cache folds on meeting a session, the stored states fold on from.
         self._sessions = SessionCache(states, on_load=states.note_folded)
 
@@ -63,7 +69,8 @@ class StateHandler:
                 return False
 
     async def handle_gathered(self, deliveries: Sequence[Delivery]) -> None:
-        """A checkpoint for each completed step, all appended in one round trip."""
+        """A checkpoint for each completed step (and the snapshots it leaves out of those a
+        session keeps), all appended in one round trip."""
         checkpoints: list[Event] = []
         try:
             for delivery in deliveries:
@@ -99,8 +106,16 @@ class StateHandler:
                     source=SOURCE,
                     identity=f"checkpoint/{completed.call_id}",
                 )
-                self._sessions.record(state, [checkpoint])
-                return [checkpoint]
+                made = [checkpoint]
+                after = self._sessions.record(state, made)
+                pruned = snapshots_beyond(after, self._snapshots_kept)
+                if pruned is not None:
+                    prune = event.derive(
+                        pruned, source=SOURCE, identity=f"prune/{completed.call_id}"
+                    )
+                    self._sessions.record(after, [prune])
+                    made.append(prune)
+                return made
             case _ if self._sessions.holds(event.tenant, event.session_id):
                 # A snapshot or a failure, kept up in a state held in memory for the next
                 # checkpoint; a session not held is replayed at its next completion, this

@@ -18,6 +18,11 @@ class StateSettings(RuntimeSettings):
     is published (HELMLINE_RETENTION_WARN_AT)."""
     retention_check_s: float = Field(default=60.0, gt=0)
     """How often the events stream's limits are checked (HELMLINE_RETENTION_CHECK_S)."""
+    snapshots_kept: int = Field(default=100, ge=1)
+    """Workspace snapshots of a session's checkpoints kept, the newest ones; older ones are
+    pruned (`workspace.snapshots_pruned`) while their checkpoints stay in the log, and the
+    workspace as it was before the session first changed it is always kept
+    (HELMLINE_SNAPSHOTS_KEPT)."""
     waiting_check_s: float = Field(default=15.0, gt=0)
     """How often the sessions not ended and the approval requests waiting are counted in the
     read model, for the `helmline_sessions_open` and `helmline_approvals_waiting` metrics
