@@ -14,7 +14,12 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
-from helmline.contracts import ToolCallAttemptFailed, ToolError, new_event
+from helmline.contracts import (
+    ToolCallAttemptFailed,
+    ToolError,
+    WorkspaceSnapshotsPruned,
+    new_event,
+)
 from helmline.runtime import EventStore
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import start, waiting_request
@@ -258,7 +263,12 @@ async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> 
 
 
 async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_undone(
-    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
 ) -> None:
     operator = await make_key(tenant, "operator")
     key = operator["Authorization"].removeprefix("Bearer ")
@@ -305,6 +315,13 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     await expect(page.locator('li[data-step-id="one"] .badge').first).to_have_text("succeeded")
     await expect(page.locator("#rollbacks")).to_contain_text("rollback completed")
     await screenshot(page, "rolled-back")
+
+    # As the state service records it once the session has more snapshots than it keeps.
+    first = (await client.get(f"/sessions/{session_id}/checkpoints", headers=operator)).json()[0]
+    pruned = WorkspaceSnapshotsPruned(snapshot_ids=(first["snapshot_id"],), reason="kept 2")
+    await store.append(new_event(pruned, tenant=tenant, session_id=session_id, source="test"))
+    lost = checkpoints.first.locator('span[title="pruned: kept 2"]')
+    await expect(lost).to_contain_text("workspace not kept")
 
 
 async def test_a_view_left_while_it_loads_does_not_take_over_the_view_opened_next(

@@ -259,11 +259,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         const blocking = later.filter((x) => !x.reversible);
         const locked = blocking.length > 0;
         const undone = s.steps[c.step_id]?.status === "undone";
+        const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
         return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
           <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
             <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
             ${c.changes ? filesChanged(c.changes) : ""}</span>
-          ${undone ? badge("undone", "undone") : ""}
+          ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
           <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
             title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
             ${locked ? "Locked" : "Roll back to here"}</button>

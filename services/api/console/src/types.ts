@@ -65,6 +65,7 @@ export interface Checkpoint {
   created_at: string;
   reversible: boolean;
   compensation: string | null;
+  snapshot_id: string | null;
   /** What the step changed in the workspace, when the sandbox ran it. */
   changes: FileChanges | null;
 }
@@ -117,6 +118,8 @@ export interface SessionState {
   steps: Record<string, Step>;
   approvals: Record<string, Approval>;
   checkpoints: Checkpoint[];
+  /** Snapshots the workspace cannot return to (pruned, or never stored), with why. */
+  unrestorable_snapshots: Record<string, string>;
   rollbacks: Record<string, Rollback>;
   thoughts: Thought[];
   pause_requested: boolean;
