@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from helmline.approval import CallFacts, Policy, parse_policy
-from helmline.contracts import Actor, Risk
+from helmline.approval import CallFacts, Policy, RuleCheck, parse_policy
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, Risk, ToolSpec
 
 POLICY = parse_policy(
     b"""
@@ -25,6 +25,11 @@ rules:
     tool: [write_file, delete_file, run_command]
     effect: deny
     reason: interns may only read
+  - name: guests-only-read
+    role: guest
+    action: [write, delete, execute]
+    effect: deny
+    reason: guests may only read
   - name: no-secrets
     tool: [read_file, write_file, delete_file]
     arguments:
@@ -108,6 +113,7 @@ DEV = Actor(id="dev", roles=("developer",))
 INTERN = Actor(id="ian", roles=("intern",))
 ANA = Actor(id="ana", roles=("developer",))
 CI = Actor(id="ci-deploy", kind="service")
+GUEST = Actor(id="gil", roles=("guest",))
 WEDNESDAY_NOON = datetime(2026, 12, 2, 12, tzinfo=UTC)
 
 
@@ -143,6 +149,30 @@ def minutes_ago(*minutes: float) -> tuple[datetime, ...]:
 
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "a guest writes: the tool's action is write",
+        call("write_file", requester=GUEST, path="src/a.py", content="x"),
+        "deny",
+        "guests-only-read",
+    ),
+    (
+        "a guest deletes",
+        call("delete_file", requester=GUEST, path="notes.txt"),
+        "deny",
+        "guests-only-read",
+    ),
+    (
+        "a guest runs even the tests",
+        call("run_command", requester=GUEST, command="pytest", timeout_s=5),
+        "deny",
+        "guests-only-read",
+    ),
+    (
+        "a guest reads: read is not among the rule's actions",
+        call("read_file", requester=GUEST, path="notes.txt"),
+        "allow",
+        "builtin-low-risk",
+    ),
     # (what, call, effect, rule)
     (
         "quarantine first",
@@ -625,3 +655,30 @@ def test_explain_names_the_rate_a_call_went_past() -> None:
     assert failed["greps-freely-at-first"] == (
         "not: fewer than 3 calls of the session ran under this rule in the last 10m"
     )
+
+
+def test_an_action_rule_leaves_alone_a_tool_that_declares_no_action() -> None:
+    lookup = ToolSpec(
+        name="docs__lookup",
+        description="Look a word up.",
+        parameters={"type": "object"},
+        risk="low",
+        executor="mcp",
+        server="docs",
+    )
+    policy = parse_policy(
+        b"""
+version: 1
+rules:
+  - {name: reads, action: read, effect: allow}
+  - {name: the-rest, effect: require_approval}
+""",
+        source="actions.yaml",
+        tools={**BUILTIN_TOOLS_BY_NAME, lookup.name: lookup},
+    )
+    assert policy.judge(**call("read_file", path="a")).rule == "reads"
+    assert policy.judge(**call("docs__lookup")).rule == "the-rest"
+    facts = policy.facts(**call("docs__lookup"))
+    assert facts is not None
+    checks, _ = policy.explain(facts)
+    assert checks[0] == RuleCheck("reads", "not: the tool's action is read", ())

@@ -161,11 +161,17 @@ def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
     assert all(backoff_s(20, base_s=0.1, cap_s=5) <= 5 for _ in range(50))
 
 
-def test_a_tool_declared_pure_changes_nothing_and_may_be_sent_again() -> None:
+def test_a_tool_declared_pure_changes_nothing_may_be_sent_again_and_keeps_its_action() -> None:
     config = ServerConfig.model_validate(
-        {"id": "docs", "stdio": {"command": "x"}, "tools": {"lookup": {"pure": True}}}
+        {
+            "id": "docs",
+            "stdio": {"command": "x"},
+            "tools": {"lookup": {"pure": True, "action": "read"}},
+        }
     )
     listed = [ListedTool(name, "", {"type": "object"}) for name in ("lookup", "publish")]
     lookup, publish = tool_specs(config, listed)
     assert (lookup.pure, lookup.effect, lookup.idempotent) == (True, "none", True)
     assert (publish.pure, publish.effect, publish.idempotent) == (False, "external", False)
+    # What kind of action each does, only as declared.
+    assert (lookup.action, publish.action) == ("read", None)

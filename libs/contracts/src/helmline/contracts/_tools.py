@@ -59,6 +59,10 @@ ToolEffect = Literal["none", "workspace", "external"]
 workspace snapshot), or something outside Helmline (undone only by the tool's inverse)."""
 
 
+ToolAction = Literal["read", "write", "execute", "delete"]
+"""What kind of thing a call of a tool does, for policies that grant by kind of action."""
+
+
 BUILTIN_SERVER = "builtin"
 """The `server` of the tools Helmline itself provides."""
 
@@ -98,6 +102,9 @@ class ToolSpec(Contract):
     """Whether calling it twice with the same arguments has the effect of calling it once."""
     effect: ToolEffect = "external"
     """What its calls change; decides how rollback undoes them."""
+    action: ToolAction | None = None
+    """What kind of thing a call does (read, write, execute, delete), as the tool or its
+    server's configuration declares it; None when nobody said. Policy rules match it."""
     pure: bool = False
     """Whether its result depends on its arguments only, and a call changes nothing: a
     session that calls it again with the same arguments gets the earlier call's result, and
@@ -130,6 +137,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         executor="gateway",
         effect="none",
         pure=True,
+        action="read",
     ),
     ToolSpec(
         name="read_file",
@@ -138,6 +146,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         risk="low",
         executor="sandbox",
         effect="none",
+        action="read",
     ),
     ToolSpec(
         name="list_files",
@@ -147,6 +156,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         risk="low",
         executor="sandbox",
         effect="none",
+        action="read",
     ),
     ToolSpec(
         name="write_file",
@@ -158,6 +168,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         risk="medium",
         executor="sandbox",
         effect="workspace",
+        action="write",
     ),
     ToolSpec(
         name="delete_file",
@@ -166,6 +177,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         risk="medium",
         executor="sandbox",
         effect="workspace",
+        action="delete",
     ),
     ToolSpec(
         name="run_command",
@@ -182,6 +194,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         executor="sandbox",
         effect="workspace",
         timeout_s=60.0,
+        action="execute",
     ),
 )
 """Every built-in tool."""

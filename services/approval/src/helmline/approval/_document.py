@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from helmline.contracts import ArgumentCondition, Patterns, Risk, one_or_many
+from helmline.contracts import ArgumentCondition, Patterns, Risk, ToolAction, one_or_many
 
 DEFAULT_APPROVAL_EXPIRY = timedelta(minutes=10)
 DEFAULT_APPROVER_ROLES = ("approver", "admin")
@@ -38,6 +38,7 @@ def _duration(value: object) -> object:
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 Names = Patterns
 Risks = Annotated[tuple[Risk, ...], BeforeValidator(one_or_many), Field(min_length=1)]
+Actions = Annotated[tuple[ToolAction, ...], BeforeValidator(one_or_many), Field(min_length=1)]
 Effect = Literal["allow", "deny", "require_approval"]
 MAX_COUNTED_SPAN = timedelta(days=30)
 """The longest span an `at_most` condition counts calls in: how far back the approval service
@@ -210,6 +211,9 @@ class RuleDocument(_Strict):
     holds that permission reach the rules at all."""
     risk: Risks | None = None
     """Risk levels of the call (the tool's own risk, raised by the plan if it says so)."""
+    action: Actions | None = None
+    """Kinds of action of the tool (read, write, execute, delete), as the tool or its
+    server's configuration declares it; a tool that declares none does not match."""
     arguments: dict[str, ArgumentCondition] = Field(default_factory=dict)
     """Conditions on arguments by name; a call without the argument does not match."""
     during: TimeWindow | None = None

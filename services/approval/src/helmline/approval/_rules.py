@@ -33,7 +33,14 @@ from helmline.approval._document import (
     RuleDocument,
     TimeWindow,
 )
-from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Actor, ArgumentCondition, Risk, ToolSpec
+from helmline.contracts import (
+    BUILTIN_TOOLS_BY_NAME,
+    Actor,
+    ArgumentCondition,
+    Risk,
+    ToolAction,
+    ToolSpec,
+)
 
 RISK_ORDER: tuple[Risk, ...] = ("low", "medium", "high", "critical")
 _CANDIDATE_CACHE_LIMIT = 4096
@@ -61,6 +68,8 @@ class CallFacts:
     permission: str | None
     """The permission the tool requires (its `required_permission`); None when it asks for
     none."""
+    action: ToolAction | None
+    """What kind of thing the tool does, as declared; None when nobody said."""
     rule_uses: Mapping[str, Sequence[datetime]]
     """When the session's earlier calls were authorised, oldest first, by the rule that
     let them run (`uses_by_rule`): what `at_most` conditions count. Only the span the policy's
@@ -203,6 +212,17 @@ class _PermissionIs:
 
     def describe(self) -> str:
         return f"the tool requires a permission matching {_quoted(self.patterns)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ActionIs:
+    actions: frozenset[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return facts.action is not None and facts.action in self.actions
+
+    def describe(self) -> str:
+        return f"the tool's action is {' or '.join(sorted(self.actions))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,6 +450,8 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
         static.append(_ServerIs(rule.server, _glob_regex(rule.server)))
     if rule.risk is not None:
         dynamic.append(_RiskIs(frozenset(rule.risk)))
+    if rule.action is not None:
+        dynamic.append(_ActionIs(frozenset(rule.action)))
     if rule.user is not None:
         dynamic.append(_UserIs(rule.user, _glob_regex(rule.user)))
     if rule.role is not None:
@@ -557,6 +579,7 @@ class Policy:
             requester=requester,
             at=at,
             permission=spec.required_permission,
+            action=spec.action,
             rule_uses=rule_uses,
         )
 

@@ -12,7 +12,7 @@ servers:
     heartbeat: {interval_s: 15, timeout_s: 5, misses: 2}   # stale after 2 unanswered
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
     tools:
-      git_commit: {risk: high, required_permission: repo.write, idempotent: false}
+      git_commit: {risk: high, required_permission: repo.write, idempotent: false, action: write}
       git_create_branch:
         inverse: {tool: git__git_delete_branch, arguments: {name: /arguments/branch_name}}
   - id: tickets
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from helmline.contracts import Risk, ToolEffect, ToolInverse
+from helmline.contracts import Risk, ToolAction, ToolEffect, ToolInverse
 from helmline.yamlfile import (
     Problem,
     YamlFileError,
@@ -96,6 +96,7 @@ class ToolOverride(_Strict):
     idempotent: bool | None = None
     inverse: ToolInverse | None = None
     effect: ToolEffect | None = None
+    action: ToolAction | None = None
     # Its result depends on its arguments only: a session's same call is answered from the
     # log. A call of such a tool changes nothing, so it has no effect and nothing to undo.
     pure: bool = False

@@ -83,6 +83,7 @@ def tool_specs(config: ServerConfig, listed: Iterable[ListedTool]) -> tuple[Tool
                 idempotent=bool(override and (override.idempotent or override.pure)),
                 effect=_effect_of(override),
                 pure=bool(override and override.pure),
+                action=override.action if override else None,
                 server=config.id,
                 remote_name=tool.name,
                 required_permission=override.required_permission if override else None,
