@@ -47,7 +47,7 @@ def test_a_pure_v2_host_uses_the_unified_hierarchy() -> None:
     assert layout.version == "v2"
     service = Path("/sys/fs/cgroup/system.slice/helmline.service")
     assert layout.places == {
-        controller: Place(service, v2=True) for controller in ("memory", "pids", "cpu")
+        controller: Place(service, v2=True) for controller in ("memory", "pids", "cpu", "cpu_quota")
     }
 
 

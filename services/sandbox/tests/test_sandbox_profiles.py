@@ -82,7 +82,29 @@ def test_a_profile_says_what_is_wrong_with_it() -> None:
         SandboxProfile(backend="container")
     with pytest.raises(ValidationError, match="container backend only"):
         SandboxProfile(image="debian:12")
+    assert SandboxProfile(cpus=0.5).cpus == 0.5  # The process backend caps CPUs too.
     settings = SandboxSettings.model_validate(
         {"sandbox_profiles": {"c": {"backend": "container", "image": "x", "cpus": 0.5}}}
     )
     assert settings.sandbox_profiles["c"].cpus == 0.5
+
+
+BUSY_FOR_A_SECOND = "timeout 1 sh -c 'while :; do :; done'; true"
+
+
+async def test_a_cpu_cap_holds_a_busy_command_to_its_share_of_a_cpu(tmp_path: Path) -> None:
+    tools = await tools_for(SandboxSettings(sandbox_profiles={"fifth": SandboxProfile(cpus=0.2)}))
+    try:
+        capped = await run(tools, tmp_path / "capped", BUSY_FOR_A_SECOND, "fifth")
+        free = await run(tools, tmp_path / "free", BUSY_FOR_A_SECOND, None)
+    finally:
+        await tools.close()
+    shares = []
+    for outcome in (capped, free):
+        assert isinstance(outcome, Completed), outcome
+        assert outcome.usage is not None
+        assert outcome.usage.cpu_ms is not None
+        shares.append(outcome.usage.cpu_ms / outcome.usage.wall_ms)
+    # Capped at a fifth of a CPU (with the scheduler's slack); free, it takes about one.
+    assert shares[0] < 0.35, shares
+    assert shares[1] > 2 * shares[0], shares

@@ -151,6 +151,14 @@ class ProcessBackend:
             layout.version,
             ", ".join(sorted(layout.places)) or "none; rlimits only",
         )
+        capped = settings.default_cpus is not None or any(
+            profile.cpus for profile in settings.sandbox_profiles.values()
+        )
+        if capped and "cpu_quota" not in layout.places:
+            logger.warning(
+                "sandbox: CPU caps (cpus) are configured, but this host offers no cgroup cpu "
+                "controller the sandbox may use: commands run without them"
+            )
         backend = cls(settings, bwrap, layout)
         await backend._probe()
         return backend
@@ -190,7 +198,7 @@ class ProcessBackend:
         def prepare() -> None:
             # One trip to a worker thread for both: each trip costs on a loaded host.
             prepare_workspace(job.workspace, uid)
-            cgroups.create(limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES)
+            cgroups.create(limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES, limits.cpus)
 
         def finish() -> tuple[Usage, bool]:
             cgroups.kill_all()

@@ -18,11 +18,24 @@ from typing import Literal
 
 logger = logging.getLogger(__name__)
 
-Controller = Literal["memory", "pids", "cpu"]
-CONTROLLERS: tuple[Controller, ...] = ("memory", "pids", "cpu")
+Controller = Literal["memory", "pids", "cpu", "cpu_quota"]
+"""`cpu` counts the CPU time a call used; `cpu_quota` caps the share of CPUs it may use at
+once. One controller on v2; on v1 `cpuacct` and `cpu`, which a host may mount apart."""
+CONTROLLERS: tuple[Controller, ...] = ("memory", "pids", "cpu", "cpu_quota")
 _KILL_WAIT_S = 2.0
-_V1_NAMES: dict[Controller, str] = {"memory": "memory", "pids": "pids", "cpu": "cpuacct"}
-_V2_NAMES: dict[Controller, str] = {"memory": "memory", "pids": "pids", "cpu": "cpu"}
+_V1_NAMES: dict[Controller, str] = {
+    "memory": "memory",
+    "pids": "pids",
+    "cpu": "cpuacct",
+    "cpu_quota": "cpu",
+}
+_V2_NAMES: dict[Controller, str] = {
+    "memory": "memory",
+    "pids": "pids",
+    "cpu": "cpu",
+    "cpu_quota": "cpu",
+}
+_CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +211,9 @@ class CallCgroups:
             for controller, place in layout.places.items()
         }
 
-    def create(self, memory_mb: int, max_processes: int) -> None:
-        """Make the cgroups and set their limits."""
+    def create(self, memory_mb: int, max_processes: int, cpus: float | None = None) -> None:
+        """Make the cgroups and set their limits (`cpus`: CPUs' worth of time the call may
+        use at once, where the host lets it be capped; None: no cap)."""
         for directory, _ in set(self._dirs.values()):
             directory.mkdir(exist_ok=True)
         if "memory" in self._dirs:
@@ -214,6 +228,14 @@ class CallCgroups:
         if "pids" in self._dirs:
             directory, _ = self._dirs["pids"]
             (directory / "pids.max").write_text(str(max_processes))
+        if cpus is not None and "cpu_quota" in self._dirs:
+            directory, v2 = self._dirs["cpu_quota"]
+            quota = max(1000, round(cpus * _CPU_PERIOD_US))
+            if v2:
+                (directory / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
+            else:
+                (directory / "cpu.cfs_period_us").write_text(str(_CPU_PERIOD_US))
+                (directory / "cpu.cfs_quota_us").write_text(str(quota))
 
     @classmethod
     def of_process(cls, pid: int) -> CallCgroups:

@@ -88,8 +88,8 @@ class _Key:
 
     workspace: Path
     uid: int
-    limits: tuple[int, int, float, int]
-    """memory_mb, max_processes, cpu_s, max_file_mb."""
+    limits: tuple[int, int, float, int, float | None]
+    """memory_mb, max_processes, cpu_s, max_file_mb, cpus."""
     network: bool
 
 
@@ -184,7 +184,13 @@ class ContainerBackend:
         key = _Key(
             job.workspace,
             uid,
-            (limits.memory_mb, limits.max_processes, limits.cpu_s, limits.max_file_mb),
+            (
+                limits.memory_mb,
+                limits.max_processes,
+                limits.cpu_s,
+                limits.max_file_mb,
+                limits.cpus,
+            ),
             job.network,
         )
 
@@ -269,7 +275,7 @@ class ContainerBackend:
         return None
 
     def _create(self, key: _Key) -> _Warm:
-        memory_mb, max_processes, cpu_s, max_file_mb = key.limits
+        memory_mb, max_processes, cpu_s, max_file_mb, cpus = key.limits
         cpu = math.ceil(cpu_s)
         size = max_file_mb * 1024 * 1024
         tmp = self._settings.tmp_size_mb * 1024 * 1024
@@ -290,7 +296,7 @@ class ContainerBackend:
             mem_limit=f"{memory_mb}m",
             memswap_limit=f"{memory_mb}m",
             pids_limit=max_processes + _KEEPER_PROCESSES,
-            nano_cpus=int(profile.cpus * 1e9) if profile.cpus else None,
+            nano_cpus=int(cpus * 1e9) if cpus else None,
             ulimits=[
                 # The soft limit sends SIGXCPU, which a program may catch; the hard one kills.
                 Ulimit(name="cpu", soft=cpu, hard=cpu + 1),

@@ -26,6 +26,8 @@ class Limits:
     max_processes: int
     max_file_mb: int
     max_output_bytes: int
+    cpus: float | None = None
+    """CPUs' worth of time the command may use at once; None: no cap."""
 
     def value_of(self, limit: LimitName) -> float:
         """The configured value of a limit, as `LimitHit.value` reports it."""
@@ -69,6 +71,7 @@ class Defaults:
     memory_mb: int
     max_processes: int
     max_file_mb: int
+    cpus: float | None = None
 
 
 def effective_limits(requested: SandboxLimits, timeout_s: float, defaults: Defaults) -> Limits:
@@ -84,6 +87,7 @@ def effective_limits(requested: SandboxLimits, timeout_s: float, defaults: Defau
         if requested.max_file_mb is not None
         else defaults.max_file_mb,
         max_output_bytes=requested.max_output_bytes,
+        cpus=defaults.cpus,
     )
 
 

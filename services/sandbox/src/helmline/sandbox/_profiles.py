@@ -21,7 +21,8 @@ class SandboxProfile(BaseModel):
     image: str | None = None
     """The container image (container backend only; must already be in the engine)."""
     cpus: float | None = Field(default=None, gt=0)
-    """CPUs a container may use at once (container backend); None: no quota."""
+    """CPUs' worth of time a call may use at once (`0.5`: half of one); None: the service's
+    `default_cpus`."""
     granted_network: str = "bridge"
     """The engine network a container joins when its call is granted a network (container
     backend); without a grant it has none."""
@@ -38,8 +39,8 @@ class SandboxProfile(BaseModel):
     def _container_needs_an_image(self) -> SandboxProfile:
         if self.backend == "container" and not self.image:
             raise ValueError("a container profile needs an image")
-        if self.backend == "process" and (self.image or self.cpus):
-            raise ValueError("image and cpus apply to the container backend only")
+        if self.backend == "process" and self.image:
+            raise ValueError("an image applies to the container backend only")
         return self
 
     def defaults_over(self, service: Defaults) -> Defaults:
@@ -49,4 +50,5 @@ class SandboxProfile(BaseModel):
             memory_mb=self.memory_mb or service.memory_mb,
             max_processes=self.max_processes or service.max_processes,
             max_file_mb=self.max_file_mb or service.max_file_mb,
+            cpus=self.cpus or service.cpus,
         )

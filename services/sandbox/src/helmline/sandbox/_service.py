@@ -38,6 +38,7 @@ async def tools_for(settings: SandboxSettings) -> Tools:
         memory_mb=settings.default_memory_mb,
         max_processes=settings.default_max_processes,
         max_file_mb=settings.default_max_file_mb,
+        cpus=settings.default_cpus,
     )
     backend = await start_backend(settings)
     process = backend if isinstance(backend, ProcessBackend) else None

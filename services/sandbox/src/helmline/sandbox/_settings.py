@@ -42,6 +42,9 @@ class SandboxSettings(RuntimeSettings):
     """Processes a call may have at once, when its request sets none."""
     default_max_file_mb: int = Field(default=1024, gt=0)
     """Largest file (MiB) a call may write, when its request sets none."""
+    default_cpus: float | None = Field(default=None, gt=0)
+    """CPUs' worth of time a command may use at once (`0.5`: half of one), when its profile
+    sets none; None: no cap. The process backend caps it with the cgroup `cpu` controller."""
     tmp_size_mb: int = Field(default=256, gt=0)
     """Size of each call's private /tmp (memory-backed, charged to the call's memory)."""
     snapshot_max_mb: int = Field(default=256, gt=0)
