@@ -21,6 +21,7 @@ from helmline.runtime import EventStore, FoldedStates
 from helmline.runtime.testing import session_started
 from helmline.state._handlers import StateHandler
 from helmline.state._rollback import compensation_step_id
+from helmline.state._settings import StateSettings
 
 UNDO = compensation_step_id("write")
 FAILURE = ToolError(kind="execution", message="exit 1", retryable=False)
@@ -44,6 +45,11 @@ FAILURE = ToolError(kind="execution", message="exit 1", retryable=False)
 def test_a_plan_step_s_outcome_may_wait_and_a_rollback_s_may_not(
     payload: Payload, may_wait: bool, js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
-    handler = StateHandler(store, BUILTIN_TOOLS_BY_NAME, FoldedStates(js, store))
+    handler = StateHandler(
+        store,
+        BUILTIN_TOOLS_BY_NAME,
+        FoldedStates(js, store),
+        snapshots_kept=StateSettings().snapshots_kept,
+    )
     event = session_started(tenant).derive(payload, source="test")
     assert handler.may_wait(event) is may_wait

@@ -59,13 +59,9 @@ def latest_checkpoint(state: SessionState) -> CheckpointState:
 
 def forkable(state: SessionState, checkpoint: CheckpointState) -> CheckpointState:
     """The checkpoint, if a fork can start from its workspace."""
-    lost = state.workspace_lost_at(checkpoint)
-    if lost is not None:
-        raise CliError(
-            f"the workspace at checkpoint {checkpoint.checkpoint_id} is not kept ({lost}): "
-            "fork from a later checkpoint",
-            exit_code=1,
-        )
+    refusal = state.fork_refusal(checkpoint)
+    if refusal is not None:
+        raise CliError(refusal, exit_code=1)
     return checkpoint
 
 

@@ -639,6 +639,10 @@ class ToolCallAttemptFailed(Payload):
 # --- tool registry (gateway-wide, on the tools stream, not in a session's log) -------------
 
 
+ServerHealth = Literal["healthy", "degraded", "unresponsive", "dead"]
+"""How a federated MCP server is doing, in one word (see `ToolServerStatus.health`)."""
+
+
 class ToolServerStatus(Contract):
     """How a federated MCP server is doing, as the gateway that publishes the registry sees it."""
 
@@ -654,7 +658,7 @@ class ToolServerStatus(Contract):
     """How many tools it contributes."""
     circuit: Literal["closed", "open", "half_open"] = "closed"
     """The state of its circuit breaker."""
-    health: Literal["healthy", "degraded", "unresponsive", "dead"] = "healthy"
+    health: ServerHealth = "healthy"
     """In one word: `dead` when not connected; `unresponsive` when connected but its
     heartbeats go unanswered or its breaker is open; `degraded` while calls fail (or a probe
     is under way); else `healthy`."""

@@ -404,12 +404,16 @@ class SessionState:
         """Approval requests still waiting for a decision."""
         return tuple(a for a in self.approvals.values() if a.status == "pending")
 
-    def workspace_lost_at(self, checkpoint: CheckpointState) -> str | None:
-        """Why no workspace can be as it was at `checkpoint` any more (its snapshot was
-        pruned, or never stored), if so."""
-        if checkpoint.snapshot_id is None:
+    def fork_refusal(self, checkpoint: CheckpointState) -> str | None:
+        """Why no fork can start from `checkpoint`, if none can: no workspace can be as it
+        was there any more (its snapshot was pruned, or never stored)."""
+        lost = self.unrestorable_snapshots.get(checkpoint.snapshot_id or "")
+        if lost is None:
             return None
-        return self.unrestorable_snapshots.get(checkpoint.snapshot_id)
+        return (
+            f"the workspace at checkpoint {checkpoint.checkpoint_id} is not kept ({lost}): "
+            "fork from a later checkpoint"
+        )
 
 
 def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState:

@@ -350,12 +350,9 @@ async def fork(
     )
     if checkpoint is None:
         raise not_found(f"session {session_id} has no checkpoint {body.checkpoint_id}")
-    lost = current.workspace_lost_at(checkpoint)
-    if lost is not None:
-        raise conflict(
-            f"the workspace at checkpoint {checkpoint.checkpoint_id} is not kept ({lost}): "
-            "fork from a later checkpoint"
-        )
+    refusal = current.fork_refusal(checkpoint)
+    if refusal is not None:
+        raise conflict(refusal)
     history = await store.read_all(principal.tenant, session_id, up_to_seq=checkpoint.at_seq)
     then = fold(stored.event for stored in history)
     origin = next(s.event.data for s in history if isinstance(s.event.data, SessionStarted))

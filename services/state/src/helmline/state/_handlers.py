@@ -36,7 +36,7 @@ class StateHandler:
         tools: Mapping[str, ToolSpec],
         states: FoldedStates,
         *,
-        snapshots_kept: int = 100,
+        snapshots_kept: int,
     ) -> None:
         self._store = store
         self._tools = tools

@@ -141,8 +141,8 @@ class GatewayHandler:
                 await self._record(cause, answer)
                 return
         server = self._federation.servers[tool.server]
-        limit = rate_limit_of(server.config, tool.remote_name or tool.name) or (
-            self._limits_by_risk.get(call.risk)
+        limit = rate_limit_of(
+            server.config, tool.remote_name or tool.name, call.risk, self._limits_by_risk
         )
         if limit is not None and self._limiter is not None:
             wait_s = await self._limiter.admit(cause.tenant, tool.name, limit)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from helmline.contracts import (
     BUILTIN_TOOLS,
     MCP_NAME_SEPARATOR,
+    Risk,
+    ServerHealth,
     ToolEffect,
     ToolRegistryPublished,
     ToolServerStatus,
@@ -21,8 +23,6 @@ from helmline.tool_gateway._config import RateLimit, ServerConfig, ToolOverride
 from helmline.tool_gateway._resilience import CircuitState
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
-
-Health = Literal["healthy", "degraded", "unresponsive", "dead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +46,10 @@ class ServerView:
     failures: int = 0
     """Consecutive failures of calls counted against the server (its breaker's count)."""
     missed_heartbeats: int = 0
-    """Pings in a row it left unanswered."""
+    """Heartbeats in a row it left unanswered."""
 
     @property
-    def health(self) -> Health:
+    def health(self) -> ServerHealth:
         """How the server is doing, in one word (see `ToolServerStatus.health`)."""
         if not self.available:
             return "dead"
@@ -98,10 +98,13 @@ def _effect_of(override: ToolOverride | None) -> ToolEffect:
     return "none" if override.pure else override.effect or "external"
 
 
-def rate_limit_of(config: ServerConfig, remote_name: str) -> RateLimit | None:
-    """The limit on calls of one tool per tenant: the tool's own, else its server's."""
+def rate_limit_of(
+    config: ServerConfig, remote_name: str, risk: Risk, by_risk: Mapping[Risk, RateLimit]
+) -> RateLimit | None:
+    """The limit on calls of one tool per tenant: the tool's own, else its server's, else
+    the default for the risk the call was authorised at."""
     override = config.tools.get(remote_name)
-    return (override and override.rate_limit) or config.rate_limit
+    return (override and override.rate_limit) or config.rate_limit or by_risk.get(risk)
 
 
 def registry_event(views: Iterable[ServerView]) -> ToolRegistryPublished:
