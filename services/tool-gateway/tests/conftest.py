@@ -24,6 +24,7 @@ from helmline.contracts import (
     ToolCallCompleted,
     ToolCallFailed,
     ToolRegistryPublished,
+    event_subject,
     event_type_filter,
     new_event,
 )
@@ -77,14 +78,17 @@ def write_servers_file(
     return path
 
 
-def gateway_consumer(tenant: str, ack_wait_s: float = 30.0) -> ConsumerSpec:
-    """The gateway's consumer, for one tenant's calls only."""
+def gateway_consumer(
+    tenant: str, ack_wait_s: float = 30.0, session_id: str | None = None
+) -> ConsumerSpec:
+    """The gateway's consumer, for one tenant's calls only, or one session's."""
+    if session_id is None:
+        durable, calls = f"gateway-{tenant}", event_type_filter(ToolCallAuthorized.TYPE, tenant)
+    else:
+        durable = f"gateway-{tenant}-{session_id}"
+        calls = event_subject(tenant, session_id, ToolCallAuthorized.TYPE)
     return TOOL_GATEWAY_CONSUMER.model_copy(
-        update={
-            "durable": f"gateway-{tenant}",
-            "filter_subjects": (event_type_filter(ToolCallAuthorized.TYPE, tenant),),
-            "ack_wait_s": ack_wait_s,
-        }
+        update={"durable": durable, "filter_subjects": (calls,), "ack_wait_s": ack_wait_s}
     )
 
 
@@ -131,15 +135,23 @@ def replicas(nats_url: str, tmp_path: Path) -> Iterator[ServiceProcesses]:
 
 
 def start_replica(
-    replicas: ServiceProcesses, name: str, servers_file: Path, tenant: str, ack_wait_s: float
+    replicas: ServiceProcesses,
+    name: str,
+    servers_file: Path,
+    tenant: str,
+    ack_wait_s: float,
+    session_id: str | None = None,
 ) -> None:
-    """Start (or restart) one gateway replica process."""
+    """Start (or restart) one gateway replica process, sharing the tenant's calls with the
+    other replicas, or consuming only `session_id`'s calls."""
+    only_session = {"TEST_SESSION": session_id} if session_id else {}
     replicas.start(
         name,
         {
             "HELMLINE_MCP_SERVERS": str(servers_file),
             "TEST_TENANT": tenant,
             "TEST_ACK_WAIT_S": str(ack_wait_s),
+            **only_session,
         },
         script=REPLICA,
     )
@@ -197,9 +209,11 @@ def calls(store: EventStore, tenant: str) -> Calls:
 
 @pytest.fixture
 async def drop_consumer(js: JetStreamContext, tenant: str) -> AsyncIterator[None]:
-    """Removes the tenant's gateway consumer after the test."""
+    """Removes the tenant's gateway consumers after the test."""
     yield
-    await js.delete_consumer(EVENTS_STREAM.name, gateway_consumer(tenant).durable)
+    for consumer in await js.consumers_info(EVENTS_STREAM.name):
+        if consumer.name.startswith(gateway_consumer(tenant).durable):
+            await js.delete_consumer(EVENTS_STREAM.name, consumer.name)
 
 
 def calls_received(state_dir: Path, tool: str) -> int:

@@ -391,7 +391,7 @@ async def test_a_timeout_of_a_tool_not_declared_idempotent_ends_as_an_unknown_ou
 
 async def test_two_gateway_replicas_share_one_rate_limit(
     js: JetStreamContext,
-    calls: Calls,
+    store: EventStore,
     tenant: str,
     server_id: str,
     state_dir: Path,
@@ -404,13 +404,19 @@ async def test_two_gateway_replicas_share_one_rate_limit(
         state_dir,
         rate_limit={"calls": 5, "per_s": 60},
     )
-    for name in ("gateway-a", "gateway-b"):
-        start_replica(replicas, name, servers, tenant, ack_wait_s=30)
+    # Each replica takes the calls of a session of its own, so both surely meet the limit:
+    # replicas sharing one consumer may be handed every call by a single fetch.
+    sessions = [Calls(store, tenant), Calls(store, tenant)]
+    for name, session in zip(("gateway-a", "gateway-b"), sessions, strict=True):
+        start_replica(replicas, name, servers, tenant, ack_wait_s=30, session_id=session.session_id)
     await federated(js, server_id)
-    call_ids = await asyncio.gather(
-        *(calls.authorise(f"{server_id}__note", message=f"m{i}") for i in range(20))
-    )
-    outcomes = await asyncio.gather(*(calls.outcome(call_id) for call_id in call_ids))
+
+    async def call(session: Calls, i: int) -> ToolCallCompleted | ToolCallFailed:
+        call_id = await session.authorise(f"{server_id}__note", message=f"m{i}")
+        outcome: ToolCallCompleted | ToolCallFailed = await session.outcome(call_id)
+        return outcome
+
+    outcomes = await asyncio.gather(*(call(session, i) for session in sessions for i in range(10)))
     through = [o for o in outcomes if isinstance(o, ToolCallCompleted)]
     limited = [o for o in outcomes if isinstance(o, ToolCallFailed)]
     assert len(through) == 5, [o.error for o in limited]
