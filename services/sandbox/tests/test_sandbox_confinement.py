@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -14,7 +14,7 @@ from helmline.contracts import SandboxExecutionRequested, SandboxLimits
 from helmline.sandbox import SandboxSettings, SandboxUnavailable, tools_for
 from helmline.sandbox._cgroups import CALL_PREFIX, Place, detect_layout, parse_layout, remove_stale
 from helmline.sandbox._commands import CommandControl, Reaper
-from helmline.sandbox._confinement import Confinement, bwrap_argv, session_uid
+from helmline.sandbox._confinement import Confinement, Mask, bwrap_argv, session_uid
 from helmline.sandbox._limits import Limits, Observed, limit_that_stopped
 from helmline.sandbox._tools import Completed
 
@@ -81,6 +81,37 @@ def test_as_root_the_command_becomes_the_session_uid_without_network() -> None:
         "/bin/sh",
         "-c",
         "make test",
+    ]
+
+
+def test_masks_follow_the_workspace_mount_in_order() -> None:
+    masks = (
+        Mask(PurePosixPath("config"), "read_only", 7),
+        Mask(PurePosixPath("config/secrets"), "blocked_folder"),
+        Mask(PurePosixPath(".env"), "blocked_file", 8),
+    )
+    confinement = Confinement(Path("/data/ws/t/s"), False, 200_123, 8, masks)
+    argv = bwrap_argv("bwrap", confinement, "ls")
+    workspace = argv.index("/data/ws/t/s")
+    assert argv[workspace + 1 : workspace + 18] == [
+        "/workspace",
+        "--chdir",
+        "/workspace",
+        # Bound from the descriptor the backend opened, never from the host path.
+        "--ro-bind-fd",
+        "7",
+        "/workspace/config",
+        "--tmpfs",
+        "/workspace/config/secrets",
+        "--remount-ro",
+        "/workspace/config/secrets",
+        "--perms",
+        "0444",
+        "--ro-bind-data",
+        "8",
+        "/workspace/.env",
+        "--die-with-parent",
+        "--new-session",
     ]
 
 

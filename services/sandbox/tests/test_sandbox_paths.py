@@ -1,4 +1,5 @@
-"""Path decisions and output cutting, which need no disk and no server."""
+"""Path decisions (a profile's path rules too) and output cutting, which need no disk and no
+server."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._output import cut_text
-from helmline.sandbox._paths import is_inside, workspace_of, workspace_path
+from helmline.sandbox._paths import PathRules, is_inside, rule_path, workspace_of, workspace_path
 
 
 @pytest.mark.parametrize(
@@ -63,3 +64,58 @@ def test_cut_text_never_splits_a_character() -> None:
     assert cut_text("éé".encode(), 3) == ("é", True)
     assert cut_text(b"abc", 3) == ("abc", False)
     assert cut_text(b"\xff", 3) == ("\ufffd", False)
+
+
+RULES = PathRules(
+    read_only=(PurePosixPath("config"),),
+    blocked=(PurePosixPath(".env"), PurePosixPath("config/keys")),
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "changing", "refused_for"),
+    [
+        ("config", False, None),
+        ("config/app.ini", False, None),
+        ("config/app.ini", True, "'config', which this call's sandbox profile keeps read-only"),
+        ("config", True, "read-only"),
+        ("config/keys/a", False, "'config/keys', which this call's sandbox profile blocks"),
+        (".env", False, "blocks"),
+        (".env", True, "blocks"),
+        (".envrc", True, None),  # Whole components: a longer name is another path.
+        ("configs/x", True, None),
+        (".", True, None),
+    ],
+)
+def test_path_rules_refuse_what_they_cover(
+    path: str, changing: bool, refused_for: str | None
+) -> None:
+    if refused_for is None:
+        RULES.check(PurePosixPath(path), path, changing=changing)
+        return
+    with pytest.raises(ToolRefused) as refused:
+        RULES.check(PurePosixPath(path), path, changing=changing)
+    assert refused.value.error.kind == "permission"
+    assert refused_for in refused.value.error.message
+    assert repr(path) in refused.value.error.message
+
+
+def test_blocked_paths_are_hidden_and_read_only_ones_are_not() -> None:
+    assert RULES.hides(PurePosixPath("config/keys/a"))
+    assert not RULES.hides(PurePosixPath("config/app.ini"))
+    assert not RULES.hides(PurePosixPath("config"))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("/etc", "absolute"),
+        ("../x", "outside the workspace"),
+        (".", "the whole workspace"),
+        ("a/..", "the whole workspace"),
+    ],
+)
+def test_a_rule_names_a_part_of_the_workspace(text: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        rule_path(text)
+    assert rule_path("./secrets/") == PurePosixPath("secrets")

@@ -87,6 +87,13 @@ def test_a_profile_says_what_is_wrong_with_it() -> None:
         {"sandbox_profiles": {"c": {"backend": "container", "image": "x", "cpus": 0.5}}}
     )
     assert settings.sandbox_profiles["c"].cpus == 0.5
+    with pytest.raises(ValidationError, match="apply to the process backend only"):
+        SandboxProfile(backend="container", image="x", blocked_paths=(".env",))
+    with pytest.raises(ValidationError, match="secrets: both read-only and blocked"):
+        SandboxProfile(read_only_paths=("secrets",), blocked_paths=("./secrets",))
+    with pytest.raises(ValidationError, match="outside the workspace"):
+        SandboxProfile(read_only_paths=("../etc",))
+    assert SandboxProfile(blocked_paths=("./keys/",)).blocked_paths == ("keys",)
 
 
 BUSY_FOR_A_SECOND = "timeout 1 sh -c 'while :; do :; done'; true"

@@ -12,10 +12,11 @@ import math
 import os
 import resource
 import shutil
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from helmline.contracts import ResourceUsage, ToolError
@@ -32,6 +33,7 @@ from helmline.sandbox._confinement import (
     SEARCH_PATH,
     SHELL,
     Confinement,
+    Mask,
     Rlimits,
     bwrap_argv,
     limited_argv,
@@ -39,6 +41,7 @@ from helmline.sandbox._confinement import (
 )
 from helmline.sandbox._errors import SandboxError, ToolRefused
 from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
+from helmline.sandbox._paths import NO_RULES, PathRules
 from helmline.sandbox._settings import SandboxSettings
 from helmline.sandbox._watch import WATCH_INTERVAL_S, resource_usage, watch_limits
 
@@ -66,6 +69,8 @@ class CommandJob:
     session_id: str
     limits: Limits
     network: bool
+    rules: PathRules = NO_RULES
+    """Parts of the workspace the command may only read, or not see (process backend)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,18 +101,76 @@ class CommandBackend(Protocol):
 def prepare_workspace(workspace: Path, owner: int | None) -> None:
     """Create the workspace if needed, owned by `owner` and private to it. Blocking."""
     workspace.mkdir(parents=True, exist_ok=True)
-    if owner is not None:
-        stat = workspace.stat()
-        if stat.st_uid != owner:
-            # A workspace made before it had an owner (or under another uid range): all it
-            # holds becomes the session's, or its commands could not change those files.
-            for folder, folders, files in os.walk(workspace):
-                for name in [*folders, *files]:
-                    os.lchown(os.path.join(folder, name), owner, owner)
-            # Group root may only pass through: bubblewrap, root without capabilities by
-            # then, must enter it to start the command there.
-            os.chown(workspace, owner, 0)
-            workspace.chmod(0o710)
+    if owner is not None and workspace.stat().st_uid != owner:
+        # A workspace made before it had an owner (or under another uid range): all it
+        # holds becomes the session's, or its commands could not change those files.
+        for folder, folders, files in os.walk(workspace):
+            for name in [*folders, *files]:
+                os.lchown(os.path.join(folder, name), owner, owner)
+        # Group root may only pass through: bubblewrap, root without capabilities by
+        # then, must enter it to start the command there.
+        os.chown(workspace, owner, 0)
+        workspace.chmod(0o710)
+
+
+def open_masks(workspace: Path, rules: PathRules) -> tuple[Mask, ...]:
+    """The masks of the rules' paths the workspace holds now, parents first; the caller
+    closes their descriptors. Blocking.
+
+    A path reached through a symbolic link is not masked: a command following the link
+    reaches its target, which the rules do not name. A path inside a blocked one is hidden
+    with it.
+    """
+    named = [(path, True) for path in rules.blocked] + [(path, False) for path in rules.read_only]
+    masks: list[Mask] = []
+    try:
+        for path, blocked in sorted(named, key=lambda rule: len(rule[0].parts)):
+            if any(rule in path.parents for rule in rules.blocked):
+                continue
+            fd = _open_beneath(workspace, path)
+            if fd is None:
+                continue
+            if not blocked:
+                masks.append(Mask(path, "read_only", fd))
+                continue
+            folder = stat.S_ISDIR(os.fstat(fd).st_mode)
+            os.close(fd)
+            if folder:
+                masks.append(Mask(path, "blocked_folder"))
+            else:
+                masks.append(
+                    Mask(path, "blocked_file", os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+                )
+    except BaseException:
+        for mask in masks:
+            if mask.fd is not None:
+                os.close(mask.fd)
+        raise
+    return tuple(masks)
+
+
+def _open_beneath(workspace: Path, path: PurePosixPath) -> int | None:
+    """An `O_PATH` descriptor of `path` in the workspace, following no link on the way;
+    None if it is not there or is a link."""
+    folder = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in path.parts[:-1]:
+            inner = os.open(
+                part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder
+            )
+            os.close(folder)
+            folder = inner
+        found = os.open(path.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    finally:
+        os.close(folder)
+    if stat.S_ISLNK(os.fstat(found).st_mode):
+        os.close(found)
+        return None
+    return found
 
 
 def session_owner(settings: SandboxSettings, tenant: str, session_id: str) -> int | None:
@@ -192,19 +255,23 @@ class ProcessBackend:
     async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
         limits = job.limits
         uid = self.workspace_owner(job.tenant, job.session_id)
-        confinement = Confinement(job.workspace, job.network, uid, self._settings.tmp_size_mb)
         cgroups = CallCgroups(self._layout, f"{CALL_PREFIX}{control.marker}")
 
-        def prepare() -> None:
-            # One trip to a worker thread for both: each trip costs on a loaded host.
+        def prepare() -> tuple[Mask, ...]:
+            # One trip to a worker thread for all: each trip costs on a loaded host.
             prepare_workspace(job.workspace, uid)
             cgroups.create(limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES, limits.cpus)
+            return open_masks(job.workspace, job.rules)
 
         def finish() -> tuple[Usage, bool]:
             cgroups.kill_all()
             return cgroups.usage(), cgroups.remove()
 
-        await asyncio.to_thread(prepare)
+        masks = await asyncio.to_thread(prepare)
+        held = {mask.fd for mask in masks if mask.fd is not None}
+        confinement = Confinement(
+            job.workspace, job.network, uid, self._settings.tmp_size_mb, masks
+        )
         rlimits = _rlimits(
             limits,
             per_uid=uid is not None,
@@ -227,7 +294,7 @@ class ProcessBackend:
         # between (each one exec'd costs milliseconds).
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
-        opened = {info_read, info_write, block_read, block_write}
+        opened = {info_read, info_write, block_read, block_write, *held}
 
         def close(fd: int) -> None:
             if fd in opened:
@@ -255,7 +322,7 @@ class ProcessBackend:
             cwd=job.workspace,
             env={},
             contained=True,
-            pass_fds=(info_write, block_read),
+            pass_fds=(info_write, block_read, *held),
             release=release,
         )
         try:

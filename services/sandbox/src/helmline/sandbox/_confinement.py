@@ -3,14 +3,17 @@
 Inside: /usr (and the /bin, /lib links into it) read-only, fresh /proc, /dev and a private
 /tmp, the session workspace at /workspace as the only writable host folder, nothing else of
 the host (no /root, no /home, no other workspace, no /etc beyond what programs need), no
-network unless granted, no capabilities, a clean environment and an unprivileged uid.
+network unless granted, no capabilities, a clean environment and an unprivileged uid. Parts
+of the workspace a profile keeps read-only are mounted so, and blocked ones are covered by an
+empty read-only folder or file.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Literal
 
 WORKSPACE_MOUNT = "/workspace"
 SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -33,6 +36,19 @@ _NAME_SERVICE = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/s
 
 
 @dataclass(frozen=True, slots=True)
+class Mask:
+    """A part of the workspace that a command sees otherwise than it is."""
+
+    path: PurePosixPath
+    """Where, relative to the workspace."""
+    kind: Literal["read_only", "blocked_folder", "blocked_file"]
+    """Mounted read-only, or covered by an empty read-only folder or file."""
+    fd: int | None = None
+    """For `read_only`, a descriptor of the part (opened without following links), bound
+    over it; for `blocked_file`, an empty source (/dev/null) the stand-in is filled from."""
+
+
+@dataclass(frozen=True, slots=True)
 class Confinement:
     """What one call may touch."""
 
@@ -45,6 +61,8 @@ class Confinement:
     service is not root and the command keeps the service's own uid."""
     tmp_size_mb: int
     """Size of the private /tmp."""
+    masks: tuple[Mask, ...] = ()
+    """Parts of the workspace seen otherwise, each after any mask that holds it."""
 
 
 def bwrap_argv(
@@ -66,6 +84,19 @@ def bwrap_argv(
     argv += ["--perms", "1777", "--size", str(confinement.tmp_size_mb * 1024 * 1024)]
     argv += ["--tmpfs", "/tmp"]
     argv += ["--bind", str(confinement.workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+    for mask in confinement.masks:
+        place = f"{WORKSPACE_MOUNT}/{mask.path}"
+        match mask.kind:
+            case "read_only":
+                # Bound from the descriptor, not the host path: a link swapped in since it
+                # was opened cannot bring a host file into the sandbox.
+                argv += ["--ro-bind-fd", str(mask.fd), place]
+            case "blocked_folder":
+                argv += ["--tmpfs", place, "--remount-ro", place]
+            case "blocked_file":
+                # Not /dev/null bound over it: bubblewrap's binds are nodev, so reading it
+                # would fail instead of finding nothing.
+                argv += ["--perms", "0444", "--ro-bind-data", str(mask.fd), place]
     argv += ["--die-with-parent", "--new-session", "--clearenv"]
     for name, value in ENVIRONMENT.items():
         argv += ["--setenv", name, value]

@@ -2,7 +2,8 @@
 
 Every path is resolved (symbolic links included) and must stay inside the workspace; the
 last component is opened with `O_NOFOLLOW`, so a link swapped in at the last moment is not
-followed either.
+followed either. The call's `PathRules` are checked on the path as named and as resolved, so
+a link does not lead into a blocked or read-only part either.
 """
 
 from __future__ import annotations
@@ -19,15 +20,23 @@ from pydantic import JsonValue
 from helmline.contracts import ToolError
 from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._output import cut_text
-from helmline.sandbox._paths import PATH_FIELD, is_inside, outside_workspace, workspace_path
+from helmline.sandbox._paths import (
+    PATH_FIELD,
+    PathRules,
+    is_inside,
+    outside_workspace,
+    workspace_path,
+)
 
 _READ_CHUNK = 1 << 16
 
 
-def read_file(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, bool]:
+def read_file(
+    workspace: Path, rules: PathRules, argument: str, limit: int
+) -> tuple[JsonValue, bool]:
     """`{"path", "content", "truncated"}` of a text file, cut to `limit` bytes."""
     relative = workspace_path(argument)
-    target = _resolve(workspace, relative, argument)
+    target = _resolve(workspace, relative, argument, rules, changing=False)
     with _refusing_os_errors(argument):
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -40,7 +49,9 @@ def read_file(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, bo
     return {"path": str(relative), "content": content, "truncated": truncated}, truncated
 
 
-def write_file(workspace: Path, argument: str, content: str, owner: int | None) -> JsonValue:
+def write_file(
+    workspace: Path, rules: PathRules, argument: str, content: str, owner: int | None
+) -> JsonValue:
     """Create or replace a file, making folders as needed: `{"path", "bytes"}`.
 
     What it creates belongs to `owner` (the uid the session's commands run as), so that
@@ -49,7 +60,7 @@ def write_file(workspace: Path, argument: str, content: str, owner: int | None) 
     relative = workspace_path(argument)
     if relative == PurePosixPath("."):
         raise _not_a_file(argument, None)
-    target = _resolve(workspace, relative, argument)
+    target = _resolve(workspace, relative, argument, rules, changing=True)
     data = content.encode("utf-8")
     with _refusing_os_errors(argument):
         _make_folders(os.path.dirname(target), owner)
@@ -69,12 +80,14 @@ def write_file(workspace: Path, argument: str, content: str, owner: int | None) 
     return {"path": str(relative), "bytes": len(data)}
 
 
-def list_files(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, bool]:
+def list_files(
+    workspace: Path, rules: PathRules, argument: str, limit: int
+) -> tuple[JsonValue, bool]:
     """`{"files", "truncated"}`: workspace-relative paths of every non-folder entry under
-    a folder, sorted; symbolic links are listed, never followed. The list stops once the
-    paths add up to `limit` bytes."""
+    a folder but the blocked ones, sorted; symbolic links are listed, never followed. The
+    list stops once the paths add up to `limit` bytes."""
     relative = workspace_path(argument)
-    target = _resolve(workspace, relative, argument)
+    target = _resolve(workspace, relative, argument, rules, changing=False)
     root = os.path.realpath(workspace)
     with _refusing_os_errors(argument):
         if not stat.S_ISDIR(os.stat(target, follow_symlinks=False).st_mode):
@@ -95,7 +108,12 @@ def list_files(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, b
                 for name in folders
                 if os.path.islink(os.path.join(folder, name))
             )
-    found.sort()
+            folders[:] = [
+                name
+                for name in folders
+                if not rules.hides(PurePosixPath(os.path.relpath(os.path.join(folder, name), root)))
+            ]
+    found = sorted(path for path in found if not rules.hides(PurePosixPath(path)))
     kept: list[JsonValue] = []
     size = 0
     for path in found:
@@ -106,13 +124,16 @@ def list_files(workspace: Path, argument: str, limit: int) -> tuple[JsonValue, b
     return {"files": kept, "truncated": False}, False
 
 
-def delete_file(workspace: Path, argument: str) -> JsonValue:
+def delete_file(workspace: Path, rules: PathRules, argument: str) -> JsonValue:
     """Delete a file (a symbolic link itself, not what it points to): `{"path"}`."""
     relative = workspace_path(argument)
     if relative == PurePosixPath("."):
         raise _not_a_file(argument, None)
-    folder = _resolve(workspace, relative.parent, argument)
+    rules.check(relative, argument, changing=True)
+    folder = _resolve(workspace, relative.parent, argument, rules, changing=True)
     target = os.path.join(folder, relative.name)
+    root = os.path.realpath(workspace)
+    rules.check(PurePosixPath(os.path.relpath(target, root)), argument, changing=True)
     with _refusing_os_errors(argument):
         if stat.S_ISDIR(os.stat(target, follow_symlinks=False).st_mode):
             raise _not_a_file(argument, None)
@@ -132,11 +153,15 @@ def _make_folders(folder: str, owner: int | None) -> None:
         os.chown(folder, owner, owner)
 
 
-def _resolve(workspace: Path, relative: PurePosixPath, argument: str) -> str:
+def _resolve(
+    workspace: Path, relative: PurePosixPath, argument: str, rules: PathRules, *, changing: bool
+) -> str:
+    rules.check(relative, argument, changing=changing)
     root = os.path.realpath(workspace)
     resolved = os.path.realpath(os.path.join(root, relative))
     if not is_inside(root, resolved):
         raise outside_workspace(argument, through_link=True)
+    rules.check(PurePosixPath(os.path.relpath(resolved, root)), argument, changing=changing)
     return resolved
 
 

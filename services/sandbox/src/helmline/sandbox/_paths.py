@@ -2,12 +2,14 @@
 
 Paths are relative to the session workspace. Anything that names a place outside it is
 refused here, before any file is touched; symbolic links are checked by the file tools,
-which compare the resolved path against the workspace with `is_inside`.
+which compare the resolved path against the workspace with `is_inside`. A sandbox profile's
+`PathRules` keep parts of the workspace read-only or out of sight.
 """
 
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from helmline.contracts import ToolError
@@ -73,3 +75,58 @@ def outside_workspace(argument: str, *, through_link: bool = False) -> ToolRefus
 def is_inside(root: str, resolved: str) -> bool:
     """Whether an absolute, resolved path is the root folder or lies beneath it."""
     return resolved == root or resolved.startswith(root.rstrip("/") + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class PathRules:
+    """Parts of the workspace kept from a profile's calls: a read-only path (and all beneath
+    it) may be read and not changed; a blocked one may be neither seen nor changed."""
+
+    read_only: tuple[PurePosixPath, ...] = ()
+    blocked: tuple[PurePosixPath, ...] = ()
+
+    def check(self, relative: PurePosixPath, argument: str, *, changing: bool) -> None:
+        """Raise `ToolRefused` (kind `permission`) if a rule keeps `relative` from the call."""
+        if (rule := _covering(self.blocked, relative)) is not None:
+            raise ToolRefused(
+                ToolError(
+                    kind="permission",
+                    message=f"path {argument!r} is in {str(rule)!r}, which this call's sandbox "
+                    "profile blocks",
+                    suggestion="leave it alone, or ask for a profile that allows it",
+                    field=PATH_FIELD,
+                )
+            )
+        if changing and (rule := _covering(self.read_only, relative)) is not None:
+            raise ToolRefused(
+                ToolError(
+                    kind="permission",
+                    message=f"path {argument!r} is in {str(rule)!r}, which this call's sandbox "
+                    "profile keeps read-only",
+                    suggestion="write somewhere else in the workspace",
+                    field=PATH_FIELD,
+                )
+            )
+
+    def hides(self, relative: PurePosixPath) -> bool:
+        """Whether `relative` lies in a blocked path."""
+        return _covering(self.blocked, relative) is not None
+
+
+NO_RULES = PathRules()
+"""The whole workspace open to the call."""
+
+
+def _covering(rules: tuple[PurePosixPath, ...], relative: PurePosixPath) -> PurePosixPath | None:
+    return next((rule for rule in rules if rule == relative or rule in relative.parents), None)
+
+
+def rule_path(text: str) -> PurePosixPath:
+    """A rule's workspace-relative path; raises `ValueError` naming what is wrong with it."""
+    try:
+        path = workspace_path(text)
+    except ToolRefused as refused:
+        raise ValueError(refused.error.message) from None
+    if path == PurePosixPath("."):
+        raise ValueError(f"path {text!r} is the whole workspace; name a part of it")
+    return path

@@ -1,13 +1,16 @@
-"""Sandbox profiles: named ways to run commands (backend, image, limits), chosen by policy per
-tool and tenant; the request names one, the service's configuration defines them."""
+"""Sandbox profiles: named ways to run calls (backend, image, limits, parts of the workspace
+kept from them), chosen by policy per tool and tenant; the request names one, the service's
+configuration defines them."""
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from helmline.sandbox._limits import Defaults
+from helmline.sandbox._paths import PathRules, rule_path
 
 
 class SandboxProfile(BaseModel):
@@ -34,6 +37,18 @@ class SandboxProfile(BaseModel):
     """Processes a call may have at once, when its request sets none."""
     max_file_mb: int | None = Field(default=None, gt=0)
     """Largest file (MiB) a call may write, when its request sets none."""
+    read_only_paths: tuple[str, ...] = ()
+    """Workspace-relative paths (`config`, `src/vendor`) calls may read and not change: the
+    file tools refuse to, and a command sees them mounted read-only (process backend)."""
+    blocked_paths: tuple[str, ...] = ()
+    """Workspace-relative paths (`.env`, `secrets`) calls may neither read nor change: the
+    file tools refuse them and leave them out of listings, and a command sees an empty,
+    read-only folder or file in their place (process backend)."""
+
+    @field_validator("read_only_paths", "blocked_paths")
+    @classmethod
+    def _workspace_relative(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(rule_path(path)) for path in paths)
 
     @model_validator(mode="after")
     def _container_needs_an_image(self) -> SandboxProfile:
@@ -41,7 +56,19 @@ class SandboxProfile(BaseModel):
             raise ValueError("a container profile needs an image")
         if self.backend == "process" and self.image:
             raise ValueError("an image applies to the container backend only")
+        if self.backend == "container" and (self.read_only_paths or self.blocked_paths):
+            raise ValueError("read_only_paths and blocked_paths apply to the process backend only")
+        if both := set(self.read_only_paths) & set(self.blocked_paths):
+            raise ValueError(f"{', '.join(sorted(both))}: both read-only and blocked; choose one")
         return self
+
+    @property
+    def path_rules(self) -> PathRules:
+        """What the profile keeps of the workspace from its calls."""
+        return PathRules(
+            read_only=tuple(PurePosixPath(path) for path in self.read_only_paths),
+            blocked=tuple(PurePosixPath(path) for path in self.blocked_paths),
+        )
 
     def defaults_over(self, service: Defaults) -> Defaults:
         """The limits of a call that sets none: the profile's, else the service's."""

@@ -52,7 +52,7 @@ async def tools_for(settings: SandboxSettings) -> Tools:
             case "container":
                 client = await asyncio.to_thread(connect, settings.docker_host)
                 chosen = await ContainerBackend.start(client, profile, settings)
-        profiles[name] = Sandboxed(chosen, profile.defaults_over(defaults))
+        profiles[name] = Sandboxed(chosen, profile.defaults_over(defaults), profile.path_rules)
     return Tools(backend, defaults, profiles)
 
 

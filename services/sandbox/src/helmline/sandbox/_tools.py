@@ -17,6 +17,7 @@ from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._files import delete_file, list_files, read_file, write_file
 from helmline.sandbox._limits import Defaults, LimitName, Limits, effective_limits
 from helmline.sandbox._output import cut_marker, cut_text
+from helmline.sandbox._paths import NO_RULES, PathRules
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,8 @@ class Sandboxed:
 
     backend: CommandBackend
     defaults: Defaults
+    rules: PathRules = NO_RULES
+    """The parts of the workspace kept from the calls."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,8 @@ class Tools:
                 return await _run_command(sandboxed, request, workspace, session, control)
             except ToolRefused as refused:
                 return Failed(refused.error)
-        return await _file_tool(request, workspace, sandboxed.backend.workspace_owner(*session))
+        owner = sandboxed.backend.workspace_owner(*session)
+        return await _file_tool(request, workspace, owner, sandboxed.rules)
 
 
 async def _run_command(
@@ -123,7 +127,14 @@ async def _run_command(
 ) -> Outcome:
     command = _string(request.arguments, "command")
     limits = effective_limits(request.limits, _timeout(request), sandboxed.defaults)
-    job = CommandJob(command, workspace, *session, limits=limits, network=request.network)
+    job = CommandJob(
+        command,
+        workspace,
+        *session,
+        limits=limits,
+        network=request.network,
+        rules=sandboxed.rules,
+    )
     result = await sandboxed.backend.run(job, control)
     run, usage = result.run, result.usage
     if result.limit is not None:
@@ -192,7 +203,7 @@ def _limit_failure(limit: LimitName, limits: Limits, command: str, usage: Resour
 
 
 async def _file_tool(
-    request: SandboxExecutionRequested, workspace: Path, owner: int | None
+    request: SandboxExecutionRequested, workspace: Path, owner: int | None, rules: PathRules
 ) -> Outcome:
     arguments = request.arguments
     cap = request.limits.max_output_bytes
@@ -200,20 +211,24 @@ async def _file_tool(
         match request.tool:
             case "read_file":
                 path = _string(arguments, "path")
-                output, truncated = await _in_workspace(workspace, owner, read_file, path, cap)
+                output, truncated = await _in_workspace(
+                    workspace, owner, rules, read_file, path, cap
+                )
                 return Completed(output, truncated)
             case "write_file":
                 path, content = _string(arguments, "path"), _string(arguments, "content")
                 return Completed(
-                    await _in_workspace(workspace, owner, write_file, path, content, owner)
+                    await _in_workspace(workspace, owner, rules, write_file, path, content, owner)
                 )
             case "list_files":
                 path = _string(arguments, "path", default=".")
-                output, truncated = await _in_workspace(workspace, owner, list_files, path, cap)
+                output, truncated = await _in_workspace(
+                    workspace, owner, rules, list_files, path, cap
+                )
                 return Completed(output, truncated)
             case "delete_file":
                 path = _string(arguments, "path")
-                return Completed(await _in_workspace(workspace, owner, delete_file, path))
+                return Completed(await _in_workspace(workspace, owner, rules, delete_file, path))
             case other:
                 raise ToolRefused(
                     ToolError(
@@ -245,7 +260,8 @@ def _timeout(request: SandboxExecutionRequested) -> float:
 async def _in_workspace(
     workspace: Path,
     owner: int | None,
-    tool: Callable[Concatenate[Path, P], R],
+    rules: PathRules,
+    tool: Callable[Concatenate[Path, PathRules, P], R],
     *args: P.args,
     **kwargs: P.kwargs,
 ) -> R:
@@ -253,7 +269,7 @@ async def _in_workspace(
 
     def run() -> R:
         prepare_workspace(workspace, owner)
-        return tool(workspace, *args, **kwargs)
+        return tool(workspace, rules, *args, **kwargs)
 
     return await asyncio.to_thread(run)
 
