@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from helmline.contracts import Risk
 from helmline.tool_gateway import ServersFile, load_servers
-from helmline.tool_gateway._config import ServerConfig
-from helmline.tool_gateway._registry import ListedTool, ServerView, registry_event, tool_specs
+from helmline.tool_gateway._config import Rate, RateLimit, ServerConfig
+from helmline.tool_gateway._registry import (
+    ListedTool,
+    ServerView,
+    rate_limit_of,
+    registry_event,
+    tool_specs,
+)
 from helmline.tool_gateway._resilience import CircuitBreaker, backoff_s
 from helmline.yamlfile import YamlFileError
 
@@ -72,6 +79,16 @@ def test_a_valid_file_loads_with_transports_and_overrides(tmp_path: Path) -> Non
             "servers:\n  - id: a\n    stdio: {command: x}\n    tools:\n"
             "      t: {pure: true, idempotent: false}\n",
             ":5: servers[0].tools.t: a pure tool is idempotent",
+        ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n"
+            "    rate_limit: {calls: 5, tenants: {Acme: {calls: 9}}}\n",
+            ":4: servers[0].rate_limit.tenants.Acme: String should match pattern",
+        ),
+        (
+            "servers:\n  - id: a\n    stdio: {command: x}\n"
+            "    rate_limit: {calls: 5, tenants: {acme: {calls: 0}}}\n",
+            ":4: servers[0].rate_limit.tenants.acme.calls: Input should be greater than",
         ),
         ("servers: [\n", ":2: invalid YAML"),
     ],
@@ -175,3 +192,28 @@ def test_a_tool_declared_pure_changes_nothing_may_be_sent_again_and_keeps_its_ac
     assert (publish.pure, publish.effect, publish.idempotent) == (False, "external", False)
     # What kind of action each does, only as declared.
     assert (lookup.action, publish.action) == ("read", None)
+
+
+def test_a_tenant_named_in_a_limit_has_its_own_rate(tmp_path: Path) -> None:
+    (server,) = _load(
+        tmp_path,
+        "servers:\n  - id: a\n    stdio: {command: x}\n"
+        "    rate_limit: {calls: 5, tenants: {acme: {calls: 50, per_s: 10}}}\n"
+        "    tools:\n      lookup: {rate_limit: {calls: 7}}\n",
+    ).servers
+    by_risk: dict[Risk, RateLimit] = {
+        "low": RateLimit(calls=100, tenants={"acme": Rate(calls=1000)})
+    }
+
+    def rate(server: ServerConfig, tool: str, risk: Risk, tenant: str) -> tuple[int, float] | None:
+        found = rate_limit_of(server, tool, risk, by_risk, tenant)
+        return (found.calls, found.per_s) if found is not None else None
+
+    assert rate(server, "write", "low", "acme") == (50, 10)
+    assert rate(server, "write", "low", "other") == (5, 60)
+    # The tool's own limit names no tenant: it holds for every tenant, acme too.
+    assert rate(server, "lookup", "low", "acme") == (7, 60)
+    server = server.model_copy(update={"rate_limit": None, "tools": {}})
+    assert rate(server, "write", "low", "acme") == (1000, 60)
+    assert rate(server, "write", "low", "other") == (100, 60)
+    assert rate(server, "write", "high", "acme") is None

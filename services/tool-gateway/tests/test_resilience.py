@@ -461,6 +461,31 @@ async def test_tools_without_a_configured_limit_are_limited_by_the_risk_of_each_
         assert calls_received(state_dir, "note") == 3
 
 
+async def test_a_tenant_named_in_a_limit_is_held_to_its_own_rate(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    rate_limit = {"calls": 1, "per_s": 60, "tenants": {tenant: {"calls": 3, "per_s": 60}}}
+    servers = write_servers_file(
+        tmp_path / "servers.yaml", server_id, state_dir, rate_limit=rate_limit
+    )
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        note = f"{server_id}__note"
+        sent = [await calls.authorise(note, message=f"m{i}") for i in range(4)]
+        outcomes = [await calls.outcome(call_id) for call_id in sent]
+    assert [type(o) for o in outcomes] == [ToolCallCompleted] * 3 + [ToolCallFailed]
+    refused = outcomes[3]
+    assert isinstance(refused, ToolCallFailed)
+    assert "limited to 3 calls per 60 s for this tenant" in refused.error.message
+    assert calls_received(state_dir, "note") == 3
+
+
 @pytest.mark.parametrize("idempotent", [False, True])
 async def test_a_call_in_flight_when_the_gateway_is_killed_is_sent_again_only_if_idempotent(
     js: JetStreamContext,

@@ -11,6 +11,7 @@ servers:
     circuit: {failures: 5, reset_s: 30}
     heartbeat: {interval_s: 15, timeout_s: 5, misses: 2}   # stale after 2 unanswered
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
+    # rate_limit: {calls: 60, tenants: {acme: {calls: 600}}}   # acme has a rate of its own
     tools:
       git_commit: {risk: high, required_permission: repo.write, idempotent: false, action: write}
       git_create_branch:
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from helmline.contracts import Risk, ToolAction, ToolEffect, ToolInverse
+from helmline.contracts import Risk, TenantId, ToolAction, ToolEffect, ToolInverse
 from helmline.yamlfile import (
     Problem,
     YamlFileError,
@@ -79,11 +80,22 @@ class HeartbeatSettings(_Strict):
     misses: int = Field(default=2, ge=1)
 
 
-class RateLimit(_Strict):
-    """At most `calls` calls per `per_s` seconds, per tool and tenant."""
+class Rate(_Strict):
+    """At most `calls` calls per `per_s` seconds."""
 
     calls: int = Field(ge=1, le=10_000)
     per_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class RateLimit(Rate):
+    """At most `calls` calls per `per_s` seconds, per tool and tenant; the tenants named in
+    `tenants` have their own rate instead (a bigger customer, a tenant under watch)."""
+
+    tenants: dict[TenantId, Rate] = Field(default_factory=dict)
+
+    def of_tenant(self, tenant: str) -> Rate:
+        """The rate that holds for `tenant`."""
+        return self.tenants.get(tenant, self)
 
 
 class ToolOverride(_Strict):

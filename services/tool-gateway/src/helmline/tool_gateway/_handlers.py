@@ -142,7 +142,11 @@ class GatewayHandler:
                 return
         server = self._federation.servers[tool.server]
         limit = rate_limit_of(
-            server.config, tool.remote_name or tool.name, call.risk, self._limits_by_risk
+            server.config,
+            tool.remote_name or tool.name,
+            call.risk,
+            self._limits_by_risk,
+            cause.tenant,
         )
         if limit is not None and self._limiter is not None:
             wait_s = await self._limiter.admit(cause.tenant, tool.name, limit)

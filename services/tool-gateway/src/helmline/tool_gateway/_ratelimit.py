@@ -13,7 +13,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from helmline.contracts import RATE_LIMITS_BUCKET
-from helmline.tool_gateway._config import RateLimit
+from helmline.tool_gateway._config import Rate
 
 _KEY_UNSAFE = re.compile(r"[^-A-Za-z0-9_=]")
 _CONTENDED_TRIES = 100
@@ -40,7 +40,7 @@ class RateLimiter:
         """The limiter over the shared bucket (provisioned from the contracts)."""
         return cls(await js.key_value(RATE_LIMITS_BUCKET.bucket))
 
-    async def admit(self, tenant: str, tool: str, limit: RateLimit) -> float | None:
+    async def admit(self, tenant: str, tool: str, limit: Rate) -> float | None:
         """Count one call; None if it is within the limit, else seconds until a slot frees
         (the call is not counted)."""
         key = f"{tenant}.{_KEY_UNSAFE.sub('_', tool)}"

@@ -19,7 +19,7 @@ from helmline.contracts import (
     ToolServerStatus,
     ToolSpec,
 )
-from helmline.tool_gateway._config import RateLimit, ServerConfig, ToolOverride
+from helmline.tool_gateway._config import Rate, RateLimit, ServerConfig, ToolOverride
 from helmline.tool_gateway._resilience import CircuitState
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -99,12 +99,17 @@ def _effect_of(override: ToolOverride | None) -> ToolEffect:
 
 
 def rate_limit_of(
-    config: ServerConfig, remote_name: str, risk: Risk, by_risk: Mapping[Risk, RateLimit]
-) -> RateLimit | None:
-    """The limit on calls of one tool per tenant: the tool's own, else its server's, else
-    the default for the risk the call was authorised at."""
+    config: ServerConfig,
+    remote_name: str,
+    risk: Risk,
+    by_risk: Mapping[Risk, RateLimit],
+    tenant: str,
+) -> Rate | None:
+    """The rate of one tenant's calls of one tool: the tool's own limit, else its server's,
+    else the default for the risk the call was authorised at; each may set the tenant's own."""
     override = config.tools.get(remote_name)
-    return (override and override.rate_limit) or config.rate_limit or by_risk.get(risk)
+    limit = (override and override.rate_limit) or config.rate_limit or by_risk.get(risk)
+    return limit.of_tenant(tenant) if limit is not None else None
 
 
 def registry_event(views: Iterable[ServerView]) -> ToolRegistryPublished:
