@@ -143,8 +143,8 @@ class FileChanges(Contract):
 class LimitHit(Contract):
     """A resource limit that stopped a sandboxed call."""
 
-    limit: Literal["timeout", "cpu", "memory", "processes", "file_size", "output"]
-    """Which limit was reached."""
+    limit: Literal["timeout", "cpu", "memory", "processes", "file_size", "output", "disk"]
+    """Which limit was reached (`disk`: what the session's workspace may hold)."""
     value: float
     """The configured value of that limit (seconds, MiB, count or bytes)."""
     command: str | None = None

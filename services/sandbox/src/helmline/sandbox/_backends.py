@@ -15,6 +15,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -43,7 +44,13 @@ from helmline.sandbox._errors import SandboxError, ToolRefused
 from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
 from helmline.sandbox._paths import NO_RULES, PathRules
 from helmline.sandbox._settings import SandboxSettings
-from helmline.sandbox._watch import WATCH_INTERVAL_S, resource_usage, watch_limits
+from helmline.sandbox._watch import (
+    WATCH_INTERVAL_S,
+    first_limit,
+    resource_usage,
+    watch_disk,
+    watch_limits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +78,8 @@ class CommandJob:
     network: bool
     rules: PathRules = NO_RULES
     """Parts of the workspace the command may only read, or not see (process backend)."""
+    disk_allowed: int | None = None
+    """Bytes the workspace may take while the command runs; None: no quota."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,13 +290,17 @@ class ProcessBackend:
         )
 
         async def watch() -> LimitName:
-            return await watch_limits(
-                cgroups.usage,
-                limits,
-                job.command,
-                control.approached,
-                not_the_commands=_SANDBOX_PROCESSES,
-            )
+            watches = [watch_disk_of(job, control)] if job.disk_allowed is not None else []
+            if self._layout.places:
+                counters = watch_limits(
+                    cgroups.usage,
+                    limits,
+                    job.command,
+                    control.approached,
+                    not_the_commands=_SANDBOX_PROCESSES,
+                )
+                watches.append(counters)
+            return await first_limit(*watches)
 
         # bubblewrap says when its sandbox exists and waits: the sandbox joins the call's
         # cgroups and rlimits from here, before the command starts, with no program
@@ -331,7 +344,7 @@ class ProcessBackend:
                 timeout_s=limits.timeout_s,
                 cap=limits.max_output_bytes,
                 control=control,
-                watch=watch if self._layout.places else None,
+                watch=watch if self._layout.places or job.disk_allowed is not None else None,
             )
         finally:
             for fd in list(opened):
@@ -346,6 +359,12 @@ class ProcessBackend:
             observed = Observed(run.exit_code, usage.oom_kills, usage.forks_refused, usage.cpu_s)
             limit = limit_that_stopped(observed, limits)
         return CommandResult(run, limit, resource_usage(run.wall_ms, usage))
+
+
+def watch_disk_of(job: CommandJob, control: CommandControl) -> Awaitable[LimitName]:
+    """The watch on what the job's workspace takes, for a job with a quota."""
+    assert job.disk_allowed is not None
+    return watch_disk(job.workspace, job.disk_allowed, job.limits, job.command, control.approached)
 
 
 def _wait_for_children_with_pidfds() -> None:

@@ -45,6 +45,7 @@ from helmline.sandbox._backends import (
     SandboxUnavailable,
     prepare_workspace,
     session_owner,
+    watch_disk_of,
 )
 from helmline.sandbox._cgroups import CallCgroups, Usage, alive
 from helmline.sandbox._commands import (
@@ -60,7 +61,7 @@ from helmline.sandbox._errors import ToolRefused
 from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
 from helmline.sandbox._profiles import SandboxProfile
 from helmline.sandbox._settings import SandboxSettings
-from helmline.sandbox._watch import resource_usage, watch_limits
+from helmline.sandbox._watch import first_limit, resource_usage, watch_limits
 
 logger = logging.getLogger(__name__)
 
@@ -361,17 +362,15 @@ class ContainerBackend:
 
         streaming = asyncio.ensure_future(asyncio.to_thread(stream))
         cancelled = asyncio.ensure_future(control.cancel.wait())
-        crossed: asyncio.Future[LimitName] = (
-            asyncio.ensure_future(
-                watch_limits(
-                    used,
-                    limits,
-                    job.command,
-                    control.approached,
-                    not_the_commands=_KEEPER_PROCESSES,
-                )
+        watches = [watch_disk_of(job, control)] if job.disk_allowed is not None else []
+        if used is not None:
+            counters = watch_limits(
+                used, limits, job.command, control.approached, not_the_commands=_KEEPER_PROCESSES
             )
-            if used is not None
+            watches.append(counters)
+        crossed: asyncio.Future[LimitName] = (
+            asyncio.ensure_future(first_limit(*watches))
+            if watches
             else asyncio.get_running_loop().create_future()
         )
         try:

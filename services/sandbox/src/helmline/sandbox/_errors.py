@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helmline.contracts import ToolError
+from helmline.contracts import LimitHit, ToolError
 
 
 class SandboxError(Exception):
@@ -15,3 +15,11 @@ class ToolRefused(SandboxError):
     def __init__(self, error: ToolError) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class LimitReached(ToolRefused):
+    """A call refused because it would pass a resource limit; `hit` names the limit."""
+
+    def __init__(self, error: ToolError, hit: LimitHit) -> None:
+        super().__init__(error)
+        self.hit = hit

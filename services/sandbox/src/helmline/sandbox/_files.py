@@ -17,8 +17,9 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import JsonValue
 
-from helmline.contracts import ToolError
-from helmline.sandbox._errors import ToolRefused
+from helmline.contracts import LimitHit, ToolError
+from helmline.sandbox._errors import LimitReached, ToolRefused
+from helmline.sandbox._limits import MIB
 from helmline.sandbox._output import cut_text
 from helmline.sandbox._paths import (
     PATH_FIELD,
@@ -50,18 +51,26 @@ def read_file(
 
 
 def write_file(
-    workspace: Path, rules: PathRules, argument: str, content: str, owner: int | None
+    workspace: Path,
+    rules: PathRules,
+    argument: str,
+    content: str,
+    owner: int | None,
+    disk_mb: int | None,
 ) -> JsonValue:
     """Create or replace a file, making folders as needed: `{"path", "bytes"}`.
 
     What it creates belongs to `owner` (the uid the session's commands run as), so that
-    commands can change it too.
+    commands can change it too. Refused (`LimitReached`) if the workspace would then hold
+    more than `disk_mb` MiB, and more than it does now.
     """
     relative = workspace_path(argument)
     if relative == PurePosixPath("."):
         raise _not_a_file(argument, None)
     target = _resolve(workspace, relative, argument, rules, changing=True)
     data = content.encode("utf-8")
+    if disk_mb is not None:
+        _within_quota(workspace, target, len(data), disk_mb, argument)
     with _refusing_os_errors(argument):
         _make_folders(os.path.dirname(target), owner)
         fd = os.open(
@@ -139,6 +148,48 @@ def delete_file(workspace: Path, rules: PathRules, argument: str) -> JsonValue:
             raise _not_a_file(argument, None)
         os.unlink(target)
     return {"path": str(relative)}
+
+
+def workspace_bytes(workspace: Path) -> int:
+    """Bytes of disk the workspace's files take (a sparse file counts what it holds), not
+    following links. Blocking; files that vanish meanwhile count nothing."""
+    total = 0
+    folders = [str(workspace)]
+    while folders:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except FileNotFoundError:
+                        continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return total
+
+
+def _within_quota(workspace: Path, target: str, size: int, disk_mb: int, argument: str) -> None:
+    held = workspace_bytes(workspace)
+    try:
+        replaced = os.stat(target, follow_symlinks=False).st_blocks * 512
+    except FileNotFoundError:
+        replaced = 0
+    after = held - replaced + size
+    quota = disk_mb * MIB
+    if after > quota and after > held:
+        raise LimitReached(
+            ToolError(
+                kind="limit",
+                message=f"writing {size} bytes to {argument!r} would make the workspace hold "
+                f"{after / MIB:.1f} MiB, more than the {disk_mb} MiB it may",
+                suggestion="delete files the session no longer needs, or raise disk_mb",
+                field="/content",
+            ),
+            LimitHit(limit="disk", value=disk_mb),
+        )
 
 
 def _make_folders(folder: str, owner: int | None) -> None:

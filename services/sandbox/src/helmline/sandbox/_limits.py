@@ -8,8 +8,9 @@ from typing import Literal
 
 from helmline.contracts import SandboxLimits
 
-LimitName = Literal["timeout", "cpu", "memory", "processes", "file_size", "output"]
+LimitName = Literal["timeout", "cpu", "memory", "processes", "file_size", "output", "disk"]
 
+MIB = 1024 * 1024
 WARNING_FRACTION = 0.9
 """Share of a limit past which a running call is reported as approaching it."""
 _SIGNALLED = 128
@@ -28,6 +29,8 @@ class Limits:
     max_output_bytes: int
     cpus: float | None = None
     """CPUs' worth of time the command may use at once; None: no cap."""
+    disk_mb: int | None = None
+    """What the session's workspace may hold (MiB); None: no quota."""
 
     def value_of(self, limit: LimitName) -> float:
         """The configured value of a limit, as `LimitHit.value` reports it."""
@@ -44,6 +47,8 @@ class Limits:
                 return self.max_file_mb
             case "output":
                 return self.max_output_bytes
+            case "disk":
+                return self.disk_mb if self.disk_mb is not None else float("inf")
 
 
 @dataclass(slots=True)
@@ -72,6 +77,7 @@ class Defaults:
     max_processes: int
     max_file_mb: int
     cpus: float | None = None
+    disk_mb: int | None = None
 
 
 def effective_limits(requested: SandboxLimits, timeout_s: float, defaults: Defaults) -> Limits:
@@ -88,6 +94,7 @@ def effective_limits(requested: SandboxLimits, timeout_s: float, defaults: Defau
         else defaults.max_file_mb,
         max_output_bytes=requested.max_output_bytes,
         cpus=defaults.cpus,
+        disk_mb=defaults.disk_mb,
     )
 
 

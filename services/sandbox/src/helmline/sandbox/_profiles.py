@@ -37,6 +37,8 @@ class SandboxProfile(BaseModel):
     """Processes a call may have at once, when its request sets none."""
     max_file_mb: int | None = Field(default=None, gt=0)
     """Largest file (MiB) a call may write, when its request sets none."""
+    disk_mb: int | None = Field(default=None, gt=0)
+    """What the session's workspace may hold (MiB) after the profile's calls."""
     read_only_paths: tuple[str, ...] = ()
     """Workspace-relative paths (`config`, `src/vendor`) calls may read and not change: the
     file tools refuse to, and a command sees them mounted read-only (process backend)."""
@@ -78,4 +80,5 @@ class SandboxProfile(BaseModel):
             max_processes=self.max_processes or service.max_processes,
             max_file_mb=self.max_file_mb or service.max_file_mb,
             cpus=self.cpus or service.cpus,
+            disk_mb=self.disk_mb or service.disk_mb,
         )

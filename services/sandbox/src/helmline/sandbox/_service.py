@@ -39,6 +39,7 @@ async def tools_for(settings: SandboxSettings) -> Tools:
         max_processes=settings.default_max_processes,
         max_file_mb=settings.default_max_file_mb,
         cpus=settings.default_cpus,
+        disk_mb=settings.default_disk_mb,
     )
     backend = await start_backend(settings)
     process = backend if isinstance(backend, ProcessBackend) else None

@@ -42,6 +42,9 @@ class SandboxSettings(RuntimeSettings):
     """Processes a call may have at once, when its request sets none."""
     default_max_file_mb: int = Field(default=1024, gt=0)
     """Largest file (MiB) a call may write, when its request sets none."""
+    default_disk_mb: int = Field(default=2048, gt=0)
+    """What a session's workspace may hold (MiB), when its call's profile sets nothing: a
+    `write_file` that would take it past is refused, and a command that does is killed."""
     default_cpus: float | None = Field(default=None, gt=0)
     """CPUs' worth of time a command may use at once (`0.5`: half of one), when its profile
     sets none; None: no cap. The process backend caps it with the cgroup `cpu` controller."""

@@ -13,9 +13,15 @@ from pydantic import JsonValue
 from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, ToolError
 from helmline.sandbox._backends import CommandBackend, CommandJob, prepare_workspace
 from helmline.sandbox._commands import CommandControl, Output
-from helmline.sandbox._errors import ToolRefused
-from helmline.sandbox._files import delete_file, list_files, read_file, write_file
-from helmline.sandbox._limits import Defaults, LimitName, Limits, effective_limits
+from helmline.sandbox._errors import LimitReached, ToolRefused
+from helmline.sandbox._files import (
+    delete_file,
+    list_files,
+    read_file,
+    workspace_bytes,
+    write_file,
+)
+from helmline.sandbox._limits import MIB, Defaults, LimitName, Limits, effective_limits
 from helmline.sandbox._output import cut_marker, cut_text
 from helmline.sandbox._paths import NO_RULES, PathRules
 
@@ -115,7 +121,7 @@ class Tools:
             except ToolRefused as refused:
                 return Failed(refused.error)
         owner = sandboxed.backend.workspace_owner(*session)
-        return await _file_tool(request, workspace, owner, sandboxed.rules)
+        return await _file_tool(request, workspace, owner, sandboxed)
 
 
 async def _run_command(
@@ -127,6 +133,12 @@ async def _run_command(
 ) -> Outcome:
     command = _string(request.arguments, "command")
     limits = effective_limits(request.limits, _timeout(request), sandboxed.defaults)
+    # A workspace already past its quota (the quota was lowered) may be read and cleaned up,
+    # not grown.
+    allowed = None
+    if limits.disk_mb is not None:
+        held = await asyncio.to_thread(workspace_bytes, workspace)
+        allowed = max(limits.disk_mb * MIB, held)
     job = CommandJob(
         command,
         workspace,
@@ -134,11 +146,19 @@ async def _run_command(
         limits=limits,
         network=request.network,
         rules=sandboxed.rules,
+        disk_allowed=allowed,
     )
     result = await sandboxed.backend.run(job, control)
     run, usage = result.run, result.usage
     if result.limit is not None:
         return _limit_failure(result.limit, limits, command, usage)
+    # Between two looks of the watch, a command may fill the disk and exit.
+    if (
+        allowed is not None
+        and run.ended == "exited"
+        and await asyncio.to_thread(workspace_bytes, workspace) > allowed
+    ):
+        return _limit_failure("disk", limits, command, usage, killed=False)
     match run.ended:
         case "timeout":
             return _limit_failure("timeout", limits, command, usage)
@@ -185,16 +205,24 @@ _LIMIT_WORDS: dict[LimitName, tuple[str, str]] = {
         "raise max_file_mb, or write smaller files",
     ),
     "output": ("wrote more than {value:g} bytes of output", "raise max_output_bytes"),
+    "disk": (
+        "made the workspace take more than {value:g} MiB",
+        "delete files the session no longer needs (what the command wrote is still there), "
+        "or raise disk_mb",
+    ),
 }
 
 
-def _limit_failure(limit: LimitName, limits: Limits, command: str, usage: ResourceUsage) -> Failed:
+def _limit_failure(
+    limit: LimitName, limits: Limits, command: str, usage: ResourceUsage, *, killed: bool = True
+) -> Failed:
     value = limits.value_of(limit)
     what, suggestion = _LIMIT_WORDS[limit]
+    ending = " and was killed" if killed else ""
     return Failed(
         ToolError(
             kind="timeout" if limit == "timeout" else "limit",
-            message=f"the command {what.format(value=value)} and was killed",
+            message=f"the command {what.format(value=value)}{ending}",
             suggestion=suggestion,
         ),
         LimitHit(limit=limit, value=value, command=command),
@@ -203,8 +231,9 @@ def _limit_failure(limit: LimitName, limits: Limits, command: str, usage: Resour
 
 
 async def _file_tool(
-    request: SandboxExecutionRequested, workspace: Path, owner: int | None, rules: PathRules
+    request: SandboxExecutionRequested, workspace: Path, owner: int | None, sandboxed: Sandboxed
 ) -> Outcome:
+    rules = sandboxed.rules
     arguments = request.arguments
     cap = request.limits.max_output_bytes
     try:
@@ -218,7 +247,16 @@ async def _file_tool(
             case "write_file":
                 path, content = _string(arguments, "path"), _string(arguments, "content")
                 return Completed(
-                    await _in_workspace(workspace, owner, rules, write_file, path, content, owner)
+                    await _in_workspace(
+                        workspace,
+                        owner,
+                        rules,
+                        write_file,
+                        path,
+                        content,
+                        owner,
+                        sandboxed.defaults.disk_mb,
+                    )
                 )
             case "list_files":
                 path = _string(arguments, "path", default=".")
@@ -238,6 +276,8 @@ async def _file_tool(
                         "run_command",
                     )
                 )
+    except LimitReached as reached:
+        return Failed(reached.error, reached.hit)
     except ToolRefused as refused:
         return Failed(refused.error)
 

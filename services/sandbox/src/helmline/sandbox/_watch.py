@@ -1,18 +1,25 @@
-"""Watching a running call's cgroup counters: stop it at a limit the kernel only counts, and
-warn of limits it comes near. Shared by every backend whose calls have cgroups to read."""
+"""Watching a running call's cgroup counters and its workspace: stop it at a limit the kernel
+only counts (or does not know, as the workspace's quota), and warn of limits it comes near.
+Shared by every backend."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from helmline.contracts import LimitHit, ResourceUsage
 from helmline.sandbox._cgroups import Usage
 from helmline.sandbox._commands import Approached
-from helmline.sandbox._limits import LimitName, Limits, NearLimits
+from helmline.sandbox._files import workspace_bytes
+from helmline.sandbox._limits import MIB, LimitName, Limits, NearLimits
 
 WATCH_INTERVAL_S = 0.05
+DISK_WATCH_INTERVAL_S = 0.5
+"""Measuring a workspace walks it, so less often than the counters are read..."""
+_DISK_WATCH_SHARE = 0.1
+"""...and, for a workspace of many files, at most this share of the time."""
 
 
 def resource_usage(wall_ms: float, usage: Usage) -> ResourceUsage:
@@ -63,3 +70,34 @@ async def watch_limits(
             if used is not None and near.crossing(limit, used):
                 hit = LimitHit(limit=limit, value=limits.value_of(limit), command=command)
                 approached(hit, used, resource_usage(wall_s * 1000, usage))
+
+
+async def watch_disk(
+    workspace: Path, allowed: int, limits: Limits, command: str, approached: Approached
+) -> LimitName:
+    """Return `disk` once the workspace takes more than `allowed` bytes; warn at 90 %."""
+    near = NearLimits(limits)
+    began = time.monotonic()
+    interval_s = DISK_WATCH_INTERVAL_S
+    while True:
+        await asyncio.sleep(interval_s)
+        walk_began = time.monotonic()
+        held = await asyncio.to_thread(workspace_bytes, workspace)
+        walked_s = time.monotonic() - walk_began
+        interval_s = max(DISK_WATCH_INTERVAL_S, walked_s / _DISK_WATCH_SHARE)
+        if held > allowed:
+            return "disk"
+        if limits.disk_mb is not None and near.crossing("disk", held / MIB):
+            hit = LimitHit(limit="disk", value=limits.disk_mb, command=command)
+            approached(hit, held / MIB, ResourceUsage(wall_ms=(time.monotonic() - began) * 1000))
+
+
+async def first_limit(*watches: Awaitable[LimitName]) -> LimitName:
+    """The limit the first of `watches` to return saw crossed; the others are stopped."""
+    running = [asyncio.ensure_future(watch) for watch in watches]
+    try:
+        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        return done.pop().result()
+    finally:
+        for watch in running:
+            watch.cancel()
