@@ -283,7 +283,7 @@ async def test_pause_resume_and_cancel_become_events_and_an_ended_session_refuse
 ) -> None:
     operator = await make_key(tenant, "operator")
     session_id = await start(client, operator)
-    await waiting_request(client, operator, session_id)
+    request_id = await waiting_request(client, operator, session_id)
     base = f"/sessions/{session_id}"
     paused = await client.post(f"{base}/pause", json={"reason": "lunch"}, headers=operator)
     assert paused.status_code == 202
@@ -292,8 +292,15 @@ async def test_pause_resume_and_cancel_become_events_and_an_ended_session_refuse
     assert (await client.post(f"{base}/resume", headers=operator)).status_code == 202
     cancelled = await client.post(f"{base}/cancel", json={"reason": "enough"}, headers=operator)
     assert cancelled.status_code == 202
-    await until(client, operator, session_id, "cancelled")
+    state = await until(client, operator, session_id, "cancelled")
     assert_problem(await client.post(f"{base}/pause", json={}, headers=operator), 409, "ended")
+    # The request it waited on is withdrawn: a grant now would run a cancelled session's step.
+    assert state["approvals"][request_id]["status"] == "withdrawn"
+    admin = await make_key(tenant, "admin")
+    granted = await client.post(
+        f"{base}/approvals/{request_id}", json={"decision": "grant"}, headers=admin
+    )
+    assert_problem(granted, 409, "already withdrawn")
 
 
 async def test_rollback_and_fork_append_their_events(

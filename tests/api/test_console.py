@@ -16,6 +16,7 @@ from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from helmline.contracts import (
     ToolCallAttemptFailed,
+    ToolCallCompleted,
     ToolError,
     WorkspaceSnapshotsPruned,
     new_event,
@@ -254,6 +255,55 @@ async def test_the_plan_shows_its_estimates_and_needs_up_front_and_each_step_its
     await expect(tried).to_contain_text("Try 1 failed, tried again after 0.4 s")
     await expect(tried).to_contain_text("no answer")
     await screenshot(page, "plan-estimates-and-retries")
+
+
+async def test_a_result_answered_from_the_log_is_marked_with_the_call_it_repeats(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    playbook = {
+        "goal": "say hello again",
+        "steps": [
+            {
+                "id": "hello",
+                "tool": "echo",
+                "arguments": {"message": "hello"},
+                "requires_approval": True,
+            }
+        ],
+    }
+    session_id = await start(client, admin, playbook)
+    await waiting_request(client, admin, session_id)
+    state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
+    # As the gateway records a call of a pure tool that it answered from the log.
+    await store.append(
+        new_event(
+            ToolCallCompleted(
+                call_id=state["steps"]["hello"]["call_id"],
+                step_id="hello",
+                tool="echo",
+                output={"message": "hello"},
+                cached_from="c-first-hello",
+            ),
+            tenant=tenant,
+            session_id=session_id,
+            source="helmline/test",
+        )
+    )
+    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
+    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
+    answered = page.locator("details.call").filter(has_text="echo")
+    await expect(answered.locator("summary")).to_contain_text("result of c-first-hello")
+    step = page.locator('details[data-step="hello"]')
+    await step.locator("summary").click()
+    await expect(step).to_contain_text("of c-first-hello, an earlier call alike")
+    await screenshot(page, "result-answered-from-the-log")
 
 
 async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:

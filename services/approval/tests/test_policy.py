@@ -29,6 +29,7 @@ from helmline.contracts import (
     PlanProposed,
     PlanRejected,
     PlanStep,
+    SessionCancelled,
     SessionStarted,
     SessionState,
     StepScheduled,
@@ -191,6 +192,19 @@ def test_a_decision_by_someone_without_the_role_is_refused() -> None:
     _, decisions, note = _vote(state, events, started, EVE)
     assert decisions == []
     assert "eve holds none of the roles" in (note or "")
+
+
+def test_a_request_open_when_its_session_ended_is_withdrawn_and_a_grant_is_refused() -> None:
+    state, events, started = _waiting()
+    events.append(started.derive(SessionCancelled(reason="enough"), source="test", key="end"))
+    state = fold(events)
+    assert state.pending_approvals == ()
+    withdrawn = state.approvals["s.1"]
+    assert withdrawn.status == "withdrawn"
+    assert withdrawn.comment == "the session ended (cancelled) before anyone decided"
+    _, decisions, note = _vote(state, events, started, ANA)
+    assert decisions == []  # Nothing authorised: the command never runs.
+    assert note == "request s.1 is already withdrawn"
 
 
 def test_a_grant_authorises_the_call_with_modified_arguments() -> None:

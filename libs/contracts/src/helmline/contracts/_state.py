@@ -203,8 +203,9 @@ class ApprovalState:
     """Roles allowed to decide."""
     quorum: int = 1
     """Distinct grants needed."""
-    status: Literal["pending", "granted", "denied", "expired"] = "pending"
-    """The outcome so far."""
+    status: Literal["pending", "granted", "denied", "expired", "withdrawn"] = "pending"
+    """The outcome so far; `withdrawn` when the session ended before anyone decided (a
+    decision then is refused: nothing of the session's plan runs any more)."""
     votes: tuple[ApprovalDecisionSubmitted, ...] = ()
     """Decisions submitted so far, in order."""
     decided_by: tuple[Actor, ...] = ()
@@ -543,6 +544,9 @@ class SessionFold:
         if not self.terminal:
             self.v["status"] = status
             self.v["ended_at"] = event.time
+            comment = f"the session ended ({status}) before anyone decided"
+            for request_id in [r for r, a in self.approvals.items() if a.status == "pending"]:
+                self._decide(event, request_id, "withdrawn", (), comment, None)
 
     def update_step(self, step_id: str, **changes: Any) -> None:
         step = self.steps.get(step_id)
@@ -921,7 +925,7 @@ class SessionFold:
         self,
         event: Event,
         request_id: str,
-        status: Literal["granted", "denied", "expired"],
+        status: Literal["granted", "denied", "expired", "withdrawn"],
         decided_by: tuple[Actor, ...],
         comment: str,
         modified_arguments: Arguments | None,
