@@ -25,6 +25,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually
+from helmline.tool_gateway._ratelimit import SLOTS
 
 # Not a package, so mypy cannot follow; pytest imports it all the same.
 from .conftest import (  # type: ignore[import-not-found]
@@ -422,11 +423,11 @@ async def test_two_gateway_replicas_share_one_rate_limit(
     assert len(through) == 5, [o.error for o in limited]
     assert len(limited) == 15, [o.error for o in limited]
     assert all(o.error.kind == "rate_limited" and o.error.retryable for o in limited)
-    # Each refusal says when a slot frees: within the window, after the first call let in.
+    # Each refusal says when a place frees: a window (and at most one of its slots) after
+    # the first call let in.
     now = datetime.now(UTC)
-    assert all(
-        o.retry_at is not None and now < o.retry_at <= now + timedelta(seconds=60) for o in limited
-    )
+    latest = now + timedelta(seconds=60 + 60 / SLOTS)
+    assert all(o.retry_at is not None and now < o.retry_at <= latest for o in limited)
     assert calls_received(state_dir, "note") == 5
     # Both replicas refused calls: the limit held across processes, not within one.
     for name in ("gateway-a", "gateway-b"):
