@@ -60,6 +60,12 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
     await context.close()
 
 
+async def open_session(page: Page, api_url: str, headers: dict[str, str], session_id: str) -> None:
+    """Sign in with the key of `headers` and open the session's view."""
+    await page.goto(f"{api_url}/#key={headers['Authorization'].removeprefix('Bearer ')}")
+    await page.goto(f"{api_url}/#/sessions/{session_id}")
+
+
 async def screenshot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     await page.screenshot(path=ARTIFACTS / f"{name}.png", full_page=True)
@@ -158,8 +164,7 @@ async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_i
         ],
     }
     origin = await start(client, admin, playbook)
-    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
-    await page.goto(f"{api_url}/#/sessions/{origin}")
+    await open_session(page, api_url, admin, origin)
     await expect(page.locator("#summary .badge").first).to_have_text("failed")
     retry = page.locator('li[data-step-id="read"]').get_by_role(
         "button", name="Retry in a new session"
@@ -221,8 +226,7 @@ async def test_the_plan_shows_its_estimates_and_needs_up_front_and_each_step_its
     }
     session_id = await start(client, admin, playbook)
     await waiting_request(client, admin, session_id)
-    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
-    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await open_session(page, api_url, admin, session_id)
     await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
 
     summary = page.locator("#summary")
@@ -295,8 +299,7 @@ async def test_a_result_answered_from_the_log_is_marked_with_the_call_it_repeats
             source="helmline/test",
         )
     )
-    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
-    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await open_session(page, api_url, admin, session_id)
     await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
     answered = page.locator("details.call").filter(has_text="echo")
     await expect(answered.locator("summary")).to_contain_text("result of c-first-hello")
@@ -321,7 +324,6 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     tenant: str,
 ) -> None:
     operator = await make_key(tenant, "operator")
-    key = operator["Authorization"].removeprefix("Bearer ")
     playbook = {
         "goal": "write three files",
         "steps": [
@@ -342,8 +344,7 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     }
     session_id = await start(client, operator, playbook)
 
-    await page.goto(f"{api_url}/#key={key}")
-    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await open_session(page, api_url, operator, session_id)
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     checkpoints = page.locator("#checkpoints li.checkpoint")
     await expect(checkpoints).to_have_count(3)

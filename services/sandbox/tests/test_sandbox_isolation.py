@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
-from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, SandboxLimits
+from helmline.contracts import LimitHit, ResourceUsage, SandboxLimits
 from helmline.sandbox import SandboxSettings, Tools
-from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._tools import Completed, Failed, Outcome
+from helmline.sandbox.testing import call
 
 
 @pytest.fixture
@@ -37,23 +37,23 @@ async def run(
     **limits: float,
 ) -> Outcome:
     """Run `command` as run_command; warnings of limits it comes near go into `heard`."""
-    request = SandboxExecutionRequested(
-        call_id=f"call-{uuid.uuid4().hex[:8]}",
-        step_id="step-1",
-        tool="run_command",
-        arguments={"command": command},
-        limits=SandboxLimits(**limits),
-        network=network,
-    )
 
     def warned(hit: LimitHit, used: float, usage: ResourceUsage) -> None:
         assert usage.wall_ms > 0
         if heard is not None:
             heard.append((hit, used))
 
-    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper(), warned)
     workspace = workspaces / TENANT / session_id
-    return await tools.execute(request, workspace, (TENANT, session_id), control)
+    return await call(
+        tools,
+        workspace,
+        (TENANT, session_id),
+        "run_command",
+        {"command": command},
+        limits=SandboxLimits(**limits),
+        network=network,
+        approached=warned,
+    )
 
 
 TENANT = f"t{uuid.uuid4().hex[:12]}"

@@ -4,7 +4,6 @@ covered, links or not; without the profile the same calls reach everything."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,11 +11,10 @@ from typing import Any
 
 import pytest
 
-from helmline.contracts import SandboxExecutionRequested
 from helmline.sandbox import SandboxSettings, tools_for
-from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._profiles import SandboxProfile
 from helmline.sandbox._tools import Completed, Failed, Outcome, Tools
+from helmline.sandbox.testing import call
 
 GUARDED = SandboxProfile(read_only_paths=("config", "host-etc"), blocked_paths=("secrets", ".env"))
 
@@ -43,18 +41,12 @@ def filled_workspace(workspace: Path) -> Path:
     return workspace
 
 
-async def call(
+async def run(
     tools: Tools, workspace: Path, profile: str | None, tool: str, **arguments: Any
 ) -> Outcome:
-    request = SandboxExecutionRequested(
-        call_id=f"call-{uuid.uuid4().hex[:8]}",
-        step_id="step-1",
-        tool=tool,
-        arguments=arguments,
-        profile=profile,
+    return await call(
+        tools, workspace, ("t-rules", workspace.name), tool, arguments, profile=profile
     )
-    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper())
-    return await tools.execute(request, workspace, ("t-rules", workspace.name), control)
 
 
 def unchanged(workspace: Path) -> bool:
@@ -85,7 +77,7 @@ async def test_the_file_tools_refuse_what_the_profile_keeps_from_them(
     tools: Tools, tmp_path: Path, tool: str, arguments: dict[str, Any], refused_for: str | None
 ) -> None:
     guarded = filled_workspace(tmp_path / f"g{uuid.uuid4().hex[:8]}")
-    outcome = await call(tools, guarded, "guarded", tool, **arguments)
+    outcome = await run(tools, guarded, "guarded", tool, **arguments)
     if refused_for is None:
         assert isinstance(outcome, Completed), outcome
     else:
@@ -96,13 +88,13 @@ async def test_the_file_tools_refuse_what_the_profile_keeps_from_them(
     assert unchanged(guarded)
     # The same call without the profile reaches the path: the rules made the difference.
     open_workspace = filled_workspace(tmp_path / f"o{uuid.uuid4().hex[:8]}")
-    assert isinstance(await call(tools, open_workspace, None, tool, **arguments), Completed)
+    assert isinstance(await run(tools, open_workspace, None, tool, **arguments), Completed)
 
 
 async def test_a_listing_leaves_blocked_paths_out(tools: Tools, tmp_path: Path) -> None:
     workspace = filled_workspace(tmp_path / "ws")
-    guarded = await call(tools, workspace, "guarded", "list_files", path=".")
-    everything = await call(tools, workspace, None, "list_files", path=".")
+    guarded = await run(tools, workspace, "guarded", "list_files", path=".")
+    everything = await run(tools, workspace, None, "list_files", path=".")
     assert isinstance(guarded, Completed)
     assert isinstance(everything, Completed)
     assert guarded.output == {
@@ -132,7 +124,7 @@ async def test_a_command_sees_read_only_parts_mounted_so_and_blocked_ones_covere
     tools: Tools, tmp_path: Path
 ) -> None:
     workspace = filled_workspace(tmp_path / "guarded")
-    outcome = await call(tools, workspace, "guarded", "run_command", command=PROBE)
+    outcome = await run(tools, workspace, "guarded", "run_command", command=PROBE)
     assert isinstance(outcome, Completed), outcome
     assert isinstance(outcome.output, dict)
     assert str(outcome.output["stdout"]).split() == [
@@ -150,7 +142,7 @@ async def test_a_command_sees_read_only_parts_mounted_so_and_blocked_ones_covere
     assert (workspace / "notes.txt").read_text() == "hello\nmore\n"
 
     bare = filled_workspace(tmp_path / "bare")
-    outcome = await call(tools, bare, None, "run_command", command=PROBE)
+    outcome = await run(tools, bare, None, "run_command", command=PROBE)
     assert isinstance(outcome, Completed), outcome
     assert isinstance(outcome.output, dict)
     assert str(outcome.output["stdout"]).split() == [

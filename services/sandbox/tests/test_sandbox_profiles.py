@@ -3,31 +3,23 @@ an unknown one is refused."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from helmline.contracts import SandboxExecutionRequested
 from helmline.sandbox import SandboxSettings, tools_for
-from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._profiles import SandboxProfile
 from helmline.sandbox._tools import Completed, Failed, Outcome, Tools
-from helmline.sandbox.testing import BUSYBOX_IMAGE, PrivateDockerd
+from helmline.sandbox.testing import BUSYBOX_IMAGE, PrivateDockerd, call
 
 
 async def run(tools: Tools, workspace: Path, command: str, profile: str | None) -> Outcome:
-    request = SandboxExecutionRequested(
-        call_id=f"call-{uuid.uuid4().hex[:8]}",
-        step_id="step-1",
-        tool="run_command",
-        arguments={"command": command},
-        profile=profile,
+    session = (f"t{uuid.uuid4().hex[:12]}", "s1")
+    return await call(
+        tools, workspace, session, "run_command", {"command": command}, profile=profile
     )
-    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper())
-    return await tools.execute(request, workspace, (f"t{uuid.uuid4().hex[:12]}", "s1"), control)
 
 
 WHERE = (

@@ -120,8 +120,7 @@ class Tools:
                 return await _run_command(sandboxed, request, workspace, session, control)
             except ToolRefused as refused:
                 return Failed(refused.error)
-        owner = sandboxed.backend.workspace_owner(*session)
-        return await _file_tool(request, workspace, owner, sandboxed)
+        return await _file_tool(request, workspace, session, sandboxed)
 
 
 async def _run_command(
@@ -231,8 +230,12 @@ def _limit_failure(
 
 
 async def _file_tool(
-    request: SandboxExecutionRequested, workspace: Path, owner: int | None, sandboxed: Sandboxed
+    request: SandboxExecutionRequested,
+    workspace: Path,
+    session: tuple[str, str],
+    sandboxed: Sandboxed,
 ) -> Outcome:
+    owner = sandboxed.backend.workspace_owner(*session)
     rules = sandboxed.rules
     arguments = request.arguments
     cap = request.limits.max_output_bytes

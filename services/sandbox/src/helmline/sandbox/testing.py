@@ -1,4 +1,5 @@
-"""A private Docker engine and a local busybox image, for testing and measuring the container
+"""For testing the sandbox: one built-in tool call carried out as the service would, and a
+private Docker engine and a local busybox image, for testing and measuring the container
 backend on a machine without a registry or a running engine.
 
 The engine keeps to itself: its own data and exec roots and socket, no iptables rules, no
@@ -8,6 +9,7 @@ link per applet (absolute ones would point out of the container).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -18,11 +20,47 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
 import docker
 import docker.errors
+from pydantic import JsonValue
+
+from helmline.contracts import SandboxExecutionRequested, SandboxLimits
+from helmline.sandbox._commands import Approached, CommandControl, Reaper
+from helmline.sandbox._tools import Outcome, Tools
+
+
+async def call(
+    tools: Tools,
+    workspace: Path,
+    session: tuple[str, str],
+    tool: str,
+    arguments: Mapping[str, JsonValue],
+    *,
+    profile: str | None = None,
+    limits: SandboxLimits | None = None,
+    network: bool = False,
+    approached: Approached | None = None,
+) -> Outcome:
+    """Carry out one call of a built-in tool in `workspace` of `session` (tenant, session
+    id), as the sandbox service would; warnings of limits it comes near go to `approached`."""
+    request = SandboxExecutionRequested(
+        call_id=f"call-{uuid.uuid4().hex[:8]}",
+        step_id="step-1",
+        tool=tool,
+        arguments=dict(arguments),
+        limits=limits or SandboxLimits(),
+        network=network,
+        profile=profile,
+    )
+    heard = (approached,) if approached is not None else ()
+    control = CommandControl(uuid.uuid4().hex, asyncio.Event(), Reaper(), *heard)
+    return await tools.execute(request, workspace, session, control)
+
 
 BUSYBOX_IMAGE = "helmline-test/busybox:latest"
 _BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
