@@ -1,6 +1,8 @@
 # Helmline developer tasks. `make` alone lists them.
 
-PYTHON ?= python3
+# The interpreter the environment is made from; empty: the machine's fastest one
+# (tools/choose_python.py says why it matters). `make PYTHON=python3.12` chooses another.
+PYTHON ?=
 VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
@@ -17,7 +19,7 @@ help: ## List the tasks
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	python=$(or $(PYTHON),$$(python3 tools/choose_python.py)) && echo "making $(VENV) with $$python" && $$python -m venv $(VENV)
 
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
