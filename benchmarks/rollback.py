@@ -16,10 +16,14 @@ from steps import SERVICES, run_sessions
 
 from helmline.contracts import (
     Actor,
+    Event,
     PlanStep,
     Playbook,
     RollbackCompleted,
+    RollbackFailed,
+    RollbackRefused,
     RollbackRequested,
+    decode_event,
     event_type_filter,
 )
 from helmline.runtime import EventStore, ensure_topology
@@ -29,38 +33,48 @@ UNDONE = (10, 100)
 
 
 def writes(steps: int) -> Playbook:
-    """A playbook of `steps` file writes, each after the one before."""
+    """A playbook of an `echo`, then `steps` file writes, each after the one before.
+
+    The rollback returns to the echo's checkpoint, which stands for the workspace before
+    the session changed it: that snapshot is always kept, where the first write's is pruned
+    once a session has more checkpoints than the state service keeps snapshots of (100).
+    """
     return Playbook(
         goal=f"{steps} writes",
-        steps=tuple(
-            PlanStep(
-                id=f"w{i}",
-                tool="write_file",
-                arguments={"path": f"files/{i}.txt", "content": f"file {i}\n" * 20},
-                depends_on=(f"w{i - 1}",) if i else (),
-            )
-            for i in range(steps)
+        steps=(
+            PlanStep(id="begin", tool="echo", arguments={"message": "begin"}),
+            *(
+                PlanStep(
+                    id=f"w{i}",
+                    tool="write_file",
+                    arguments={"path": f"files/{i}.txt", "content": f"file {i}\n" * 20},
+                    depends_on=(f"w{i - 1}" if i else "begin",),
+                )
+                for i in range(steps)
+            ),
         ),
     )
 
 
 async def rollback_ms(nc: NATS, store: EventStore, tenant: str, undone: int) -> float:
-    """Run `undone + 1` writes, then roll back to the first checkpoint; milliseconds taken."""
-    (session_id,), _ = await run_sessions(nc, store, tenant, [writes(undone + 1)])
+    """Run an echo and `undone` writes, then roll back to the echo; milliseconds taken."""
+    (session_id,), _ = await run_sessions(nc, store, tenant, [writes(undone)])
 
     async def checkpointed() -> Any:
         state = (await store.load(tenant, session_id)).state
         return state if len(state.checkpoints) == undone + 1 else None
 
     state = await eventually(checkpointed, timeout_s=120, what="every checkpoint")
-    done = asyncio.Event()
+    ended: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
 
-    async def on_completed(message: Msg) -> None:
-        done.set()
+    async def on_end(message: Msg) -> None:
+        if not ended.done():
+            ended.set_result(decode_event(message.data))
 
-    subscription = await nc.subscribe(
-        event_type_filter(RollbackCompleted.TYPE, tenant), cb=on_completed
-    )
+    subscriptions = [
+        await nc.subscribe(event_type_filter(end.TYPE, tenant), cb=on_end)
+        for end in (RollbackCompleted, RollbackRefused, RollbackFailed)
+    ]
     first = (await store.read_all(tenant, session_id))[0].event
     requested = RollbackRequested(
         rollback_id="bench",
@@ -69,9 +83,12 @@ async def rollback_ms(nc: NATS, store: EventStore, tenant: str, undone: int) -> 
     )
     began = time.perf_counter()
     await store.append(first.derive(requested, source="bench"))
-    await asyncio.wait_for(done.wait(), timeout=120)
+    end = await asyncio.wait_for(ended, timeout=120)
     elapsed_ms = (time.perf_counter() - began) * 1000
-    await subscription.unsubscribe()
+    for subscription in subscriptions:
+        await subscription.unsubscribe()
+    if end.type != RollbackCompleted.TYPE:
+        raise RuntimeError(f"the rollback of {undone} steps ended {end.type}: {end.data}")
     return elapsed_ms
 
 
