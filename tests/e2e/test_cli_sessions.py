@@ -12,11 +12,16 @@ from pydantic import TypeAdapter
 
 from helmline.contracts import (
     Actor,
+    ApprovalDecisionRefused,
+    ApprovalDecisionSubmitted,
+    ApprovalGranted,
+    Event,
     FileChanges,
     SessionCancelRequested,
     SessionPauseRequested,
     SessionState,
     StepScheduled,
+    ToolCallAuthorized,
     ToolCallFailed,
     fold,
 )
@@ -24,6 +29,7 @@ from helmline.runtime import EventStore
 from helmline.runtime.testing import ServiceProcesses, eventually
 
 OPERATOR = Actor(id="ana", roles=("operator",))
+APPROVER = Actor(id="abe", roles=("approver",))
 Helmline = Callable[..., Awaitable[tuple[int, str, str]]]
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "playbooks" / "hello.yaml"
 
@@ -183,6 +189,59 @@ async def test_pause_stops_new_steps_within_one_step_and_resume_continues(
     assert code == 0, err
     state = await until(store, tenant, session_id, "completed", "failed")
     assert state.status == "completed", state.outcome
+
+
+async def test_a_call_approved_while_the_session_is_paused_runs_only_once_it_resumes(
+    services: ServiceProcesses,
+    helmline: Helmline,
+    store: EventStore,
+    tenant: str,
+    tmp_path: Path,
+) -> None:
+    playbook = write_playbook(
+        tmp_path,
+        "tally.yaml",
+        (
+            "goal: count the runs\n"
+            "steps:\n"
+            "  - id: tally\n"
+            "    tool: run_command\n"
+            "    arguments: {command: echo ran >> tally}\n"
+        ),
+    )
+    session_id = await run_playbook(helmline, tenant, playbook)
+    await until(store, tenant, session_id, "waiting")
+    assert (await helmline("pause", session_id, "--tenant", tenant))[0] == 0
+    await until(store, tenant, session_id, "paused")
+    code, _, err = await helmline("approve", session_id, "--tenant", tenant)
+    assert code == 0, err
+
+    # The approval service handles a session's events in order: once it has answered a
+    # later vote, it has recorded all it decided on the grant.
+    first = (await store.read_all(tenant, session_id))[0].event
+    again = ApprovalDecisionSubmitted(request_id="tally.1", decision="grant", decided_by=APPROVER)
+    await store.append(first.derive(again, source="test", key="again"))
+
+    async def answered() -> list[Event] | None:
+        log = [item.event for item in await store.read_all(tenant, session_id)]
+        return log if any(isinstance(e.data, ApprovalDecisionRefused) for e in log) else None
+
+    log: list[Event] = await eventually(answered, timeout_s=20, what="the second vote answered")
+    assert any(isinstance(e.data, ApprovalGranted) for e in log)
+    assert not any(isinstance(e.data, ToolCallAuthorized) for e in log)
+    state = fold(log)
+    assert (state.status, state.steps["tally"].status) == ("paused", "scheduled")
+    tally = services.data_dir / "workspaces" / tenant / session_id / "tally"
+    assert not await asyncio.to_thread(tally.exists)
+
+    code, _, err = await helmline("resume", session_id, "--tenant", tenant)
+    assert code == 0, err
+    state = await until(store, tenant, session_id, "completed", "failed")
+    assert state.status == "completed", state.outcome
+    assert await asyncio.to_thread(tally.read_text) == "ran\n"
+    log = [item.event for item in await store.read_all(tenant, session_id)]
+    authorized = [e.data for e in log if isinstance(e.data, ToolCallAuthorized)]
+    assert [a.approval_request_id for a in authorized] == ["tally.1"]
 
 
 async def test_cancel_kills_a_running_command_within_two_seconds(

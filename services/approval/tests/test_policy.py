@@ -9,9 +9,11 @@ import pytest
 
 from helmline.approval import Policy, default_policy, parse_policy
 from helmline.approval._policy import (
+    held_grants,
     judge_escalation,
     judge_expiry,
     judge_plan,
+    judge_release,
     judge_step,
     judge_vote,
 )
@@ -30,6 +32,8 @@ from helmline.contracts import (
     PlanRejected,
     PlanStep,
     SessionCancelled,
+    SessionPaused,
+    SessionResumed,
     SessionStarted,
     SessionState,
     StepScheduled,
@@ -241,6 +245,63 @@ def test_modified_arguments_that_the_schema_or_the_policy_refuse_are_refused(
     assert decisions == []
     assert problem in (note or "")
     assert state.approvals["s.1"].status == "pending"
+
+
+def _paused_while_waiting(
+    policy: Policy = DEFAULT, **arguments: Any
+) -> tuple[SessionState, list[Event], Event]:
+    """A session whose call waits for a person, paused before the request was made (a
+    step scheduled just before the pause is judged after it)."""
+    _, events, started = _waiting(policy, **arguments)
+    scheduled = _scheduled("run_command", **(arguments or {"command": "ls"}))
+    events[1:1] = [
+        started.derive(scheduled, source="test", at=NOW),
+        started.derive(SessionPaused(), source="test", at=NOW),
+    ]
+    return fold(events), events, started
+
+
+def test_a_call_granted_while_its_session_is_paused_runs_once_it_resumes() -> None:
+    state, events, started = _paused_while_waiting()
+    assert state.status == "paused"  # The request did not make the paused session "waiting".
+
+    state, (granted,), _ = _vote(
+        state, events, started, ANA, modified_arguments={"command": "ls -l"}
+    )
+    assert isinstance(granted, ApprovalGranted)
+    assert (state.status, state.steps["s"].status) == ("paused", "scheduled")
+    assert [r.request_id for r in held_grants(state)] == ["s.1"]
+    assert judge_release(state, state.approvals["s.1"], DEFAULT, NOW) == []
+
+    events.append(started.derive(SessionResumed(), source="test", key="resumed"))
+    state = fold(events)
+    (release,) = judge_release(state, state.approvals["s.1"], DEFAULT, NOW)
+    assert isinstance(release.payload, ToolCallAuthorized)
+    assert release.payload.arguments == {"command": "ls -l"}
+    assert release.payload.approval_request_id == "s.1"
+    # The authorisation the grant would have recorded: the same fact, stored once.
+    assert release.identity == "outcome/s.1"
+
+    events.append(started.derive(release.payload, source="test", key="released"))
+    state = fold(events)
+    assert held_grants(state) == []
+    assert judge_release(state, state.approvals["s.1"], DEFAULT, NOW) == []
+
+
+def test_a_call_granted_while_paused_that_the_policy_refuses_by_the_resume_is_denied() -> None:
+    state, events, started = _paused_while_waiting(TWO_SRE, command="ls")
+    state, (granted,), _ = _vote(state, events, started, BOB, policy=TWO_SRE)
+    assert isinstance(granted, ApprovalGranted)
+    events.append(started.derive(SessionResumed(), source="test", key="resumed"))
+    state = fold(events)
+    no_listing = parse_policy(
+        b"rules:\n  - {name: no-ls, tool: run_command, effect: deny, reason: no listings}\n",
+        source="no-ls.yaml",
+    )
+    (release,) = judge_release(state, state.approvals["s.1"], no_listing, NOW)
+    assert isinstance(release.payload, ToolCallDenied)
+    assert "when it resumed" in release.payload.reason
+    assert "deny by rule no-ls: no listings" in release.payload.reason
 
 
 def test_a_denial_denies_the_call_with_who_and_why() -> None:

@@ -105,7 +105,7 @@ StepStatus = Literal[
 ]
 """Where a step is in its life."""
 
-FOLD_VERSION = 2
+FOLD_VERSION = 3
 """Bump whenever the fold yields a different state for the same events: folded states stored
 by another version are then ignored (the field layout is checked on its own)."""
 
@@ -784,7 +784,9 @@ class SessionFold:
                 )
                 if data.step_id is not None and not self._compensates(data.call_id or ""):
                     self.update_step(data.step_id, approval_request_id=data.request_id)
-                self.set_status("waiting")
+                if v["status"] != "paused":
+                    # A paused session stays paused: a grant runs nothing until it resumes.
+                    self.set_status("waiting")
             case ApprovalDecisionSubmitted():
                 request = self.approvals.get(data.request_id)
                 if request is not None:

@@ -361,8 +361,17 @@ PLANNER_CONSUMER = consumer_for(
 )
 APPROVAL_CONSUMER = consumer_for(
     "approval",
-    (PlanProposed, StepScheduled, ApprovalRequested, ApprovalDecisionSubmitted),
-    "Decides by policy what runs, asks people where needed, expires unanswered requests.",
+    (
+        PlanProposed,
+        StepScheduled,
+        ApprovalRequested,
+        ApprovalDecisionSubmitted,
+        # A grant while the session is paused lets its call run only once it resumes.
+        SessionPaused,
+        SessionResumed,
+    ),
+    "Decides by policy what runs, asks people where needed, expires unanswered requests; "
+    "holds calls granted while their session is paused until it resumes.",
 )
 TOOL_GATEWAY_CONSUMER = consumer_for(
     "tool-gateway",

@@ -14,9 +14,11 @@ from cachetools import LRUCache
 
 from helmline.approval._policy import (
     Decision,
+    held_grants,
     judge_escalation,
     judge_expiry,
     judge_plan,
+    judge_release,
     judge_step,
     judge_vote,
     judge_vote_again,
@@ -32,8 +34,11 @@ from helmline.contracts import (
     ApprovalExpired,
     ApprovalGranted,
     ApprovalRequested,
+    ApprovalState,
     Event,
     PlanProposed,
+    SessionPaused,
+    SessionResumed,
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
@@ -134,8 +139,16 @@ class ApprovalHandler:
                     # grant is recorded, the call it releases is judged against the new count.
                     decisions = await self._release_again(event, data, policy)
                 else:
-                    self._sessions.record(state, appended)
+                    state = self._sessions.record(state, appended)
+                    if state.status == "paused" and held_grants(state):
+                        await self._release_if_resumed(event, policy)
                 self._settle_timers(event, data, decisions)
+            case SessionPaused():
+                await self._sessions.advance(delivery)
+            case SessionResumed():
+                state = await self._sessions.advance(delivery)
+                for request in held_grants(state):
+                    self._sessions.record(state, await self._release(event, state, request, policy))
             case _:
                 pass
 
@@ -217,6 +230,34 @@ class ApprovalHandler:
             event.tenant, event.session_id, ToolCallAuthorized.TYPE, since=now - span
         )
         return uses_by_rule(s.event for s in authorised.events), authorised.last_seq
+
+    async def _release(
+        self, cause: Event, state: SessionState, request: ApprovalState, policy: Policy
+    ) -> list[Event]:
+        """Let the call of a request granted while its session was paused run, now that it is
+        not (`judge_release`), counted as a grant's call is. Its authorisation is the one the
+        grant would have recorded, so a release decided twice (by two replicas) is stored
+        once. The events appended."""
+        for _ in range(RECOUNTS):
+            now = datetime.now(UTC)
+            rule_uses, last_authorised = await self._counted_calls(cause, request.tool, policy, now)
+            decisions = judge_release(state, request, policy, now, rule_uses)
+            with contextlib.suppress(ConcurrencyConflict):
+                return await self._append(
+                    cause, decisions, expected_last_authorised=last_authorised
+                )
+        raise RetryableError(f"calls of the session kept being authorised: {request.request_id}")
+
+    async def _release_if_resumed(self, granted: Event, policy: Policy) -> None:
+        """After recording a grant held for a paused session: should the session have resumed
+        meanwhile (a replica sharing the consumer handled the resume before the grant was in
+        the log, and found nothing to release), release the call here."""
+        state = (await self._store.load(granted.tenant, granted.session_id)).state
+        if state.status == "paused":
+            return
+        for request in held_grants(state):
+            await self._release(granted, state, request, policy)
+        self._sessions.forget(granted.tenant, granted.session_id)
 
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)

@@ -21,6 +21,7 @@ from helmline.contracts import (
     ApprovalRequested,
     ApprovalState,
     ApprovalVoteCounted,
+    Arguments,
     Event,
     Payload,
     PlanApproved,
@@ -333,36 +334,10 @@ def judge_vote(
         problem = _modified_arguments_problem(request, vote, policy)
         if problem is not None:
             return _refuse(vote, problem)
-        verdict = policy.judge(
-            tenant=state.tenant,
-            tool=request.tool,
-            arguments=arguments,
-            declared_risk=request.risk,
-            requester=state.requested_by,
-            at=now,
-            rule_uses=rule_uses,
-        )
-        if verdict.effect == "deny" or (
-            verdict.effect == "require_approval" and verdict.rule != request.rule
-        ):
-            return _refuse(
-                vote,
-                f"the policy in force no longer lets a person approve this call "
-                f"({verdict.effect} by rule {verdict.rule}: {verdict.reason}); "
-                "deny it or let it expire",
-            )
-        authorized = ToolCallAuthorized(
-            call_id=request.call_id,
-            step_id=request.step_id,
-            tool=request.tool,
-            arguments=arguments,
-            risk=request.risk,
-            rule=request.rule,
-            policy_hash=policy.hash,
-            approval_request_id=request.request_id,
-            sandbox_profile=verdict.sandbox_profile,
-            network=verdict.network,
-        )
+        outcome = _granted_call(state, request, arguments, policy, now, rule_uses)
+        if isinstance(outcome, str):
+            return _refuse(vote, f"{outcome}; deny it or let it expire")
+        authorized = outcome
     granters = _granters(request, vote, roles)
     if len(granters) < request.quorum:
         counted = ApprovalVoteCounted(
@@ -385,13 +360,99 @@ def judge_vote(
         similar_where=vote.similar_where,
     )
     decisions = [Decision(granted, f"decided/{request.request_id}")]
-    if authorized is not None:
+    if authorized is not None and state.status != "paused":
+        # Paused, no new call starts: the grant stands, and `judge_release` lets the call
+        # run when the session resumes.
         decisions.append(Decision(authorized, f"outcome/{request.request_id}"))
     revision = _planned_revision(request)
     if revision is not None:
         approval = PlanApproved(revision=revision, approved_by=granters[0], policy_hash=policy.hash)
         decisions.append(Decision(approval, f"plan.approved/{revision}"))
     return decisions
+
+
+def _granted_call(
+    state: SessionState,
+    request: ApprovalState,
+    arguments: Arguments,
+    policy: Policy,
+    now: datetime,
+    rule_uses: Mapping[str, Sequence[datetime]],
+) -> ToolCallAuthorized | str:
+    """The authorisation of the call of `request` granted with `arguments`, or why the
+    policy in force no longer lets a person approve it."""
+    # Callers pass requests for a call only (not a plan's).
+    assert request.call_id is not None
+    assert request.step_id is not None
+    assert request.tool
+    verdict = policy.judge(
+        tenant=state.tenant,
+        tool=request.tool,
+        arguments=arguments,
+        declared_risk=request.risk,
+        requester=state.requested_by,
+        at=now,
+        rule_uses=rule_uses,
+    )
+    if verdict.effect == "deny" or (
+        verdict.effect == "require_approval" and verdict.rule != request.rule
+    ):
+        return (
+            f"the policy in force no longer lets a person approve this call "
+            f"({verdict.effect} by rule {verdict.rule}: {verdict.reason})"
+        )
+    return ToolCallAuthorized(
+        call_id=request.call_id,
+        step_id=request.step_id,
+        tool=request.tool,
+        arguments=arguments,
+        risk=request.risk,
+        rule=request.rule,
+        policy_hash=policy.hash,
+        approval_request_id=request.request_id,
+        sandbox_profile=verdict.sandbox_profile,
+        network=verdict.network,
+    )
+
+
+def held_grants(state: SessionState) -> list[ApprovalState]:
+    """Requests granted while their session was paused, whose calls wait for it to resume
+    (`judge_release`): granted, and the call still where it was scheduled."""
+    held = []
+    for request in state.approvals.values():
+        step = state.steps.get(request.step_id) if request.step_id is not None else None
+        if (
+            request.status == "granted"
+            and request.call_id is not None
+            and request.tool
+            and step is not None
+            and step.call_id == request.call_id
+            and step.status == "scheduled"
+        ):
+            held.append(request)
+    return held
+
+
+def judge_release(
+    state: SessionState,
+    request: ApprovalState,
+    policy: Policy,
+    now: datetime,
+    rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
+) -> list[Decision]:
+    """The call of a request granted while its session was paused, now that the session is
+    no longer paused: authorised with the arguments granted, as the grant would have if the
+    session had been running; denied if the policy in force no longer lets it run."""
+    if state.status == "paused" or request not in held_grants(state):
+        return []
+    arguments = request.modified_arguments
+    if arguments is None:
+        arguments = request.arguments or {}
+    outcome = _granted_call(state, request, arguments, policy, now, rule_uses)
+    if isinstance(outcome, str):
+        reason = f"granted while the session was paused, but when it resumed {outcome}"
+        return _deny_call(request, reason, policy.hash)
+    return [Decision(outcome, f"outcome/{request.request_id}")]
 
 
 def judge_vote_again(
