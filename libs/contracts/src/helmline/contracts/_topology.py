@@ -369,6 +369,10 @@ APPROVAL_CONSUMER = consumer_for(
         # A grant while the session is paused lets its call run only once it resumes.
         SessionPaused,
         SessionResumed,
+        # A session's end withdraws its open requests: no timer is kept for them.
+        SessionCompleted,
+        SessionFailed,
+        SessionCancelled,
     ),
     "Decides by policy what runs, asks people where needed, expires unanswered requests; "
     "holds calls granted while their session is paused until it resumes.",

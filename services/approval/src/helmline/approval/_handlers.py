@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import nats.errors
 from cachetools import LRUCache
@@ -37,6 +38,9 @@ from helmline.contracts import (
     ApprovalState,
     Event,
     PlanProposed,
+    SessionCancelled,
+    SessionCompleted,
+    SessionFailed,
     SessionPaused,
     SessionResumed,
     SessionState,
@@ -81,7 +85,8 @@ class ApprovalHandler:
         self._store = store
         self._policies = policies
         self._notifier = notifier or WebhookNotifier({})
-        self._timers: dict[str, asyncio.Task[None]] = {}
+        # Each session's armed timers, by what they do ("expire/<request>", "escalate/...").
+        self._timers: dict[tuple[str, str], dict[str, asyncio.Task[None]]] = {}
         # Requests and votes kept folded in memory, so that a decision is judged without
         # replaying the session: it is on the path from a person's click to the tool.
         self._sessions = SessionCache(states)
@@ -145,6 +150,12 @@ class ApprovalHandler:
                 self._settle_timers(event, data, decisions)
             case SessionPaused():
                 await self._sessions.advance(delivery)
+            case SessionCompleted() | SessionFailed() | SessionCancelled():
+                # Requests still open are withdrawn with the session (the fold says so): a
+                # late vote is refused, and nothing is left to expire or escalate.
+                await self._sessions.advance(delivery)
+                for task in self._timers.pop((event.tenant, event.session_id), {}).values():
+                    task.cancel()
             case SessionResumed():
                 state = await self._sessions.advance(delivery)
                 for request in held_grants(state):
@@ -171,12 +182,13 @@ class ApprovalHandler:
     async def close(self) -> None:
         """Stop every timer (they are re-armed from the log at the next start)."""
         await self._notifier.close()
-        for task in self._timers.values():
+        tasks = [task for timers in self._timers.values() for task in timers.values()]
+        self._timers.clear()
+        for task in tasks:
             task.cancel()
-        for task in list(self._timers.values()):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._timers.clear()
 
     async def _judge_step(self, event: Event, scheduled: StepScheduled, policy: Policy) -> None:
         """Judge a scheduled call and record the decision.
@@ -330,17 +342,26 @@ class ApprovalHandler:
             or step.approval_request_id == scheduled.call_id
         )
 
+    def _arm(self, event: Event, name: str, due: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `due` as the session's timer `name`, unless that timer is armed already."""
+        timers = self._timers.setdefault((event.tenant, event.session_id), {})
+        if name not in timers:
+            timers[name] = asyncio.create_task(due())
+
+    def _disarm(self, tenant: str, session_id: str, name: str) -> asyncio.Task[None] | None:
+        """Forget the session's timer `name` (it fired, or is to be cancelled)."""
+        timers = self._timers.get((tenant, session_id), {})
+        task = timers.pop(name, None)
+        if not timers:
+            self._timers.pop((tenant, session_id), None)
+        return task
+
     def _expire_later(self, event: Event, request: ApprovalRequested) -> None:
-        key = _timer_key(event.tenant, event.session_id, request.request_id)
-        if key not in self._timers:
-            self._timers[key] = asyncio.create_task(self._expire_at(event, request))
+        self._arm(event, _expiry(request.request_id), lambda: self._expire_at(event, request))
 
     def _cancel_timer(self, tenant: str, session_id: str, request_id: str) -> None:
-        for key in (
-            _timer_key(tenant, session_id, request_id),
-            _escalation_key(tenant, session_id, request_id),
-        ):
-            task = self._timers.pop(key, None)
+        for name in (_expiry(request_id), _escalation(request_id)):
+            task = self._disarm(tenant, session_id, name)
             if task is not None:
                 task.cancel()
 
@@ -352,20 +373,20 @@ class ApprovalHandler:
             or request.approver_roles == terms.escalate_to
         ):
             return
-        key = _escalation_key(event.tenant, event.session_id, request.request_id)
-        if key not in self._timers:
-            due = event.time + terms.escalate_after
-            self._timers[key] = asyncio.create_task(self._escalate_at(event, request, due, key))
+        due = event.time + terms.escalate_after
+        self._arm(
+            event,
+            _escalation(request.request_id),
+            lambda: self._escalate_at(event, request, due),
+        )
 
-    async def _escalate_at(
-        self, event: Event, request: ApprovalRequested, due: datetime, key: str
-    ) -> None:
+    async def _escalate_at(self, event: Event, request: ApprovalRequested, due: datetime) -> None:
         await _sleep_until(due)
         await _until_recorded(
             lambda: self._escalate(event, request), f"the escalation of {request.request_id}"
         )
         self._sessions.forget(event.tenant, event.session_id)
-        self._timers.pop(key, None)
+        self._disarm(event.tenant, event.session_id, _escalation(request.request_id))
 
     async def _escalate(self, cause: Event, request: ApprovalRequested) -> None:
         state = (await self._store.load(cause.tenant, cause.session_id)).state
@@ -379,7 +400,7 @@ class ApprovalHandler:
         )
         # The cache did not see the expiry; the next decision on the session replays the log.
         self._sessions.forget(event.tenant, event.session_id)
-        self._timers.pop(_timer_key(event.tenant, event.session_id, request.request_id), None)
+        self._disarm(event.tenant, event.session_id, _expiry(request.request_id))
 
     async def _expire(self, cause: Event, request: ApprovalRequested) -> None:
         """Deny the request if nobody decided it; or finish an expiry the log holds only in
@@ -453,12 +474,12 @@ def _last_authorised(log: Sequence[StoredEvent]) -> int:
     return max((s.seq for s in log if isinstance(s.event.data, ToolCallAuthorized)), default=0)
 
 
-def _timer_key(tenant: str, session_id: str, request_id: str) -> str:
-    return f"{tenant}/{session_id}/{request_id}"
+def _expiry(request_id: str) -> str:
+    return f"expire/{request_id}"
 
 
-def _escalation_key(tenant: str, session_id: str, request_id: str) -> str:
-    return f"escalate:{tenant}/{session_id}/{request_id}"
+def _escalation(request_id: str) -> str:
+    return f"escalate/{request_id}"
 
 
 async def _sleep_until(due: datetime) -> None:
