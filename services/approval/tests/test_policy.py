@@ -288,6 +288,39 @@ def test_a_call_granted_while_its_session_is_paused_runs_once_it_resumes() -> No
     assert judge_release(state, state.approvals["s.1"], DEFAULT, NOW) == []
 
 
+def test_an_undo_call_granted_while_its_session_is_paused_runs_at_once() -> None:
+    # A rollback runs while its session is paused: its undo calls are no new steps.
+    started = new_event(
+        SessionStarted(goal="g", requested_by=ANA),
+        tenant="t",
+        session_id="s1",
+        source="test",
+        at=NOW,
+    )
+    undo = StepScheduled(
+        step_id="undo.s",
+        call_id="rb-1.c1",
+        tool="run_command",
+        arguments={"command": "ls"},
+        compensation_id="rb-1.c1",
+    )
+    (asked,) = judge_step(undo, DEFAULT, tenant="t", requester=ANA, now=NOW)
+    events = [
+        started,
+        started.derive(SessionPaused(), source="test", at=NOW),
+        started.derive(undo, source="test", at=NOW),
+        started.derive(asked.payload, source="test", at=NOW),
+    ]
+    state = fold(events)
+    assert state.status == "paused"
+    vote = ApprovalDecisionSubmitted(request_id="rb-1.c1", decision="grant", decided_by=ANA)
+    events.append(started.derive(vote, source="test", key="vote"))
+    granted, authorized = (d.payload for d in judge_vote(fold(events), vote, DEFAULT, NOW))
+    assert isinstance(granted, ApprovalGranted)
+    assert isinstance(authorized, ToolCallAuthorized)
+    assert authorized.call_id == "rb-1.c1"
+
+
 def test_a_call_granted_while_paused_that_the_policy_refuses_by_the_resume_is_denied() -> None:
     state, events, started = _paused_while_waiting(TWO_SRE, command="ls")
     state, (granted,), _ = _vote(state, events, started, BOB, policy=TWO_SRE)
