@@ -23,6 +23,7 @@ from helmline.approval._policy import (
     judge_step,
     judge_vote,
     judge_vote_again,
+    requests_to_watch,
     uses_by_rule,
 )
 from helmline.approval._policy_source import PolicySource
@@ -67,6 +68,8 @@ REQUESTER_CACHE_LIMIT = 10_000
 RECOUNTS = 5
 """Times a scheduled call is judged again when another replica authorised a call of the
 session meanwhile, before its message is left to be delivered again."""
+SETTLING = (ApprovalGranted, ApprovalDenied, SessionCompleted, SessionFailed, SessionCancelled)
+"""Events after which a request's timers have nothing to do (see `requests_to_watch`)."""
 TIMER_RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0)
 """Pauses before a due timer tries again to record its decision when NATS did not take it
 (the last repeats): a timer fires once, so it must not give up."""
@@ -172,12 +175,19 @@ class ApprovalHandler:
             self._escalate_later(asked, asked.data)
 
     async def recover(self, lookback: timedelta) -> None:
-        """Re-arm expiry timers of requests made before a restart (expired ones fire now)."""
+        """Re-arm the timers of requests made before a restart and still open (expired ones
+        fire now); those decided or withdrawn since need none."""
         since = datetime.now(UTC) - lookback
-        for stored in await self._store.read_matching(
+        asked = await self._store.read_matching(
             event_type_filter(ApprovalRequested.TYPE), since=since
-        ):
-            self.arm_timers(stored.event)
+        )
+        settling = [
+            stored
+            for kind in SETTLING
+            for stored in await self._store.read_matching(event_type_filter(kind.TYPE), since=since)
+        ]
+        for request in requests_to_watch(asked, settling):
+            self.arm_timers(request)
 
     async def close(self) -> None:
         """Stop every timer (they are re-armed from the log at the next start)."""

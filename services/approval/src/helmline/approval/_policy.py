@@ -34,7 +34,7 @@ from helmline.contracts import (
     ToolCallDenied,
     ToolCallFailed,
 )
-from helmline.runtime import ArgumentChecker
+from helmline.runtime import ArgumentChecker, StoredEvent
 
 POLICY = Actor(id="policy", kind="policy")
 SIMILAR_GRANT_DEFAULT = timedelta(hours=1)
@@ -548,6 +548,33 @@ def _modified_arguments_problem(
         return None
     where = f"{request.tool}'s schema at {problem.field}"
     return f"modified arguments do not fit {where}: {problem.message}"
+
+
+ApprovalDecided = ApprovalGranted | ApprovalDenied
+"""A person's decision of a request, which leaves its timers nothing to do."""
+
+
+def requests_to_watch(asked: Iterable[StoredEvent], settling: Iterable[StoredEvent]) -> list[Event]:
+    """The requests among `asked` (`approval.requested`, as stored) whose expiry or escalation
+    may still have something to do, given the grants, denials and session ends among
+    `settling`: those neither granted nor denied since, nor withdrawn by their session's end.
+    An expired request stays: its timer finishes an expiry recorded in part."""
+    last: dict[tuple[str, str, str | None], int] = {}
+    for stored in settling:
+        event = stored.event
+        request_id = event.data.request_id if isinstance(event.data, ApprovalDecided) else None
+        key = (event.tenant, event.session_id, request_id)
+        last[key] = max(last.get(key, 0), stored.seq)
+    watched = []
+    for stored in asked:
+        event = stored.event
+        if not isinstance(event.data, ApprovalRequested):
+            continue
+        decided = last.get((event.tenant, event.session_id, event.data.request_id), 0)
+        ended = last.get((event.tenant, event.session_id, None), 0)
+        if max(decided, ended) < stored.seq:
+            watched.append(event)
+    return watched
 
 
 def judge_expiry(
