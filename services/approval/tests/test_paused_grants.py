@@ -49,23 +49,28 @@ async def delivered(handler: ApprovalHandler, store: EventStore, event: Event) -
     return delivery
 
 
-async def paused_with_a_request(handler: ApprovalHandler, store: EventStore, tenant: str) -> Event:
-    """A session paused while its call waits for a person; its first event."""
+async def paused_with_a_request(
+    handler: ApprovalHandler, store: EventStore, tenant: str, steps: tuple[str, ...] = ("a",)
+) -> Event:
+    """A session paused while the calls of `steps` wait for a person; its first event."""
     started = session_started(tenant)
     await store.append(started)
-    scheduled = StepScheduled(
-        step_id="a", call_id="a.1", tool="run_command", arguments={"command": "ls"}
-    )
-    await delivered(handler, store, started.derive(scheduled, source="test"))
+    for step in steps:
+        scheduled = StepScheduled(
+            step_id=step, call_id=f"{step}.1", tool="run_command", arguments={"command": "ls"}
+        )
+        await delivered(handler, store, started.derive(scheduled, source="test", key=step))
     await delivered(handler, store, started.derive(SessionPaused(), source="test"))
     log = await store.read_all(tenant, started.session_id)
-    (asked,) = [s for s in log if isinstance(s.event.data, ApprovalRequested)]
-    await handler(Delivery(asked.event, asked.seq, 1))
+    for asked in [s for s in log if isinstance(s.event.data, ApprovalRequested)]:
+        await handler(Delivery(asked.event, asked.seq, 1))
     return started
 
 
-async def grant(handler: ApprovalHandler, store: EventStore, started: Event) -> None:
-    vote = ApprovalDecisionSubmitted(request_id="a.1", decision="grant", decided_by=APPROVER)
+async def grant(
+    handler: ApprovalHandler, store: EventStore, started: Event, request_id: str = "a.1"
+) -> None:
+    vote = ApprovalDecisionSubmitted(request_id=request_id, decision="grant", decided_by=APPROVER)
     await delivered(
         handler,
         store,
@@ -90,6 +95,31 @@ async def test_the_resume_releases_the_call_once_however_often_it_is_delivered(
 
     (authorized,) = await authorisations(store, started)
     assert (authorized.call_id, authorized.approval_request_id) == ("a.1", "a.1")
+
+
+async def test_calls_released_together_are_not_released_again_at_the_next_resume(
+    js: JetStreamContext, tenant: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    duplicates: list[str] = []
+    store = EventStore(
+        js, on_append=lambda event, duplicate: duplicates.append(event.type) if duplicate else None
+    )
+    handler = ApprovalHandler(store, FoldedStates(js, store), PolicySource(policy))
+    try:
+        started = await paused_with_a_request(handler, store, tenant, steps=("a", "b"))
+        for request_id in ("a.1", "b.1"):
+            await grant(handler, store, started, request_id)
+        await delivered(handler, store, started.derive(SessionResumed(), source="test"))
+        assert sorted(a.call_id for a in await authorisations(store, started)) == ["a.1", "b.1"]
+
+        # Paused and resumed again while both calls run: nothing is held any more.
+        await delivered(handler, store, started.derive(SessionPaused(), source="test", key="2"))
+        await delivered(handler, store, started.derive(SessionResumed(), source="test", key="2"))
+    finally:
+        await handler.close()
+    assert duplicates == []
 
 
 class ResumedMeanwhile(EventStore):

@@ -162,7 +162,8 @@ class ApprovalHandler:
             case SessionResumed():
                 state = await self._sessions.advance(delivery)
                 for request in held_grants(state):
-                    self._sessions.record(state, await self._release(event, state, request, policy))
+                    released = await self._release(event, state, request, policy)
+                    state = self._sessions.record(state, released)
             case _:
                 pass
 
@@ -278,7 +279,7 @@ class ApprovalHandler:
         if state.status == "paused":
             return
         for request in held_grants(state):
-            await self._release(granted, state, request, policy)
+            state = fold(await self._release(granted, state, request, policy), state)
         self._sessions.forget(granted.tenant, granted.session_id)
 
     async def _requester(self, event: Event) -> Actor | None:
