@@ -60,6 +60,14 @@ def write_playbook(folder: Path, name: str, text: str) -> Path:
     return path
 
 
+def one_step_playbook(
+    folder: Path, name: str, *, goal: str, step: str, tool: str, arguments: str
+) -> Path:
+    """A playbook of one step calling `tool` with `arguments` (a YAML flow mapping)."""
+    text = f"goal: {goal}\nsteps:\n  - id: {step}\n    tool: {tool}\n    arguments: {arguments}\n"
+    return write_playbook(folder, name, text)
+
+
 async def test_hello_completes_after_one_approval(
     services: ServiceProcesses, helmline: Helmline, store: EventStore, tenant: str
 ) -> None:
@@ -100,16 +108,13 @@ async def test_a_denied_command_never_runs_and_the_session_fails(
     tenant: str,
     tmp_path: Path,
 ) -> None:
-    playbook = write_playbook(
+    playbook = one_step_playbook(
         tmp_path,
         "touch.yaml",
-        (
-            "goal: leave a mark\n"
-            "steps:\n"
-            "  - id: mark\n"
-            "    tool: run_command\n"
-            "    arguments: {command: touch proof}\n"
-        ),
+        goal="leave a mark",
+        step="mark",
+        tool="run_command",
+        arguments="{command: touch proof}",
     )
     # Started as someone else, holding a permission a tool might require.
     session_id = await run_playbook(
@@ -132,16 +137,13 @@ async def test_a_path_outside_the_workspace_is_refused_and_recorded(
     tenant: str,
     tmp_path: Path,
 ) -> None:
-    playbook = write_playbook(
+    playbook = one_step_playbook(
         tmp_path,
         "escape.yaml",
-        (
-            "goal: read what is not mine\n"
-            "steps:\n"
-            "  - id: escape\n"
-            "    tool: read_file\n"
-            "    arguments: {path: ../../etc/passwd}\n"
-        ),
+        goal="read what is not mine",
+        step="escape",
+        tool="read_file",
+        arguments="{path: ../../etc/passwd}",
     )
     session_id = await run_playbook(helmline, tenant, playbook)
     state = await until(store, tenant, session_id, "failed", "completed")
@@ -198,16 +200,13 @@ async def test_a_call_approved_while_the_session_is_paused_runs_only_once_it_res
     tenant: str,
     tmp_path: Path,
 ) -> None:
-    playbook = write_playbook(
+    playbook = one_step_playbook(
         tmp_path,
         "tally.yaml",
-        (
-            "goal: count the runs\n"
-            "steps:\n"
-            "  - id: tally\n"
-            "    tool: run_command\n"
-            "    arguments: {command: echo ran >> tally}\n"
-        ),
+        goal="count the runs",
+        step="tally",
+        tool="run_command",
+        arguments="{command: echo ran >> tally}",
     )
     session_id = await run_playbook(helmline, tenant, playbook)
     await until(store, tenant, session_id, "waiting")
@@ -251,16 +250,13 @@ async def test_cancel_kills_a_running_command_within_two_seconds(
     tenant: str,
     tmp_path: Path,
 ) -> None:
-    playbook = write_playbook(
+    playbook = one_step_playbook(
         tmp_path,
         "sleep.yaml",
-        (
-            "goal: wait a long time\n"
-            "steps:\n"
-            "  - id: nap\n"
-            "    tool: run_command\n"
-            "    arguments: {command: sleep 60}\n"
-        ),
+        goal="wait a long time",
+        step="nap",
+        tool="run_command",
+        arguments="{command: sleep 60}",
     )
     session_id = await run_playbook(helmline, tenant, playbook)
     await until(store, tenant, session_id, "waiting")

@@ -90,14 +90,18 @@ def _judge(scheduled: StepScheduled, policy: Policy = DEFAULT) -> Any:
     return decision.payload
 
 
-def _waiting(policy: Policy = DEFAULT, **arguments: Any) -> tuple[SessionState, list[Event], Event]:
-    started = new_event(
+def _started() -> Event:
+    return new_event(
         SessionStarted(goal="g", requested_by=ANA),
         tenant="t",
         session_id="s1",
         source="test",
         at=NOW,
     )
+
+
+def _waiting(policy: Policy = DEFAULT, **arguments: Any) -> tuple[SessionState, list[Event], Event]:
+    started = _started()
     request = _judge(_scheduled("run_command", **(arguments or {"command": "ls"})), policy)
     assert isinstance(request, ApprovalRequested)
     events = [started, started.derive(request, source="test", at=NOW)]
@@ -290,13 +294,7 @@ def test_a_call_granted_while_its_session_is_paused_runs_once_it_resumes() -> No
 
 def test_an_undo_call_granted_while_its_session_is_paused_runs_at_once() -> None:
     # A rollback runs while its session is paused: its undo calls are no new steps.
-    started = new_event(
-        SessionStarted(goal="g", requested_by=ANA),
-        tenant="t",
-        session_id="s1",
-        source="test",
-        at=NOW,
-    )
+    started = _started()
     undo = StepScheduled(
         step_id="undo.s",
         call_id="rb-1.c1",
