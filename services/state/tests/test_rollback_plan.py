@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
     Actor,
+    ApprovalDecisionSubmitted,
+    ApprovalGranted,
+    ApprovalRequested,
     CompensationCompleted,
     CompensationScheduled,
     Event,
@@ -19,9 +23,11 @@ from helmline.contracts import (
     RollbackCompleted,
     RollbackRefused,
     RollbackRequested,
+    SessionPaused,
     SessionStarted,
     SessionState,
     StepScheduled,
+    ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallDenied,
     ToolSpec,
@@ -330,8 +336,44 @@ def test_a_rollback_does_not_start_while_a_step_may_still_run() -> None:
     (refusal,) = session.decide()
 
     assert isinstance(refusal, RollbackRefused)
-    assert "late" in refusal.reason
+    assert "steps late may still run: wait for them to finish or pause" in refusal.reason
     assert refusal.blocking_steps == ()
+
+
+def test_in_a_paused_session_a_rollback_refused_under_a_call_says_what_it_waits_for() -> None:
+    session = four_steps()
+    session.add(StepScheduled(step_id="asked", call_id="asked.1", tool="run_command"))
+    session.add(_asked("req-asked", "asked"))
+    session.add(StepScheduled(step_id="held", call_id="held.1", tool="run_command"))
+    session.add(_asked("req-held", "held"))
+    session.add(StepScheduled(step_id="late", call_id="late.1", tool="echo"))
+    session.add(ToolCallAuthorized(call_id="late.1", step_id="late", tool="echo", risk="low"))
+    session.add(SessionPaused())
+    session.add(ApprovalDecisionSubmitted(request_id="req-held", decision="grant", decided_by=ANA))
+    session.add(ApprovalGranted(request_id="req-held", decided_by=(ANA,)))
+    session.request(1)
+
+    (refusal,) = session.decide()
+
+    assert isinstance(refusal, RollbackRefused)
+    # No advice to pause a paused session: a decision or a resume is what lets it start.
+    assert "pause" not in refusal.reason
+    assert "steps late may still run: wait for them to finish" in refusal.reason
+    assert "step asked waits for a decision on req-asked" in refusal.reason
+    assert "step held was granted and runs when the session resumes" in refusal.reason
+
+
+def _asked(request_id: str, step_id: str) -> ApprovalRequested:
+    return ApprovalRequested(
+        request_id=request_id,
+        scope="step",
+        step_id=step_id,
+        call_id=f"{step_id}.1",
+        tool="run_command",
+        risk="high",
+        reason="high risk",
+        expires_at=datetime.now(UTC) + timedelta(minutes=10),
+    )
 
 
 def _ids(scheduled: CompensationScheduled) -> dict[str, str]:

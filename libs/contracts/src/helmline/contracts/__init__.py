@@ -95,6 +95,7 @@ from helmline.contracts._plans import (
 from helmline.contracts._schema import event_schema, export_schemas
 from helmline.contracts._state import (
     FOLD_VERSION,
+    IN_FLIGHT_STEPS,
     OPEN_STATUSES,
     TERMINAL_STATUSES,
     ApprovalState,
@@ -211,6 +212,7 @@ __all__ = [
     "EVENT_PUBLISHERS",
     "EXAMPLE_PAYLOADS",
     "FOLD_VERSION",
+    "IN_FLIGHT_STEPS",
     "KEY_VALUE_BUCKETS",
     "MCP_NAME_SEPARATOR",
     "OBJECT_STORES",

@@ -105,6 +105,9 @@ StepStatus = Literal[
 ]
 """Where a step is in its life."""
 
+IN_FLIGHT_STEPS: frozenset[StepStatus] = frozenset({"scheduled", "authorized", "running"})
+"""Statuses of a step whose call may still run (or is still being decided on)."""
+
 FOLD_VERSION = 3
 """Bump whenever the fold yields a different state for the same events: folded states stored
 by another version are then ignored (the field layout is checked on its own)."""

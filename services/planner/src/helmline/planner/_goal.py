@@ -20,6 +20,7 @@ import json_repair
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from helmline.contracts import (
+    IN_FLIGHT_STEPS,
     ContextCompacted,
     CriterionResult,
     Event,
@@ -69,7 +70,6 @@ from helmline.planner._prompts import (
 from helmline.planner._settings import PlannerSettings
 
 Purpose = Literal["plan", "replan", "act", "verify", "repair"]
-IN_FLIGHT = frozenset({"scheduled", "authorized", "running"})
 PROBLEMS = frozenset({"failed", "denied"})
 THOUGHT_CHARS = 2000
 FACT_CHARS = 160
@@ -122,7 +122,7 @@ def _carry_on(
         if not isinstance(d.payload, SessionCompleted | SessionFailed)
     ]
     busy = any(isinstance(d.payload, StepScheduled) for d in decisions) or any(
-        s.status in IN_FLIGHT for s in state.steps.values()
+        s.status in IN_FLIGHT_STEPS for s in state.steps.values()
     )
     if busy or not current or state.pause_requested or state.plan_revision == 0:
         return Reaction(decisions)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from helmline.contracts import (
+    IN_FLIGHT_STEPS,
+    ApprovalState,
     Arguments,
     CheckpointState,
     CompensationCompleted,
@@ -25,14 +27,12 @@ from helmline.contracts import (
     RollbackState,
     SessionState,
     StepScheduled,
+    StepState,
     ToolCallDenied,
     ToolCallFailed,
     ToolError,
 )
 from helmline.state._checkpoints import effect_of
-
-IN_FLIGHT = frozenset({"scheduled", "authorized", "running"})
-"""Step statuses of a call that may still run: a rollback does not start under it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +91,9 @@ def plan_rollback(now: SessionState, then: SessionState, rollback: RollbackState
     index = _checkpoint_index(now, rollback.checkpoint_id)
     if index is None:
         return RollbackPlan(problem=f"the session has no checkpoint {rollback.checkpoint_id!r}")
-    running = [step.id for step in now.steps.values() if step.status in IN_FLIGHT]
-    if running:
-        return RollbackPlan(
-            problem=f"steps {', '.join(running)} may still run: wait for them to finish or "
-            "pause the session first"
-        )
+    in_flight = [step for step in now.steps.values() if step.status in IN_FLIGHT_STEPS]
+    if in_flight:
+        return RollbackPlan(problem=_in_flight_problem(now, in_flight))
     target = now.checkpoints[index]
     later = tuple(reversed(now.checkpoints[index + 1 :]))
     reset = [
@@ -122,6 +119,35 @@ def plan_rollback(now: SessionState, then: SessionState, rollback: RollbackState
         reset_steps=tuple(reset),
         blocking_steps=tuple(dict.fromkeys(blocking)),
     )
+
+
+def _in_flight_problem(now: SessionState, in_flight: list[StepState]) -> str:
+    """Why a rollback cannot start under steps whose calls may still run, and what lets it.
+    A pause lets no new call start, but a call a person is asked about runs once granted,
+    and one granted while the session was paused runs when it resumes."""
+    requests = {r.call_id: r for r in now.approvals.values() if r.call_id is not None}
+    running, waiting = [], []
+    for step in in_flight:
+        held = now.status == "paused" and step.status == "scheduled"
+        match requests.get(step.call_id) if step.call_id else None:
+            case ApprovalState(status="pending", request_id=request_id):
+                waiting.append(f"step {step.id} waits for a decision on {request_id}")
+            case ApprovalState(status="granted") if held:
+                waiting.append(f"step {step.id} was granted and runs when the session resumes")
+            case _:
+                running.append(step.id)
+    problems = []
+    if running:
+        how = "wait for them to finish"
+        if now.status != "paused":
+            how += " or pause the session first"
+        problems.append(f"steps {', '.join(running)} may still run: {how}")
+    if waiting:
+        problems.append(
+            f"{'; '.join(waiting)}: deny what waits for a decision, or let the calls run, "
+            "then roll back"
+        )
+    return "; ".join(problems)
 
 
 def _checkpoint_index(state: SessionState, checkpoint_id: str) -> int | None:
