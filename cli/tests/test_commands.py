@@ -68,3 +68,17 @@ def test_up_stops_at_an_external_nats_that_does_not_answer(tmp_path: Path) -> No
     assert f"nats at {url} does not answer" in result.stderr
     assert not (tmp_path / "stack.json").exists()
     assert not (tmp_path / "postgres").exists()
+
+
+def test_help_reflows_each_paragraph_and_shows_the_settings_in_brackets() -> None:
+    result = helmline("up", "--help", env={"COLUMNS": "200"})
+
+    assert result.returncode == 0, result.stderr
+    # One paragraph of the docstring, wrapped in the source, is one line at this width.
+    assert (
+        "With HELMLINE_NATS_URL or HELMLINE_DATABASE_URL set, those servers are used instead "
+        "of starting embedded ones." in result.stdout
+    )
+    # Square brackets are text, not markup that swallows them.
+    assert "[env: HELMLINE_DATA_DIR; default: .helmline]" in result.stdout
+    assert "[env: HELMLINE_API_PORT; default: free]" in result.stdout

@@ -37,6 +37,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Help is read as Markdown: a docstring's paragraphs reflow to the terminal (Rich markup
+    # keeps the source's line breaks) and "[env: ...]" stays text (Rich takes it for a tag).
+    rich_markup_mode="markdown",
 )
 schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_help=True)
 app.add_typer(schema_app, name="schema")
