@@ -340,6 +340,34 @@ async def test_an_irreversible_step_refuses_the_rollback_unless_partial_is_accep
     assert set(await asyncio.to_thread(tree, workspace)) == {"a.txt"}
 
 
+async def test_a_rollback_under_a_call_waiting_for_a_person_is_refused_naming_its_request(
+    stack: ServiceProcesses, store: EventStore, tenant: str, helmline: Helmline
+) -> None:
+    session_id = "asks-first"
+    command = ("count", "run_command", {"command": "wc -c a.txt > count.txt"})
+    await start(store, tenant, session_id, chain("write, then ask", write("one", "a.txt"), command))
+    await until(store, tenant, session_id, "waiting")
+    await eventually(
+        lambda: _checkpoints(store, tenant, session_id, 1), timeout_s=30, what="1 checkpoint"
+    )
+    t = ("--tenant", tenant)
+    code, _, err = await helmline("pause", session_id, *t)
+    assert code == 0, err
+    await until(store, tenant, session_id, "paused")
+
+    code, out, err = await helmline("rollback", session_id, "--to", "1", *t)
+
+    # Refused, not taken for an undo call waiting (the request is the plan's own); and a
+    # paused session is not told to pause.
+    assert code == 1, (out, err)
+    (request,) = (await store.load(tenant, session_id)).state.pending_approvals
+    assert f"rollback refused: step count waits for a decision on {request.request_id}" in err
+    assert "pause" not in err
+    workspace = stack.data_dir / "workspaces" / tenant / session_id
+    assert (workspace / "a.txt").exists()
+    assert not (workspace / "count.txt").exists()
+
+
 async def test_a_rollback_survives_killing_the_state_and_sandbox_services_undoing_each_once(
     stack: ServiceProcesses,
     tickets: None,

@@ -100,9 +100,15 @@ async def follow_rollback(
 
 def _settled(state: SessionState, rollback_id: str) -> bool:
     rollback = state.rollbacks.get(rollback_id)
-    # A completed session stays completed while it is rolled back: its pending approvals,
-    # not its status, tell that an undo call waits for a person.
-    return rollback is not None and (not rollback.active or bool(state.pending_approvals))
+    if rollback is None:
+        return False
+    # A completed session stays completed while it is rolled back: a pending approval of
+    # one of the rollback's undo calls (each runs as the call of its compensation), not the
+    # session's status, tells that the rollback waits for a person. Requests of the plan's
+    # own steps do not: under those the rollback is refused.
+    return not rollback.active or any(
+        request.call_id in rollback.compensations for request in state.pending_approvals
+    )
 
 
 async def start_fork(
