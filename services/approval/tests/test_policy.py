@@ -9,7 +9,6 @@ import pytest
 
 from helmline.approval import Policy, default_policy, parse_policy
 from helmline.approval._policy import (
-    held_grants,
     judge_escalation,
     judge_expiry,
     judge_plan,
@@ -274,7 +273,7 @@ def test_a_call_granted_while_its_session_is_paused_runs_once_it_resumes() -> No
     )
     assert isinstance(granted, ApprovalGranted)
     assert (state.status, state.steps["s"].status) == ("paused", "scheduled")
-    assert [r.request_id for r in held_grants(state)] == ["s.1"]
+    assert [r.request_id for r in state.held_grants] == ["s.1"]
     assert judge_release(state, state.approvals["s.1"], DEFAULT, NOW) == []
 
     events.append(started.derive(SessionResumed(), source="test", key="resumed"))
@@ -288,7 +287,7 @@ def test_a_call_granted_while_its_session_is_paused_runs_once_it_resumes() -> No
 
     events.append(started.derive(release.payload, source="test", key="released"))
     state = fold(events)
-    assert held_grants(state) == []
+    assert state.held_grants == ()
     assert judge_release(state, state.approvals["s.1"], DEFAULT, NOW) == []
 
 

@@ -408,6 +408,28 @@ class SessionState:
         """Approval requests still waiting for a decision."""
         return tuple(a for a in self.approvals.values() if a.status == "pending")
 
+    @property
+    def held_grants(self) -> tuple[ApprovalState, ...]:
+        """Requests granted while the session was paused, whose calls wait for it to resume:
+        granted, and the plan step's call still where it was scheduled."""
+        return tuple(
+            request
+            for request in self.approvals.values()
+            if request.status == "granted"
+            and request.tool
+            and (step := self.plan_step_of(request)) is not None
+            and step.status == "scheduled"
+        )
+
+    def plan_step_of(self, request: ApprovalState) -> StepState | None:
+        """The step of the plan whose current call `request` asks about, if it asks about
+        one. A rollback's undo call is no step of the plan: the rollback runs while the
+        session is paused, so a pause does not hold it."""
+        step = self.steps.get(request.step_id) if request.step_id is not None else None
+        if step is None or request.call_id is None or step.call_id != request.call_id:
+            return None
+        return step
+
     def fork_refusal(self, checkpoint: CheckpointState) -> str | None:
         """Why no fork can start from `checkpoint`, if none can: no workspace can be as it
         was there any more (its snapshot was pruned, or never stored)."""

@@ -15,7 +15,6 @@ from cachetools import LRUCache
 
 from helmline.approval._policy import (
     Decision,
-    held_grants,
     judge_escalation,
     judge_expiry,
     judge_plan,
@@ -148,7 +147,7 @@ class ApprovalHandler:
                     decisions = await self._release_again(event, data, policy)
                 else:
                     state = self._sessions.record(state, appended)
-                    if state.status == "paused" and held_grants(state):
+                    if state.status == "paused" and state.held_grants:
                         await self._release_if_resumed(event, policy)
                 self._settle_timers(event, data, decisions)
             case SessionPaused():
@@ -161,7 +160,7 @@ class ApprovalHandler:
                     task.cancel()
             case SessionResumed():
                 state = await self._sessions.advance(delivery)
-                for request in held_grants(state):
+                for request in state.held_grants:
                     released = await self._release(event, state, request, policy)
                     state = self._sessions.record(state, released)
             case _:
@@ -278,7 +277,7 @@ class ApprovalHandler:
         state = (await self._store.load(granted.tenant, granted.session_id)).state
         if state.status == "paused":
             return
-        for request in held_grants(state):
+        for request in state.held_grants:
             state = fold(await self._release(granted, state, request, policy), state)
         self._sessions.forget(granted.tenant, granted.session_id)
 

@@ -29,7 +29,6 @@ from helmline.contracts import (
     PlanRejected,
     SessionState,
     StepScheduled,
-    StepState,
     ToolCallAuthorized,
     ToolCallDenied,
     ToolCallFailed,
@@ -361,7 +360,7 @@ def judge_vote(
         similar_where=vote.similar_where,
     )
     decisions = [Decision(granted, f"decided/{request.request_id}")]
-    if authorized is not None and not (state.status == "paused" and _plan_call(state, request)):
+    if authorized is not None and not (state.status == "paused" and state.plan_step_of(request)):
         # Paused, no new step starts: the grant stands, and `judge_release` lets the call
         # run when the session resumes.
         decisions.append(Decision(authorized, f"outcome/{request.request_id}"))
@@ -416,29 +415,6 @@ def _granted_call(
     )
 
 
-def _plan_call(state: SessionState, request: ApprovalState) -> StepState | None:
-    """The step of the plan whose current call `request` asks about, if it asks about one.
-    A rollback's undo call is no step of the plan: the rollback runs while the session is
-    paused, so a pause does not hold it."""
-    step = state.steps.get(request.step_id) if request.step_id is not None else None
-    if step is None or request.call_id is None or step.call_id != request.call_id:
-        return None
-    return step
-
-
-def held_grants(state: SessionState) -> list[ApprovalState]:
-    """Requests granted while their session was paused, whose calls wait for it to resume
-    (`judge_release`): granted, and the step's call still where it was scheduled."""
-    return [
-        request
-        for request in state.approvals.values()
-        if request.status == "granted"
-        and request.tool
-        and (step := _plan_call(state, request)) is not None
-        and step.status == "scheduled"
-    ]
-
-
 def judge_release(
     state: SessionState,
     request: ApprovalState,
@@ -449,7 +425,7 @@ def judge_release(
     """The call of a request granted while its session was paused, now that the session is
     no longer paused: authorised with the arguments granted, as the grant would have if the
     session had been running; denied if the policy in force no longer lets it run."""
-    if state.status == "paused" or request not in held_grants(state):
+    if state.status == "paused" or request not in state.held_grants:
         return []
     arguments = request.modified_arguments
     if arguments is None:

@@ -14,7 +14,6 @@ from typing import Literal
 
 from helmline.contracts import (
     IN_FLIGHT_STEPS,
-    ApprovalState,
     Arguments,
     CheckpointState,
     CompensationCompleted,
@@ -125,17 +124,16 @@ def _in_flight_problem(now: SessionState, in_flight: list[StepState]) -> str:
     """Why a rollback cannot start under steps whose calls may still run, and what lets it.
     A pause lets no new call start, but a call a person is asked about runs once granted,
     and one granted while the session was paused runs when it resumes."""
-    requests = {r.call_id: r for r in now.approvals.values() if r.call_id is not None}
+    asking = {r.call_id: r.request_id for r in now.pending_approvals if r.call_id is not None}
+    held = {r.call_id for r in now.held_grants} if now.status == "paused" else set()
     running, waiting = [], []
     for step in in_flight:
-        held = now.status == "paused" and step.status == "scheduled"
-        match requests.get(step.call_id) if step.call_id else None:
-            case ApprovalState(status="pending", request_id=request_id):
-                waiting.append(f"step {step.id} waits for a decision on {request_id}")
-            case ApprovalState(status="granted") if held:
-                waiting.append(f"step {step.id} was granted and runs when the session resumes")
-            case _:
-                running.append(step.id)
+        if step.call_id in asking:
+            waiting.append(f"step {step.id} waits for a decision on {asking[step.call_id]}")
+        elif step.call_id in held:
+            waiting.append(f"step {step.id} was granted and runs when the session resumes")
+        else:
+            running.append(step.id)
     problems = []
     if running:
         how = "wait for them to finish"
