@@ -253,6 +253,24 @@ async def test_the_read_model_equals_the_fold_of_every_session(
     ]
 
 
+async def test_a_session_ending_after_its_request_was_projected_withdraws_the_request_row(
+    nats_url: str, database_url: str, store: EventStore, tenant: str
+) -> None:
+    asking = _session(tenant, 1)
+    async with state_service(nats_url, database_url, tenant):
+        await store.append_all(asking)
+        await eventually(
+            lambda: caught_up(store, database_url, tenant, 1), timeout_s=60, what="the request"
+        )
+        await store.append(asking[0].derive(SessionCompleted(summary="done"), source="test"))
+        await eventually(
+            lambda: caught_up(store, database_url, tenant, 1), timeout_s=60, what="the end"
+        )
+    (request,) = await _rows(database_url, "approvals", tenant)
+    assert request["status"] == "withdrawn"
+    await _assert_rows_equal_the_fold(store, database_url, tenant)
+
+
 async def test_postgres_down_mid_run_loses_nothing(
     nats_url: str, store: EventStore, tenant: str, own_postgres: Any
 ) -> None:

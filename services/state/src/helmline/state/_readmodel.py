@@ -15,6 +15,9 @@ from helmline.contracts import (
     Payload,
     PlanProposed,
     RollbackCompleted,
+    SessionCancelled,
+    SessionCompleted,
+    SessionFailed,
     SessionState,
     StepState,
 )
@@ -219,8 +222,10 @@ EVERY_ROW = Touched(every_row=True)
 
 
 def touched(payload: Payload) -> Touched:
-    """The rows an event changes: those it names, or all of them for plans and rollbacks."""
-    if isinstance(payload, PlanProposed | RollbackCompleted):
+    """The rows an event changes: those it names, or all of them for plans, rollbacks and
+    a session's end (which withdraws every request still pending)."""
+    ends = SessionCompleted | SessionFailed | SessionCancelled
+    if isinstance(payload, PlanProposed | RollbackCompleted | ends):
         return EVERY_ROW
     step_id = getattr(payload, "step_id", None)
     request_id = getattr(payload, "request_id", None)
