@@ -23,12 +23,17 @@ from helmline.contracts import (
     ApprovalGranted,
     ApprovalRequested,
     CheckpointCreated,
+    CompensationCompleted,
+    CompensationScheduled,
     ConsumerSpec,
     Event,
     ModelExchangeRecorded,
+    Payload,
     PlanApproved,
     PlanProposed,
     PlanStep,
+    RollbackFailed,
+    RollbackRequested,
     SessionCompleted,
     SessionStarted,
     SessionState,
@@ -253,21 +258,49 @@ async def test_the_read_model_equals_the_fold_of_every_session(
     ]
 
 
-async def test_a_session_ending_after_its_request_was_projected_withdraws_the_request_row(
-    nats_url: str, database_url: str, store: EventStore, tenant: str
+ROLLBACK = {"rollback_id": "rb", "checkpoint_id": "cp-a"}
+UNDO = {"rollback_id": "rb", "compensation_id": "rb.undo1", "step_id": "b"}
+CHANGING_ROWS_THEY_DO_NOT_NAME: dict[str, list[Payload]] = {
+    # The end withdraws the request still pending.
+    "session end": [SessionCompleted(summary="done")],
+    # The restore undoes both steps; the failed rollback after it rewrites no rows.
+    "compensation of two steps": [
+        RollbackRequested(**ROLLBACK, requested_by=ANA),
+        CompensationScheduled(**UNDO, kind="restore_workspace", steps=("b", "a")),
+        CompensationCompleted(**UNDO, steps=("b", "a")),
+        RollbackFailed(**ROLLBACK, reason="an undo call was denied", undone_steps=("b", "a")),
+    ],
+}
+
+
+@pytest.mark.parametrize("later", CHANGING_ROWS_THEY_DO_NOT_NAME, ids=str)
+async def test_rows_changed_by_an_event_that_does_not_name_them_are_projected_again(
+    nats_url: str, database_url: str, store: EventStore, tenant: str, later: str
 ) -> None:
-    asking = _session(tenant, 1)
+    first = _session(tenant, 1)
     async with state_service(nats_url, database_url, tenant):
-        await store.append_all(asking)
+        await store.append_all(first)
         await eventually(
-            lambda: caught_up(store, database_url, tenant, 1), timeout_s=60, what="the request"
+            lambda: caught_up(store, database_url, tenant, 1), timeout_s=60, what="the session"
         )
-        await store.append(asking[0].derive(SessionCompleted(summary="done"), source="test"))
+        before = (
+            await _rows(database_url, "approvals", tenant),
+            await _rows(database_url, "steps", tenant),
+        )
+        await store.append_all(
+            [
+                first[0].derive(payload, source="test", key=str(index))
+                for index, payload in enumerate(CHANGING_ROWS_THEY_DO_NOT_NAME[later])
+            ]
+        )
         await eventually(
-            lambda: caught_up(store, database_url, tenant, 1), timeout_s=60, what="the end"
+            lambda: caught_up(store, database_url, tenant, 1), timeout_s=60, what=later
         )
-    (request,) = await _rows(database_url, "approvals", tenant)
-    assert request["status"] == "withdrawn"
+    after = (
+        await _rows(database_url, "approvals", tenant),
+        await _rows(database_url, "steps", tenant),
+    )
+    assert after != before
     await _assert_rows_equal_the_fold(store, database_url, tenant)
 
 

@@ -227,11 +227,12 @@ def touched(payload: Payload) -> Touched:
     ends = SessionCompleted | SessionFailed | SessionCancelled
     if isinstance(payload, PlanProposed | RollbackCompleted | ends):
         return EVERY_ROW
-    step_id = getattr(payload, "step_id", None)
+    # A compensation names every step it undoes besides the latest.
+    step_ids = (getattr(payload, "step_id", None), *getattr(payload, "steps", ()))
     request_id = getattr(payload, "request_id", None)
     checkpoint_id = getattr(payload, "checkpoint_id", None)
     return Touched(
-        steps=(step_id,) if isinstance(step_id, str) else (),
+        steps=tuple(step_id for step_id in step_ids if isinstance(step_id, str)),
         approvals=(request_id,) if isinstance(request_id, str) else (),
         checkpoints=(checkpoint_id,) if isinstance(checkpoint_id, str) else (),
     )
