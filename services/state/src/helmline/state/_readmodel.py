@@ -18,6 +18,7 @@ from helmline.contracts import (
     SessionCancelled,
     SessionCompleted,
     SessionFailed,
+    SessionStarted,
     SessionState,
     StepState,
 )
@@ -222,10 +223,11 @@ EVERY_ROW = Touched(every_row=True)
 
 
 def touched(payload: Payload) -> Touched:
-    """The rows an event changes: those it names, or all of them for plans, rollbacks and
-    a session's end (which withdraws every request still pending)."""
+    """The rows an event changes: those it names, or all of them for a session's start (a
+    fork's marks the steps completed before the fork), plans, rollbacks and a session's end
+    (which withdraws every request still pending)."""
     ends = SessionCompleted | SessionFailed | SessionCancelled
-    if isinstance(payload, PlanProposed | RollbackCompleted | ends):
+    if isinstance(payload, SessionStarted | PlanProposed | RollbackCompleted | ends):
         return EVERY_ROW
     # A compensation names every step it undoes besides the latest.
     step_ids = (getattr(payload, "step_id", None), *getattr(payload, "steps", ()))
