@@ -33,6 +33,7 @@ from helmline.contracts import (
     CheckpointCreated,
     Event,
     FileChanges,
+    ForkOrigin,
     Payload,
     PlanProposed,
     PlanStep,
@@ -52,6 +53,7 @@ from helmline.contracts import (
     ToolError,
     decode_event,
     fold,
+    new_event,
 )
 from helmline.runtime import EventStore
 from helmline.runtime.testing import eventually
@@ -444,6 +446,32 @@ async def test_show_lists_steps_results_approvals_and_checkpoints(
         "+notes.txt",
     ):
         assert shown in result.stdout
+
+
+async def test_show_of_a_fork_says_where_its_completed_steps_ran(
+    nats_url: str, store: EventStore, tenant: str
+) -> None:
+    steps = load_playbook(HELLO).steps
+    fork = new_event(
+        SessionStarted(
+            goal="again",
+            playbook=load_playbook(HELLO),
+            requested_by=Actor(id="ana"),
+            fork_of=ForkOrigin(session_id="origin", at_seq=12, completed_steps=("write",)),
+        ),
+        tenant=tenant,
+        session_id="fork",
+        source="helmline/api",
+    )
+    await store.append(fork)
+    await store.append(fork.derive(PlanProposed(revision=1, steps=steps), source="helmline/test"))
+
+    result = await helmline(nats_url, "show", "fork", "-t", tenant)
+
+    assert result.exit_code == 0, result.output
+    write = next(line for line in result.stdout.splitlines() if "│ write" in line)
+    assert "completed in origin before the fork" in write
+    assert "null" not in write
 
 
 async def test_show_lists_the_standing_grants_and_what_they_cover(

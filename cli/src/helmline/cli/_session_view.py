@@ -350,6 +350,8 @@ def _step_detail(state: SessionState, step: StepState, *, width: int) -> str:
     if request is not None and request.status == "pending":
         return f"waiting for approval {request.request_id}"
     match step.status:
+        case "succeeded" if step.output is None and step.reason:
+            return step.reason  # Completed in the session a fork started from.
         case "succeeded":
             return _brief(step.output, width)
         case "failed" if step.retry_at is not None:
