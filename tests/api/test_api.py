@@ -12,7 +12,7 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from helmline.api import new_api_key, store_api_key
-from helmline.contracts import SessionStarted, WorkspaceSnapshotsPruned, new_event
+from helmline.contracts import SessionStarted, WorkspaceSnapshotsPruned, new_event, tenant_filter
 from helmline.runtime import EventStore
 from helmline.runtime.testing import checkpointed, eventually
 from tests.api.conftest import Issuer, KeyMaker
@@ -290,10 +290,11 @@ async def test_pause_resume_and_cancel_become_events_and_an_ended_session_refuse
     state = await until(client, operator, session_id, "paused", "waiting")
     assert state["pause_requested"] is True
     assert (await client.post(f"{base}/resume", headers=operator)).status_code == 202
-    cancelled = await client.post(f"{base}/cancel", json={"reason": "enough"}, headers=operator)
-    assert cancelled.status_code == 202
+    # A reason is optional: the body may be left out.
+    cancelled = await client.post(f"{base}/cancel", headers=operator)
+    assert cancelled.status_code == 202, cancelled.text
     state = await until(client, operator, session_id, "cancelled")
-    assert_problem(await client.post(f"{base}/pause", json={}, headers=operator), 409, "ended")
+    assert_problem(await client.post(f"{base}/pause", headers=operator), 409, "ended")
     # The request it waited on is withdrawn: a grant now would run a cancelled session's step.
     assert state["approvals"][request_id]["status"] == "withdrawn"
     admin = await make_key(tenant, "admin")
@@ -380,6 +381,32 @@ async def test_invalid_input_is_one_problem_that_names_each_field(
     assert_problem(
         await client.get("/sessions/not..valid", headers=operator), 422, "path.session_id"
     )
+
+
+async def test_a_playbook_with_an_unknown_tool_or_bad_arguments_starts_nothing(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    playbook = {
+        "goal": "bad steps",
+        "steps": [
+            {"id": "a", "tool": "no_such_tool"},
+            {"id": "b", "tool": "run_command", "arguments": {"command": "ls", "timeout_s": -3}},
+            {"id": "c", "tool": "read_file", "arguments": {"path": "x", "colour": "red"}},
+        ],
+    }
+
+    response = await client.post("/sessions", json={"playbook": playbook}, headers=operator)
+
+    assert_problem(response, 422, "unknown tool 'no_such_tool'")
+    fields = {problem["field"]: problem["message"] for problem in response.json()["errors"]}
+    assert set(fields) == {
+        "body.playbook.steps.0.tool",
+        "body.playbook.steps.1.arguments.timeout_s",
+        "body.playbook.steps.2.arguments.colour",
+    }
+    assert "(arguments of run_command)" in fields["body.playbook.steps.1.arguments.timeout_s"]
+    assert await store.read_matching(tenant_filter(tenant)) == []
 
 
 async def test_a_goal_starts_a_planned_session(

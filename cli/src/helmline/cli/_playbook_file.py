@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
 from helmline.cli._errors import CliError
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Playbook, ToolSpec
+from helmline.runtime import playbook_problems
 from helmline.yamlfile import (
     Location,
     Problem,
@@ -116,36 +116,7 @@ def _reaches(depends: Mapping[str, tuple[str, ...]], *, start: str, target: str)
 def _tool_problems(
     root: yaml.Node, playbook: Playbook, tools: Mapping[str, ToolSpec]
 ) -> list[Problem]:
-    problems = []
-    for index, step in enumerate(playbook.steps):
-        spec = tools.get(step.tool)
-        if spec is None:
-            location: Location = ("steps", index, "tool")
-            known = ", ".join(sorted(tools))
-            problems.append(
-                Problem(
-                    line_of(node_at(root, location)),
-                    field_of(location),
-                    f"unknown tool {step.tool!r} (known tools: {known})",
-                )
-            )
-            continue
-        validator = Draft202012Validator(spec.parameters)
-        for failure in validator.iter_errors(step.arguments):
-            location = ("steps", index, "arguments", *failure.absolute_path)
-            if failure.validator == "additionalProperties" and isinstance(failure.instance, dict):
-                # Point at the first unexpected key rather than at the whole mapping.
-                allowed = (
-                    failure.schema.get("properties", {}) if isinstance(failure.schema, dict) else {}
-                )
-                extra = next((key for key in failure.instance if key not in allowed), None)
-                if extra is not None:
-                    location = (*location, extra)
-            problems.append(
-                Problem(
-                    line_of(node_at(root, location)),
-                    field_of(location),
-                    f"{failure.message} (arguments of {step.tool})",
-                )
-            )
-    return problems
+    return [
+        Problem(line_of(node_at(root, found.location)), field_of(found.location), found.message)
+        for found in playbook_problems(playbook, tools)
+    ]

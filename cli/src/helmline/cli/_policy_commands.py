@@ -64,9 +64,8 @@ def explain(
     from helmline.cli._display import stdout
     from helmline.cli._intents import check_identifiers
     from helmline.cli._policy_explain import explain_step, explanation_lines
-    from helmline.cli._tool_commands import tools_of
     from helmline.contracts import fold
-    from helmline.runtime import latest_tool_registry
+    from helmline.runtime import latest_tool_registry, tools_of
 
     _attempt(lambda: active_policy(policy_file))  # A broken file fails before connecting.
     _attempt(lambda: check_identifiers(tenant, session))

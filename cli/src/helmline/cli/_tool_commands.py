@@ -78,22 +78,13 @@ def known_tools(data_dir: Path | None) -> Mapping[str, ToolSpec]:
     when no stack can be reached (its MCP tools are then unknown)."""
     from helmline.cli._connection import stack_nats_url
     from helmline.cli._settings import load_settings
+    from helmline.runtime import tools_of
 
     try:
         url = stack_nats_url(load_settings(data_dir=data_dir))
         return tools_of(asyncio.run(_registry(url)))
     except CliError:
         return BUILTIN_TOOLS_BY_NAME
-
-
-def tools_of(registry: ToolRegistryPublished | None) -> Mapping[str, ToolSpec]:
-    """The tools of a registry the gateways published, or the built-in tools when none was."""
-    from helmline.runtime import ToolCatalogue
-
-    catalogue = ToolCatalogue()
-    if registry is not None:
-        catalogue.apply(registry)
-    return catalogue
 
 
 async def _registry(url: str) -> ToolRegistryPublished | None:

@@ -3,7 +3,7 @@
 Every service stands on this package and `helmline.contracts`; it knows no service.
 """
 
-from helmline.runtime._arguments import ArgumentChecker
+from helmline.runtime._arguments import ArgumentChecker, StepProblem, playbook_problems
 from helmline.runtime._cache import SessionCache
 from helmline.runtime._consumer import (
     Delivery,
@@ -44,7 +44,7 @@ from helmline.runtime._store import (
     bulk_allocation,
 )
 from helmline.runtime._sweeps import Sweep, sessions_gone
-from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry
+from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry, tools_of
 from helmline.runtime._tracing import TracingSettings, traceparent_for
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "SessionCache",
     "SessionSnapshot",
     "Setup",
+    "StepProblem",
     "StoredEvent",
     "Sweep",
     "ToolCatalogue",
@@ -89,10 +90,12 @@ __all__ = [
     "live_objects",
     "log_context",
     "nats_server_binary",
+    "playbook_problems",
     "provision",
     "retry_after_s",
     "run_service",
     "sessions_gone",
     "stream_config",
+    "tools_of",
     "traceparent_for",
 ]

@@ -1,5 +1,6 @@
 """Tool arguments against their tool's JSON Schema: one check for every service that needs
-it (the approval service before policy is asked, the gateway before a call is sent)."""
+it (the approval service before policy is asked, the gateway before a call is sent), and
+the check of a playbook's steps before its session starts (the CLI, the API)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 import jsonschema_rs
 from jsonschema import Draft202012Validator
 
-from helmline.contracts import ToolError, ToolSpec
+from helmline.contracts import Playbook, ToolError, ToolSpec
 
 
 class ArgumentChecker:
@@ -39,6 +40,43 @@ class ArgumentChecker:
             field=path,
             suggestion="fix the argument to match the tool's schema",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StepProblem:
+    """Something wrong with the tool or the arguments of a playbook's step."""
+
+    location: tuple[str | int, ...]
+    """Where in the playbook: `("steps", 0, "tool")`, `("steps", 1, "arguments", "path")`."""
+    message: str
+
+
+def playbook_problems(playbook: Playbook, tools: Mapping[str, ToolSpec]) -> list[StepProblem]:
+    """Each step naming a tool that `tools` lacks, and each of a step's arguments that its
+    tool's schema refuses; none for a playbook that can run."""
+    problems = []
+    for index, step in enumerate(playbook.steps):
+        spec = tools.get(step.tool)
+        if spec is None:
+            known = ", ".join(sorted(tools))
+            problems.append(
+                StepProblem(
+                    ("steps", index, "tool"), f"unknown tool {step.tool!r} (known tools: {known})"
+                )
+            )
+            continue
+        for failure in Draft202012Validator(spec.parameters).iter_errors(step.arguments):
+            location = ("steps", index, "arguments", *failure.absolute_path)
+            if failure.validator == "additionalProperties" and isinstance(failure.instance, dict):
+                # Point at the first unexpected key rather than at the whole mapping.
+                allowed = (
+                    failure.schema.get("properties", {}) if isinstance(failure.schema, dict) else {}
+                )
+                extra = next((key for key in failure.instance if key not in allowed), None)
+                if extra is not None:
+                    location = (*location, extra)
+            problems.append(StepProblem(location, f"{failure.message} (arguments of {step.tool})"))
+    return problems
 
 
 @dataclass

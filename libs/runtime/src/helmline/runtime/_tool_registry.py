@@ -81,3 +81,12 @@ class ToolCatalogue(Mapping[str, ToolSpec]):
         if self._subscription is not None:
             await self._subscription.unsubscribe()
             self._subscription = None
+
+
+def tools_of(registry: ToolRegistryPublished | None) -> Mapping[str, ToolSpec]:
+    """The tools a registry the gateways published makes callable, or the built-in tools
+    when none was published."""
+    catalogue = ToolCatalogue()
+    if registry is not None:
+        catalogue.apply(registry)
+    return catalogue

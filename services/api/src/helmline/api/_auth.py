@@ -110,7 +110,7 @@ class Authenticator:
 
 
 def unauthorized(detail: str) -> Problem:
-    return Problem(401, "Unauthorized", detail, **{"WWW-Authenticate": "Bearer"})
+    return Problem(401, "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
 
 
 _bearer = HTTPBearer(auto_error=False, description="An API key (hlk_...) or an OIDC token")

@@ -44,12 +44,20 @@ class ProblemDetails(BaseModel):
 class Problem(Exception):
     """Raised by a route to answer with problem details."""
 
-    def __init__(self, status: int, title: str, detail: str, **headers: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        errors: list[FieldProblem] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.title = title
         self.detail = detail
-        self.headers = headers
+        self.errors = errors or []
+        self.headers = headers or {}
 
 
 def not_found(detail: str) -> Problem:
@@ -62,6 +70,13 @@ def conflict(detail: str) -> Problem:
 
 def forbidden(detail: str) -> Problem:
     return Problem(403, "Forbidden", detail)
+
+
+def invalid(problems: list[FieldProblem]) -> Problem:
+    """A request that does not validate, each field at fault named (the first few also in
+    the detail)."""
+    summary = "; ".join(f"{p.field}: {p.message}" for p in problems[:5])
+    return Problem(422, "Invalid Request", summary, errors=problems)
 
 
 def problem_response(
@@ -90,7 +105,9 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def on_problem(request: Request, error: Problem) -> JSONResponse:
         return problem_response(
-            ProblemDetails(title=error.title, status=error.status, detail=error.detail),
+            ProblemDetails(
+                title=error.title, status=error.status, detail=error.detail, errors=error.errors
+            ),
             error.headers or None,
         )
 
@@ -109,10 +126,7 @@ def install_problem_handlers(app: FastAPI) -> None:
             FieldProblem(field=".".join(str(part) for part in e["loc"]), message=e["msg"])
             for e in error.errors()
         ]
-        summary = "; ".join(f"{p.field}: {p.message}" for p in problems[:5])
-        return problem_response(
-            ProblemDetails(title="Invalid Request", status=422, detail=summary, errors=problems)
-        )
+        return await on_problem(request, invalid(problems))
 
     @app.exception_handler(nats.errors.Error)
     @app.exception_handler(TimeoutError)

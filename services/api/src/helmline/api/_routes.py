@@ -10,7 +10,15 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from helmline.api._auth import Approver, Operator, Principal, Viewer
-from helmline.api._problems import PROBLEM_RESPONSES, ProblemDetails, conflict, forbidden, not_found
+from helmline.api._problems import (
+    PROBLEM_RESPONSES,
+    FieldProblem,
+    ProblemDetails,
+    conflict,
+    forbidden,
+    invalid,
+    not_found,
+)
 from helmline.api._reads import SessionFilter, SessionLister, SessionSummary, load_session
 from helmline.contracts import (
     BUILTIN_TOOLS,
@@ -34,7 +42,13 @@ from helmline.contracts import (
     fold,
     new_event,
 )
-from helmline.runtime import EventStore, FoldedStates, latest_tool_registry
+from helmline.runtime import (
+    EventStore,
+    FoldedStates,
+    latest_tool_registry,
+    playbook_problems,
+    tools_of,
+)
 
 SOURCE = "helmline/api"
 
@@ -86,8 +100,13 @@ class Accepted(BaseModel):
 
 
 class Control(BaseModel):
+    """A pause or cancel: the body may be left out (no reason given)."""
+
     reason: str = Field(default="", max_length=2000)
     """Why, in the person's words."""
+
+
+NO_REASON = Control()
 
 
 class Decision(BaseModel):
@@ -171,7 +190,25 @@ async def _steer(
 async def create_session(
     body: NewSession, principal: Operator, request: Request, response: Response
 ) -> Accepted:
-    """Start a session: `session.started` with the goal (mode plan) or the playbook."""
+    """Start a session: `session.started` with the goal (mode plan) or the playbook.
+
+    A playbook is checked against the tools plans may call now, as `helmline run` checks
+    it: a step naming an unknown tool, or arguments its tool's schema refuses, start
+    nothing (422, each problem named).
+    """
+    if body.playbook is not None:
+        tools = tools_of(await latest_tool_registry(request.app.state.js))
+        problems = playbook_problems(body.playbook, tools)
+        if problems:
+            raise invalid(
+                [
+                    FieldProblem(
+                        field=".".join(str(part) for part in ("body", "playbook", *p.location)),
+                        message=p.message,
+                    )
+                    for p in problems
+                ]
+            )
     session_id = uuid.uuid4().hex
     goal = body.goal or (body.playbook.goal if body.playbook else "")
     payload = SessionStarted(
@@ -275,7 +312,7 @@ async def decide(
 
 @router.post("/sessions/{session_id}/pause", status_code=202, tags=["control"], responses=CONFLICTS)
 async def pause(
-    session_id: SessionPath, body: Control, principal: Operator, request: Request
+    session_id: SessionPath, principal: Operator, request: Request, body: Control = NO_REASON
 ) -> Accepted:
     """Ask that no new step start; a running step finishes."""
     return await _steer(
@@ -300,7 +337,7 @@ async def resume(session_id: SessionPath, principal: Operator, request: Request)
     "/sessions/{session_id}/cancel", status_code=202, tags=["control"], responses=CONFLICTS
 )
 async def cancel(
-    session_id: SessionPath, body: Control, principal: Operator, request: Request
+    session_id: SessionPath, principal: Operator, request: Request, body: Control = NO_REASON
 ) -> Accepted:
     """Ask that the session stop for good; a running command is killed."""
     return await _steer(
