@@ -97,6 +97,30 @@ async def test_an_invalid_playbook_is_refused_before_anything_is_appended(
         await js.get_last_msg(EVENTS_STREAM.name, tenant_filter(tenant))
 
 
+async def test_a_playbook_too_large_for_the_log_is_refused_before_anything_is_appended(
+    tmp_path: Path, nats_url: str, js: JetStreamContext, tenant: str
+) -> None:
+    message = "x" * 60_000  # As long as echo takes; twenty of them outgrow an event.
+    steps = "".join(
+        f"  - id: s{i}\n    tool: echo\n    arguments: {{message: {message}}}\n" for i in range(20)
+    )
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text(f"goal: g\nsteps:\n{steps}")
+
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["run", "--playbook", str(playbook), "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url},
+    )
+
+    assert result.exit_code == 2, result.output
+    assert "is larger than the log takes" in result.stderr
+    assert "nothing was appended" in result.stderr
+    with pytest.raises(NotFoundError):
+        await js.get_last_msg(EVENTS_STREAM.name, tenant_filter(tenant))
+
+
 def test_a_missing_playbook_file_is_named(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "--playbook", str(tmp_path / "nope.yaml")])
 

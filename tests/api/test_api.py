@@ -12,7 +12,13 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from helmline.api import new_api_key, store_api_key
-from helmline.contracts import SessionStarted, WorkspaceSnapshotsPruned, new_event, tenant_filter
+from helmline.contracts import (
+    EVENTS_STREAM,
+    SessionStarted,
+    WorkspaceSnapshotsPruned,
+    new_event,
+    tenant_filter,
+)
 from helmline.runtime import EventStore
 from helmline.runtime.testing import checkpointed, eventually
 from tests.api.conftest import Issuer, KeyMaker
@@ -406,6 +412,21 @@ async def test_a_playbook_with_an_unknown_tool_or_bad_arguments_starts_nothing(
         "body.playbook.steps.2.arguments.colour",
     }
     assert "(arguments of run_command)" in fields["body.playbook.steps.1.arguments.timeout_s"]
+    assert await store.read_matching(tenant_filter(tenant)) == []
+
+
+async def test_a_session_too_large_for_the_log_is_refused_and_nothing_is_appended(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    labels = {"notes": "x" * EVENTS_STREAM.max_msg_size}
+
+    response = await client.post(
+        "/sessions", json={"goal": "g", "labels": labels}, headers=operator
+    )
+
+    # Not "try again": the same request can never fit.
+    assert_problem(response, 413, "larger than the log takes", "nothing was appended")
     assert await store.read_matching(tenant_filter(tenant)) == []
 
 

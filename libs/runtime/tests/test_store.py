@@ -11,13 +11,16 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import (
     EVENTS_STREAM,
+    Actor,
     Event,
     PlanProposed,
     PlanStep,
+    SessionStarted,
     StepScheduled,
     ThoughtRecorded,
+    new_event,
 )
-from helmline.runtime import ConcurrencyConflict, EventsOfType, EventStore
+from helmline.runtime import ConcurrencyConflict, EventsOfType, EventStore, EventTooLarge
 from helmline.runtime.testing import session_started
 
 
@@ -59,6 +62,35 @@ async def test_the_same_event_appended_twice_is_stored_once(store: EventStore, t
     assert again.seq == first.seq
     stored = [item async for item in store.read(tenant, "s1")]
     assert [item.event for item in stored] == [started]
+
+
+def _labelled(tenant: str, session_id: str, size: int) -> Event:
+    return new_event(
+        SessionStarted(goal="g", requested_by=Actor(id="ana"), labels={"big": "x" * size}),
+        tenant=tenant,
+        session_id=session_id,
+        source="test",
+    )
+
+
+async def test_an_event_larger_than_the_log_takes_is_refused_before_it_is_sent(
+    store: EventStore, tenant: str
+) -> None:
+    limit = EVENTS_STREAM.max_msg_size
+    with pytest.raises(EventTooLarge) as refused:
+        await store.append(_labelled(tenant, "s1", limit))
+    assert refused.value.limit == limit
+    assert "session.started event of" in str(refused.value)
+    with pytest.raises(EventTooLarge):
+        await store.append_pipelined([_labelled(tenant, "s1", limit)])
+    assert await store.last_seq(tenant, "s1") == 0
+
+    # Counted as JetStream counts it: an event of exactly the limit is stored, one byte
+    # more is not sent.
+    exactly = _labelled(tenant, "s1", limit - (refused.value.size - limit))
+    assert (await store.append(exactly)).seq > 0
+    with pytest.raises(EventTooLarge):
+        await store.append(_labelled(tenant, "s2", limit - (refused.value.size - limit) + 1))
 
 
 async def test_pipelined_events_are_stored_in_the_order_given_and_once(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+INVALID_INPUT = 2
+"""Exit status for input a person must fix (usage errors share it)."""
+
 
 class CliError(Exception):
     """A command failed; the message says what happened and what to do about it."""

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from helmline.cli._errors import CliError
+from helmline.cli._errors import INVALID_INPUT, CliError
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, Playbook, ToolSpec
 from helmline.runtime import playbook_problems
 from helmline.yamlfile import (
@@ -28,9 +28,6 @@ from helmline.yamlfile import (
     node_at,
     validation_problems,
 )
-
-INVALID_INPUT = 2
-"""Exit status for input a person must fix (usage errors share it)."""
 
 
 class PlaybookError(CliError):

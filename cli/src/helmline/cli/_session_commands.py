@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
 
-from helmline.cli._errors import CliError
+from helmline.cli._errors import INVALID_INPUT, CliError
 from helmline.cli._options import DataDir, Json, SessionId, Tenant
 
 if TYPE_CHECKING:
@@ -604,10 +604,14 @@ def _attempt(work: Callable[[], T]) -> T:
 
 
 def _run_async(work: Coroutine[Any, Any, T], *, interrupted: str | None = None) -> T:
+    from helmline.runtime import EventTooLarge
+
     try:
         return asyncio.run(work)
     except CliError as error:
         _fail(error)
+    except EventTooLarge as error:
+        _fail(CliError(f"{error}: nothing was appended", exit_code=INVALID_INPUT))
     except KeyboardInterrupt:
         if interrupted:
             typer.echo(interrupted, err=True)

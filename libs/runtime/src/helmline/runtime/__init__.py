@@ -17,6 +17,7 @@ from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
     ConcurrencyConflict,
     Deferred,
+    EventTooLarge,
     HelmlineRuntimeError,
     PermanentError,
     RetryableError,
@@ -56,6 +57,7 @@ __all__ = [
     "Delivery",
     "EventConsumer",
     "EventStore",
+    "EventTooLarge",
     "EventsOfType",
     "FoldedStates",
     "GatheringHandler",

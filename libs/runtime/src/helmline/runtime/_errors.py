@@ -34,6 +34,19 @@ class PermanentError(HelmlineRuntimeError):
     """Handling can never succeed; the message is dead-lettered with this error as reason."""
 
 
+class EventTooLarge(PermanentError):
+    """An event larger than the log takes: appending it again can never succeed, so nothing
+    is sent (a handler's message is dead-lettered at once, naming the event)."""
+
+    def __init__(self, event_type: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"a {event_type} event of {size:,} bytes is larger than the log takes ({limit:,} bytes)"
+        )
+        self.event_type = event_type
+        self.size = size
+        self.limit = limit
+
+
 class Deferred(HelmlineRuntimeError):
     """Not a failure: the message cannot be acted on before `until`, so JetStream delivers it
     again then (durably, whatever happens to this process meanwhile). It spends one

@@ -31,7 +31,7 @@ from helmline.contracts import (
     session_filter,
 )
 from helmline.runtime._consumer import ack_position
-from helmline.runtime._errors import ConcurrencyConflict
+from helmline.runtime._errors import ConcurrencyConflict, EventTooLarge
 from helmline.runtime._tracing import record_appended, traceparent_for
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,16 @@ class _Outgoing:
             # The subject published to holds the session's events of this type and no other.
             headers[Headers.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_last_of_type)
         subject = event_subject(event.tenant, event.session_id, event.type)
-        return _Outgoing(event, subject, encode_event(event), headers)
+        body = encode_event(event)
+        # JetStream counts the headers too, as they go on the wire.
+        size = (
+            len(body)
+            + len(b"NATS/1.0\r\n\r\n")
+            + sum(len(k) + len(v) + 4 for k, v in headers.items())
+        )
+        if size > EVENTS_STREAM.max_msg_size:
+            raise EventTooLarge(event.type, size, EVENTS_STREAM.max_msg_size)
+        return _Outgoing(event, subject, body, headers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from helmline.runtime import EventTooLarge
+
 logger = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -95,6 +97,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (401, "No valid API key or bearer token"),
         (403, "The principal lacks the role"),
+        (413, "The request would make an event larger than the log takes"),
         (422, "The request does not validate"),
     )
 }
@@ -127,6 +130,18 @@ def install_problem_handlers(app: FastAPI) -> None:
             for e in error.errors()
         ]
         return await on_problem(request, invalid(problems))
+
+    @app.exception_handler(EventTooLarge)
+    async def on_too_large(request: Request, error: EventTooLarge) -> JSONResponse:
+        # Before nats.errors.Error: trying again cannot help, and nothing was appended.
+        return problem_response(
+            ProblemDetails(
+                title="Content Too Large",
+                status=413,
+                detail=f"{error}: nothing was appended; send less (a smaller playbook, "
+                "goal, labels or arguments)",
+            )
+        )
 
     @app.exception_handler(nats.errors.Error)
     @app.exception_handler(TimeoutError)
