@@ -327,12 +327,12 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     playbook = {
         "goal": "write three files",
         "steps": [
-            {"id": "one", "tool": "write_file", "arguments": {"path": "1.txt", "content": "1"}},
+            {"id": "first", "tool": "write_file", "arguments": {"path": "1.txt", "content": "1"}},
             {
                 "id": "two",
                 "tool": "write_file",
                 "arguments": {"path": "2.txt", "content": "2"},
-                "depends_on": ["one"],
+                "depends_on": ["first"],
             },
             {
                 "id": "three",
@@ -363,8 +363,11 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     for step in ("two", "three"):
         badge = page.locator(f'li[data-step-id="{step}"] .badge').first
         await expect(badge).to_have_text("undone", timeout=30_000)
-    await expect(page.locator('li[data-step-id="one"] .badge').first).to_have_text("succeeded")
+    await expect(page.locator('li[data-step-id="first"] .badge').first).to_have_text("succeeded")
     await expect(page.locator("#rollbacks")).to_contain_text("rollback completed")
+    # Named in full: ids of one step's attempts differ only at their end.
+    target = (await client.get(f"/sessions/{session_id}/checkpoints", headers=operator)).json()[0]
+    await expect(page.locator("#rollbacks")).to_contain_text(f"to {target['checkpoint_id']}")
     await screenshot(page, "rolled-back")
 
     # As the state service records it once the session has more snapshots than it keeps.

@@ -237,7 +237,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const thoughts = document.getElementById("thoughts")!;
     thoughts.innerHTML = s.thoughts
       .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
-      .join("") || "<li><small>No thoughts recorded.</small></li>";
+      .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>';
     thoughts.scrollTop = thoughts.scrollHeight;
     document.getElementById("calls")!.innerHTML = [...calls.values()].map(callItem).join("") || "<p><small>No tool calls yet.</small></p>";
     renderCheckpoints(s);
@@ -270,9 +270,9 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
             ${locked ? "Locked" : "Roll back to here"}</button>
         </li>`;
       })
-      .join("") || "<li><small>No checkpoints yet.</small></li>";
+      .join("") || '<li class="empty"><small>No checkpoints yet.</small></li>';
     document.getElementById("rollbacks")!.innerHTML = Object.values(s.rollbacks)
-      .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id.slice(0, 8))}
+      .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id)}
         ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
         ${r.blocking_steps.length ? ` · blocked by: ${esc(r.blocking_steps.join(", "))}` : ""}
         ${r.reason ? ` · ${esc(r.reason)}` : ""}</p>`)
