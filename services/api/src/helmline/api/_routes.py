@@ -43,6 +43,7 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import (
+    ArgumentChecker,
     EventStore,
     FoldedStates,
     latest_tool_registry,
@@ -297,6 +298,16 @@ async def decide(
             f"approval request {request_id} may be decided by "
             f"{', '.join(approval.approver_roles)} only"
         )
+    if body.modified_arguments is not None and approval.tool is not None:
+        # The approval service judges them too (and the policy); what the schema refuses
+        # is named at once.
+        tool = tools_of(await latest_tool_registry(request.app.state.js)).get(approval.tool)
+        wrong = ArgumentChecker().problem(tool, body.modified_arguments) if tool else None
+        if wrong is not None:
+            field = ".".join(
+                ("body", "modified_arguments", *filter(None, (wrong.field or "").split("/")))
+            )
+            raise invalid([FieldProblem(field=field, message=wrong.message)])
     payload = ApprovalDecisionSubmitted(
         request_id=request_id,
         decision=body.decision,
