@@ -128,15 +128,23 @@ async def test_a_decision_the_approval_service_refuses_is_reported_and_the_reque
     await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
     await page.locator(f'tr[data-session="{session_id}"] a').click()
     approval = page.locator("form.approval")
-    # The API takes the decision; the approval service finds the arguments off the schema.
+    notice = page.locator("#notice")
+    # Arguments off the tool's schema: the API names the argument at once.
     await approval.get_by_label("Arguments").fill('{"command": 5}')
     await approval.get_by_role("button", name="Approve").click()
-    notice = page.locator("#notice")
-    await expect(notice).to_contain_text("Your decision was refused")
-    await expect(notice).to_contain_text("command")
+    await expect(notice).to_contain_text("body.modified_arguments.command")
     await expect(notice).to_have_class("error")
     # What the person typed is still there to correct.
     await expect(approval.get_by_label("Arguments")).to_have_value('{"command": 5}')
+    # The API takes this one; the approval service finds the tool has no such argument.
+    await approval.get_by_label("Arguments").fill('{"command": "wc -c n.txt"}')
+    await approval.get_by_label("Also approve the next").fill("2")
+    await approval.get_by_label("only where").fill("colour=red")
+    await approval.get_by_role("button", name="Approve").click()
+    await expect(notice).to_contain_text("Your decision was refused")
+    await expect(notice).to_contain_text("colour")
+    await expect(notice).to_have_class("error")
+    await expect(approval.get_by_label("only where")).to_have_value("colour=red")
     await screenshot(page, "decision-refused")
 
     state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
