@@ -1,4 +1,5 @@
-"""Replay a 10,000-event session from JetStream and fold it, against the raw read rate."""
+"""Replay a 10,000-event session from JetStream and fold it, against the raw read rate; and
+what folding one more event costs a service, in a short session and a long one."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from helmline.contracts import (
     ToolCallStarted,
     encode_event,
     event_subject,
+    evolve,
+    fold,
     new_event,
     session_filter,
 )
@@ -105,6 +108,18 @@ def session_events(count: int, session_id: str = "replay") -> list[Event]:
     return events[:count]
 
 
+def evolve_us_per_event(steps: int) -> float:
+    """What a service's cached state costs per event it is handed, in a session of `steps`
+    steps: the last 50 steps' events folded one at a time, as deliveries are."""
+    events = session_events(2 + 5 * steps)
+    tail = events[-5 * 50 :]
+    state = fold(events[: -len(tail)])
+    began = time.perf_counter()
+    for event in tail:
+        state = evolve(state, event)
+    return (time.perf_counter() - began) / len(tail) * 1e6
+
+
 async def raw_ordered_read(js: Any, subject: str, count: int) -> float:
     """Messages per second of nats-py's ordered consumer, doing nothing with them."""
     received = 0
@@ -160,7 +175,19 @@ async def run() -> list[dict[str, Any]]:
             "raw_ordered_read_per_s": round(raw),
             "raw_over_fold": round(raw / folded, 2),
             "target": ">= 50000 events/s and raw_over_fold <= 3",
-        }
+        },
+        *(
+            {
+                "figure": "evolve_one_event_us",
+                "steps": steps,
+                "value": round(
+                    statistics.median(evolve_us_per_event(steps) for _ in range(ROUNDS)), 1
+                ),
+                "target": "for comparison between lengths: what a service pays per event it "
+                "folds, more in a longer session (the fold copies its step table)",
+            }
+            for steps in (200, LONGER_STEPS)
+        ),
     ]
 
 

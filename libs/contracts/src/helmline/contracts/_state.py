@@ -583,7 +583,10 @@ class SessionFold:
         self.fresh_steps.add(step_id)
 
     def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
-        self.own("calls")[call_id] = step_id
+        if self.calls.get(call_id) != step_id:
+            # Most events of a call find it recorded: copying the calls to write the same
+            # entry again made each event cost in proportion to the session's length.
+            self.own("calls")[call_id] = step_id
         step = self.steps.get(step_id)
         if step is None and self._compensates(call_id):
             return  # A rollback's undo call: recorded in the rollback, not a step of the plan.
