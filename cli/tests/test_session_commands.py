@@ -474,6 +474,26 @@ async def test_show_of_a_fork_says_where_its_completed_steps_ran(
     assert "null" not in write
 
 
+async def test_show_of_a_session_that_ended_before_any_plan_says_it_has_no_steps(
+    nats_url: str, store: EventStore, tenant: str
+) -> None:
+    started = new_event(
+        SessionStarted(goal="tidy up", requested_by=Actor(id="ana")),
+        tenant=tenant,
+        session_id="unplanned",
+        source="helmline/api",
+    )
+    await store.append(started)
+    failed = SessionFailed(reason="the model could not be asked: no API key")
+    await store.append(started.derive(failed, source="helmline/planner"))
+
+    result = await helmline(nats_url, "show", "unplanned", "-t", tenant)
+
+    assert result.exit_code == 0, result.output
+    assert "no steps" in result.stdout
+    assert "┃ step" not in result.stdout  # No empty table of steps.
+
+
 async def test_show_lists_the_standing_grants_and_what_they_cover(
     nats_url: str, session: Session
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ from helmline.contracts import (
     ToolSpec,
 )
 from helmline.planner._providers import (
+    ModelError,
     ModelRefused,
     ModelUnavailable,
     cost_usd,
@@ -191,6 +193,25 @@ def test_the_providers_own_variables_are_honoured(monkeypatch: pytest.MonkeyPatc
     assert anthropic.model_for("planning") == anthropic.llm_model
     monkeypatch.setenv("HELMLINE_LLM_API_KEY", "sk-own")
     assert PlannerSettings().api_key() == "sk-own"
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_providers_service_with_no_key_is_not_asked_and_the_error_says_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, provider: Provider
+) -> None:
+    for variable in ("HELMLINE_LLM_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable in ("HELMLINE_LLM_BASE_URL", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    client = model_client(PlannerSettings(llm_provider=provider, llm_max_retries=20))
+    try:
+        # No network here: asking would fail to connect, after every retry.
+        with pytest.raises(ModelError, match=r"no API key for https://api\.") as refused:
+            await asyncio.wait_for(client.complete(_request("greet"), [ECHO]), timeout=5)
+    finally:
+        await client.aclose()
+    assert "HELMLINE_LLM_API_KEY" in str(refused.value)
+    assert "HELMLINE_LLM_BASE_URL" in str(refused.value)
 
 
 def test_cost_follows_the_configured_price_of_the_model() -> None:

@@ -192,7 +192,10 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
         lines.append(Text("pause requested", style="yellow"))
     if state.cancel_requested and not state.is_terminal:
         lines.append(Text("cancel requested", style="magenta"))
-    lines.append(_steps_table(state, full=full))
+    if state.steps:
+        lines.append(_steps_table(state, full=full))
+    else:
+        lines.append(Text("no steps" if state.is_terminal else "no steps yet", style="dim"))
     return Group(*lines)
 
 

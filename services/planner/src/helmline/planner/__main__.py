@@ -8,7 +8,7 @@ from helmline.planner._circuits import CircuitWatch
 from helmline.planner._engine import GoalEngine
 from helmline.planner._handlers import PlannerHandler
 from helmline.planner._providers import model_client
-from helmline.planner._settings import DEFAULT_BASE_URLS, PlannerSettings
+from helmline.planner._settings import PlannerSettings
 from helmline.runtime import ServiceHost, Setup, ToolCatalogue, run_service
 
 
@@ -25,12 +25,9 @@ def setup_planner(
     settings = settings or PlannerSettings()
 
     async def setup(host: ServiceHost) -> None:
-        if settings.api_key() is None and settings.base_url() in DEFAULT_BASE_URLS.values():
-            logging.getLogger(__name__).warning(
-                "no API key for %s: goal sessions will fail until HELMLINE_LLM_API_KEY (or "
-                "the provider's own key variable) or HELMLINE_LLM_BASE_URL is set",
-                settings.base_url(),
-            )
+        missing = settings.missing_credentials()
+        if missing is not None:
+            logging.getLogger(__name__).warning("goal sessions will fail: %s", missing)
         model = model_client(settings)
         host.on_shutdown(model.aclose)
         catalogue = ToolCatalogue()

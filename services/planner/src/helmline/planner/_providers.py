@@ -100,6 +100,9 @@ class ModelClient(ABC):
 
     async def complete(self, request: ModelRequestRecord, tools: Sequence[ToolSpec]) -> ModelCall:
         """Ask the model; retry what retrying can fix; raise `ModelError` otherwise."""
+        missing = self._settings.missing_credentials()
+        if missing is not None:
+            raise ModelError(missing)  # Asking would only fail, after every retry.
         names = _ToolNames.of(tools)
         body = self.body(request, tools, names)
         started = time.monotonic()

@@ -128,6 +128,17 @@ class PlannerSettings(RuntimeSettings):
         key = self.llm_api_key or fallback
         return key.get_secret_value() if key is not None else None
 
+    def missing_credentials(self) -> str | None:
+        """Why no model can be asked, when that is known without asking: a provider's own
+        service with no API key to send."""
+        if self.api_key() is None and self.base_url() in DEFAULT_BASE_URLS.values():
+            return (
+                f"no API key for {self.base_url()}: set HELMLINE_LLM_API_KEY (or the "
+                "provider's own key variable), or HELMLINE_LLM_BASE_URL for a model server "
+                "that needs none"
+            )
+        return None
+
     def model_for(self, purpose: Purpose) -> str:
         """The model configured for a purpose (the model router)."""
         chosen = {
