@@ -115,6 +115,35 @@ def test_production_values_render_valid_objects_with_every_optional_part() -> No
         assert "$(HELMLINE_NATS_PASSWORD)@nats-2.nats:4222" in env["HELMLINE_NATS_URL"]["value"]
 
 
+def test_network_policies_let_each_service_reach_only_what_it_needs() -> None:
+    assert not [d for d in render() if d["kind"] == "NetworkPolicy"]  # Opt-in.
+    policies = {
+        d["metadata"]["name"].removeprefix("hl-helmline-"): d["spec"]
+        for d in render(PRODUCTION)
+        if d["kind"] == "NetworkPolicy"
+    }
+    assert set(policies) == set(SERVICES)
+
+    def reaches(service: str) -> set[int]:
+        return {p["port"] for rule in policies[service]["egress"] for p in rule["ports"]}
+
+    nats, dns = 4222, 53
+    # Commands are sandboxed without a network; the pod itself reaches NATS (and DNS) alone.
+    assert reaches("sandbox") == {dns, nats}
+    assert reaches("state") == {dns, nats, 5432}
+    assert reaches("api") == {dns, nats, 5432, 443}
+    assert reaches("planner") == {dns, nats, 443}
+    for spec in policies.values():
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        (to_nats,) = [r for r in spec["egress"] if r["ports"][0]["port"] == nats]
+        assert to_nats["to"] == [
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "nats"}}}
+        ]
+    api_ports = [rule["ports"][0]["port"] for rule in policies["api"]["ingress"]]
+    assert api_ports == ["health", "http"]
+    assert [len(policies[s]["ingress"]) for s in SERVICES if s != "api"] == [1] * 5
+
+
 def test_the_nats_authorization_gives_each_service_its_own_publish_permissions() -> None:
     (config_map,) = [
         d
@@ -136,6 +165,8 @@ def test_the_nats_authorization_gives_each_service_its_own_publish_permissions()
         ("sandbox.backend=docker", "sandbox.backend"),
         ("services.planner.replica=2", "replica"),
         ("unknown=1", "unknown"),
+        ("networkPolicy.nats.port=0", "port"),
+        ("networkPolicy.egress.scheduler[0].ports[0].port=443", "scheduler"),
         (
             "services.planner.autoscaling.activeSessionsPerReplica=0",
             "activeSessionsPerReplica",
