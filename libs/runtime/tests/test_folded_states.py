@@ -337,6 +337,40 @@ async def test_a_writer_folds_on_from_what_a_cache_read_on_meeting_the_session(
     await assert_time_travel_folds(states, events[:60], seqs)
 
 
+async def test_a_cache_catching_up_on_many_ended_sessions_reads_each_once(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    # As the read model meets the last checkpoints of sessions that ended together, one
+    # session after another in turn, while it catches up on a backlog.
+    ended = []
+    for number in range(300):
+        started = new_event(
+            SessionStarted(goal="g", requested_by=ANA),
+            tenant=tenant,
+            session_id=f"ended-{number}",
+            source="test",
+        )
+        done = started.derive(SessionCompleted(summary="done"), source="test")
+        await store.append_all([started, done])
+        ended.append(done)
+    loads: list[str] = []
+    sessions = SessionCache(
+        FoldedStates(js, store), on_load=lambda _, session, __: loads.append(session)
+    )
+
+    for turn in range(3):
+        for done in ended:
+            late = done.derive(
+                CheckpointCreated(checkpoint_id=f"cp{turn}", step_id="s", call_id="c", at_seq=1),
+                source="test",
+                key=str(turn),
+            )
+            seq = (await store.append(late)).seq
+            await sessions.advance(Delivery(late, seq, deliveries=1, shared=False))
+
+    assert sorted(loads) == sorted(f"ended-{number}" for number in range(300))
+
+
 async def test_writers_sharing_a_session_index_every_state_due_whichever_stored_it(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:
