@@ -692,6 +692,23 @@ async def test_sessions_lists_each_session_with_its_status(
     assert all(session_id in table.stdout for session_id in ids)
 
 
+async def test_sessions_lists_those_started_last_and_says_how_many_it_left_out(
+    nats_url: str, tenant: str
+) -> None:
+    ids = []
+    for _ in range(3):
+        result = await helmline(nats_url, "run", "-p", str(HELLO), "-t", tenant, "--json")
+        ids.append(json.loads(result.stdout)["session_id"])
+
+    latest = await helmline(nats_url, "sessions", "-t", tenant, "--limit", "2", "--json")
+    every = await helmline(nats_url, "sessions", "-t", tenant, "-n", "0", "--json")
+
+    assert [s["session_id"] for s in json.loads(latest.stdout)] == ids[1:]
+    assert "the 2 started last of 3 sessions; --limit 0 lists them all" in latest.stderr
+    assert [s["session_id"] for s in json.loads(every.stdout)] == ids
+    assert every.stderr == ""
+
+
 async def test_commands_say_when_no_stack_runs(tmp_path: Path) -> None:
     result = await asyncio.to_thread(
         CliRunner().invoke,

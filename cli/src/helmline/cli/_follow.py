@@ -49,23 +49,27 @@ async def tailing(
         yield _decoded(feed)
 
 
-async def last_started_seq(js: JetStreamContext, tenant: str) -> int:
-    """Sequence of the tenant's latest `session.started`; 0 when it has no sessions."""
+async def last_started_seq(
+    js: JetStreamContext, tenant: str, event_type: str = SessionStarted.TYPE
+) -> int:
+    """Sequence of the tenant's latest `session.started` (or event of `event_type`); 0 when
+    it has none."""
     try:
-        last = await js.get_last_msg(
-            EVENTS_STREAM.name, event_type_filter(SessionStarted.TYPE, tenant)
-        )
+        last = await js.get_last_msg(EVENTS_STREAM.name, event_type_filter(event_type, tenant))
     except NotFoundError:
         return 0
     return last.seq or 0
 
 
-async def session_ids(js: JetStreamContext, tenant: str) -> list[str]:
-    """Every session of the tenant that was started, oldest first."""
-    end = await last_started_seq(js, tenant)
+async def session_ids(
+    js: JetStreamContext, tenant: str, event_type: str = SessionStarted.TYPE
+) -> list[str]:
+    """Every session of the tenant that was started (or has an event of `event_type`), in
+    the order of its first such event. Reads subjects only: no event is decoded."""
+    end = await last_started_seq(js, tenant, event_type)
     if end == 0:
         return []
-    started = event_type_filter(SessionStarted.TYPE, tenant)
+    started = event_type_filter(event_type, tenant)
     ids: dict[str, None] = {}
     async with _Ordered(js, started, start_seq=1) as feed:
         async for message in feed:

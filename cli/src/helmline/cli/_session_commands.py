@@ -158,17 +158,34 @@ def run(
 
 
 def sessions(
-    tenant: Tenant = DEFAULT_TENANT, as_json: Json = False, data_dir: DataDir = None
+    tenant: Tenant = DEFAULT_TENANT,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            "-n",
+            min=0,
+            help="List the sessions started last, this many (each is folded from its log); "
+            "0 lists them all.",
+        ),
+    ] = 100,
+    as_json: Json = False,
+    data_dir: DataDir = None,
 ) -> None:
     """List the tenant's sessions with their status, oldest first."""
     from helmline.cli._display import stdout
     from helmline.cli._session_view import render_sessions, sessions_json
 
-    states = _tenant_sessions(tenant, data_dir)
+    states, started = _tenant_sessions(tenant, data_dir, latest=limit or None)
     if as_json:
         typer.echo(sessions_json(states))
     else:
         render_sessions(stdout(), states, tenant=tenant)
+    if len(states) < started:
+        typer.echo(
+            f"the {len(states)} started last of {started} sessions; --limit 0 lists them all",
+            err=True,
+        )
 
 
 def approvals(
@@ -183,15 +200,19 @@ def approvals(
         render_approval_queue,
     )
 
-    queue = approval_queue(_tenant_sessions(tenant, data_dir))
+    # Only sessions not ended can wait for a person.
+    queue = approval_queue(_tenant_sessions(tenant, data_dir, open_only=True)[0])
     if as_json:
         typer.echo(approval_queue_json(queue))
     else:
         render_approval_queue(stdout(), queue, tenant=tenant)
 
 
-def _tenant_sessions(tenant: str, data_dir: Path | None) -> list[SessionState]:
-    """Every session of the tenant, folded from its log, oldest first."""
+def _tenant_sessions(
+    tenant: str, data_dir: Path | None, *, latest: int | None = None, open_only: bool = False
+) -> tuple[list[SessionState], int]:
+    """The tenant's sessions (the `latest` started last, or all, or those not ended), each
+    folded from its log, oldest first; and how many the tenant has."""
     from helmline.cli._connection import connect
     from helmline.cli._intents import check_identifiers
     from helmline.cli._sessions import list_sessions
@@ -199,9 +220,9 @@ def _tenant_sessions(tenant: str, data_dir: Path | None) -> list[SessionState]:
     _attempt(lambda: check_identifiers(tenant, "check"))
     url = _nats_url(data_dir)
 
-    async def load() -> list[SessionState]:
+    async def load() -> tuple[list[SessionState], int]:
         async with connect(url) as log:
-            return await list_sessions(log, tenant)
+            return await list_sessions(log, tenant, latest=latest, open_only=open_only)
 
     return _run_async(load())
 

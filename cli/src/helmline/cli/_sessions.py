@@ -33,6 +33,9 @@ from helmline.contracts import (
     ApprovalState,
     ApprovalVoteCounted,
     Playbook,
+    SessionCancelled,
+    SessionCompleted,
+    SessionFailed,
     SessionFold,
     SessionState,
 )
@@ -192,8 +195,12 @@ async def request_control(
     return state
 
 
-async def list_sessions(log: EventLog, tenant: str) -> list[SessionState]:
-    """Every session of the tenant, oldest first, each folded from its log."""
+async def list_sessions(
+    log: EventLog, tenant: str, *, latest: int | None = None, open_only: bool = False
+) -> tuple[list[SessionState], int]:
+    """The tenant's sessions, oldest first, each folded from its log: the `latest` started
+    last, or all, or (`open_only`) those not ended; and how many the tenant has. Which
+    sessions there are and which ended is read from subjects, without folding any."""
     limit = asyncio.Semaphore(CONCURRENT_LOADS)
 
     async def load(session_id: str) -> SessionState:
@@ -201,7 +208,15 @@ async def list_sessions(log: EventLog, tenant: str) -> list[SessionState]:
             return (await log.store.load(tenant, session_id)).state
 
     ids = await session_ids(log.js, tenant)
-    return list(await asyncio.gather(*(load(session_id) for session_id in ids)))
+    chosen = ids[-latest:] if latest else ids
+    if open_only:
+        ended = {
+            session_id
+            for end in (SessionCompleted, SessionFailed, SessionCancelled)
+            for session_id in await session_ids(log.js, tenant, end.TYPE)
+        }
+        chosen = [session_id for session_id in chosen if session_id not in ended]
+    return list(await asyncio.gather(*(load(session_id) for session_id in chosen))), len(ids)
 
 
 def needs_a_person(state: SessionState) -> bool:
