@@ -337,6 +337,31 @@ async def test_a_writer_folds_on_from_what_a_cache_read_on_meeting_the_session(
     await assert_time_travel_folds(states, events[:60], seqs)
 
 
+async def test_a_cache_meeting_a_session_at_its_start_reads_nothing(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "new")
+    seqs = [(await store.append(event)).seq for event in events[:3]]
+    sessions = SessionCache(FoldedStates(js, store))
+
+    async with session_reads(nc, tenant, "new") as reads:
+        started = await sessions.advance(Delivery(events[0], seqs[0], deliveries=1, shared=False))
+        later = await sessions.advance_through(
+            [
+                Delivery(e, seq, deliveries=1, shared=False)
+                for e, seq in zip(events[1:3], seqs[1:], strict=True)
+            ]
+        )
+    assert reads == []
+    assert started == fold(events[:1])
+    assert later == fold(events[:3])
+    # Delivered again, the start may have been acted on: the log is read whole then.
+    async with session_reads(nc, tenant, "new") as reads:
+        again = await sessions.advance(Delivery(events[0], seqs[0], deliveries=2, shared=False))
+    assert len(reads) == 1
+    assert again == fold(events[:3])
+
+
 async def test_a_cache_catching_up_on_many_ended_sessions_reads_each_once(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache
 
-from helmline.contracts import Event, SessionState, fold
+from helmline.contracts import Event, SessionStarted, SessionState, fold
 from helmline.runtime._consumer import Delivery
 from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._store import SessionSnapshot, StoredEvent
@@ -25,8 +25,9 @@ events took 21 s to project with 100 kept, 10 s with 1,000)."""
 class SessionCache:
     """The state of each live session as a service sees it.
 
-    On a miss (a new session, or after a restart) the session is folded from the log, a
-    long one from its nearest stored state on. Afterwards:
+    On a miss (after a restart, or a session met after its start) the session is folded
+    from the log, a long one from its nearest stored state on; a session met at its start
+    needs no read. Afterwards:
 
     - A replica alone on its consumer is handed every event of the types it consumes, and
       appends every decision of its own: folding those (one `evolve` each) keeps the state
@@ -72,6 +73,12 @@ class SessionCache:
         entry = self._held(key)
         if any(delivery.deliveries > 1 for delivery in deliveries):
             entry = await self._load(first, up_to_seq=None)
+        elif entry is None and isinstance(first.data, SessionStarted):
+            # Met at its start, the session has nothing before it to read (a session starts
+            # expecting an empty log). Reading cost a direct get of every event it has by
+            # now: in a backlog of sessions that ran together, its whole span of the log.
+            events = [delivery.event for delivery in deliveries]
+            entry = _Entry(fold(events), last.seq)
         elif entry is None:
             entry = await self._load(first, up_to_seq=last.seq)
         elif last.seq > entry.seen:
