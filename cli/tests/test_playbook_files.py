@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from helmline.cli import app
 from helmline.cli._playbook_file import load_playbook
@@ -74,6 +74,20 @@ CASES = {
 }
 
 
+async def _run(playbook: Path, nats_url: str, tenant: str) -> Result:
+    return await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["run", "--playbook", str(playbook), "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url},
+    )
+
+
+async def _assert_nothing_appended(js: JetStreamContext, tenant: str) -> None:
+    with pytest.raises(NotFoundError):
+        await js.get_last_msg(EVENTS_STREAM.name, tenant_filter(tenant))
+
+
 @pytest.mark.parametrize("case", CASES)
 async def test_an_invalid_playbook_is_refused_before_anything_is_appended(
     case: str, tmp_path: Path, nats_url: str, js: JetStreamContext, tenant: str
@@ -82,19 +96,13 @@ async def test_an_invalid_playbook_is_refused_before_anything_is_appended(
     playbook = tmp_path / "playbook.yaml"
     playbook.write_text(text)
 
-    result = await asyncio.to_thread(
-        CliRunner().invoke,
-        app,
-        ["run", "--playbook", str(playbook), "--tenant", tenant],
-        env={"HELMLINE_NATS_URL": nats_url},
-    )
+    result = await _run(playbook, nats_url, tenant)
 
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     for problem in expected:
         assert f"{playbook}:{problem}" in result.stderr
-    with pytest.raises(NotFoundError):
-        await js.get_last_msg(EVENTS_STREAM.name, tenant_filter(tenant))
+    await _assert_nothing_appended(js, tenant)
 
 
 async def test_a_playbook_too_large_for_the_log_is_refused_before_anything_is_appended(
@@ -107,18 +115,12 @@ async def test_a_playbook_too_large_for_the_log_is_refused_before_anything_is_ap
     playbook = tmp_path / "playbook.yaml"
     playbook.write_text(f"goal: g\nsteps:\n{steps}")
 
-    result = await asyncio.to_thread(
-        CliRunner().invoke,
-        app,
-        ["run", "--playbook", str(playbook), "--tenant", tenant],
-        env={"HELMLINE_NATS_URL": nats_url},
-    )
+    result = await _run(playbook, nats_url, tenant)
 
     assert result.exit_code == 2, result.output
     assert "is larger than the log takes" in result.stderr
     assert "nothing was appended" in result.stderr
-    with pytest.raises(NotFoundError):
-        await js.get_last_msg(EVENTS_STREAM.name, tenant_filter(tenant))
+    await _assert_nothing_appended(js, tenant)
 
 
 def test_a_missing_playbook_file_is_named(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -21,7 +22,6 @@ from helmline.api._problems import (
 )
 from helmline.api._reads import SessionFilter, SessionLister, SessionSummary, load_session
 from helmline.contracts import (
-    BUILTIN_TOOLS,
     ApprovalDecisionSubmitted,
     ArgumentCondition,
     Arguments,
@@ -169,6 +169,12 @@ def _states(request: Request) -> FoldedStates:
     return states
 
 
+async def _tools(request: Request) -> Mapping[str, ToolSpec]:
+    """The tools plans may call now: the tool gateways' latest published registry (built-in
+    and MCP tools), else the built-in ones."""
+    return tools_of(await latest_tool_registry(request.app.state.js))
+
+
 async def _accepted(
     request: Request, principal: Principal, session_id: str, payload: Payload
 ) -> Accepted:
@@ -198,8 +204,7 @@ async def create_session(
     nothing (422, each problem named).
     """
     if body.playbook is not None:
-        tools = tools_of(await latest_tool_registry(request.app.state.js))
-        problems = playbook_problems(body.playbook, tools)
+        problems = playbook_problems(body.playbook, await _tools(request))
         if problems:
             raise invalid(
                 [
@@ -301,7 +306,7 @@ async def decide(
     if body.modified_arguments is not None and approval.tool is not None:
         # The approval service judges them too (and the policy); what the schema refuses
         # is named at once.
-        tool = tools_of(await latest_tool_registry(request.app.state.js)).get(approval.tool)
+        tool = (await _tools(request)).get(approval.tool)
         wrong = ArgumentChecker().problem(tool, body.modified_arguments) if tool else None
         if wrong is not None:
             field = ".".join(
@@ -429,8 +434,7 @@ async def fork(
 async def list_tools(principal: Viewer, request: Request) -> list[ToolSpec]:
     """The tools plans may call now, with their argument schemas and default risk: the tool
     gateway's latest published registry (built-in and MCP tools), else the built-in ones."""
-    registry = await latest_tool_registry(request.app.state.js)
-    return list(registry.tools if registry is not None else BUILTIN_TOOLS)
+    return list((await _tools(request)).values())
 
 
 class Me(BaseModel):
