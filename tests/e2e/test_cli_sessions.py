@@ -90,6 +90,15 @@ async def test_hello_completes_after_one_approval(
         "count": FileChanges(),
         "read": None,
     }
+    # As people read it: a read changes nothing either, though nobody had to look.
+    code, out, err = await helmline("checkpoints", session_id, "--tenant", tenant)
+    assert code == 0, err
+    rows = {
+        line.split("│")[3].strip(): line.split("│")[6].strip()
+        for line in out.splitlines()
+        if line.count("│") == 9
+    }
+    assert rows == {"write": "+notes.txt", "count": "none", "read": "none"}
     counted, read = shown.steps["count"].output, shown.steps["read"].output
     assert isinstance(counted, dict)
     assert isinstance(read, dict)

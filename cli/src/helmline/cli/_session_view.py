@@ -12,8 +12,8 @@ from rich.text import Text
 
 from helmline.contracts import (
     ApprovalState,
+    CheckpointState,
     Event,
-    FileChanges,
     SessionState,
     StepState,
     encode_event,
@@ -131,17 +131,20 @@ def checkpoints_table(state: SessionState) -> Table:
             checkpoint.step_id,
             str(checkpoint.at_seq),
             Text("yes" if checkpoint.reversible else f"no ({checkpoint.compensation or '-'})"),
-            Text(_files_changed(checkpoint.changes)),
+            Text(_files_changed(checkpoint)),
             Text(checkpoint.snapshot_id or ""),
             _time(checkpoint.created_at),
         )
     return table
 
 
-def _files_changed(changes: FileChanges | None) -> str:
-    """`+created ~modified -deleted`, with the paths when there are few."""
+def _files_changed(checkpoint: CheckpointState) -> str:
+    """`+created ~modified -deleted`, with the paths when there are few; "none" also for a
+    step whose tool cannot change the workspace (a read, a tool outside Helmline), and
+    nothing when nobody looked (the sandbox took no snapshots)."""
+    changes = checkpoint.changes
     if changes is None:
-        return ""
+        return "none" if checkpoint.effect in ("none", "external") else ""
     if changes.total == 0:
         return "none"
     unlisted = changes.unlisted
