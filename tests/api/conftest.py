@@ -27,6 +27,26 @@ from helmline.runtime import ServiceHost
 from helmline.runtime.testing import ServiceProcesses, free_port
 
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
+POLICY = """
+description: The default policy, but files are not deleted by command.
+approval: {roles: [approver, admin], quorum: 1, expires_in: 10m}
+rules:
+  - name: no-deleting-by-command
+    tool: run_command
+    arguments:
+      command: {regex: '^rm\\b'}
+    effect: deny
+    reason: delete files with delete_file, which a rollback can undo
+  - name: allow-low-and-medium-risk
+    risk: [low, medium]
+    effect: allow
+  - name: approve-high-and-critical-risk
+    risk: [high, critical]
+    effect: require_approval
+"""
+"""What the approval service decides by: a grant with modified arguments the policy refuses
+is then the approval service's to refuse (the API checks arguments against the tool's
+schema only)."""
 ISSUER = "https://issuer.test"
 AUDIENCE = "helmline-api"
 
@@ -35,11 +55,15 @@ AUDIENCE = "helmline-api"
 def services(
     nats_url: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcesses]:
-    running = ServiceProcesses(nats_url, tmp_path_factory.mktemp("stack"))
+    folder = tmp_path_factory.mktemp("stack")
+    policy = folder / "policy.yaml"
+    policy.write_text(POLICY)
+    running = ServiceProcesses(nats_url, folder)
     try:
         with pytest.MonkeyPatch.context() as env:
             # The state service projects into PostgreSQL, which the API lists from.
             env.setenv("HELMLINE_DATABASE_URL", database_url)
+            env.setenv("HELMLINE_POLICY", str(policy))
             for name in SERVICES:
                 running.start(name)
         yield running

@@ -205,6 +205,10 @@ async def test_a_grant_may_stand_for_similar_calls_until_a_given_time(
             "an argument condition needs glob, regex, min or max",
         ),
         (
+            {"decision": "grant", "similar_limit": 2, "similar_where": {"colour": {"glob": "r*"}}},
+            "body.similar_where.colour",
+        ),
+        (
             {"decision": "grant", "similar_limit": 2, "similar_until": "2020-01-01T00:00:00Z"},
             "not in the future",
         ),

@@ -136,15 +136,23 @@ async def test_a_decision_the_approval_service_refuses_is_reported_and_the_reque
     await expect(notice).to_have_class("error")
     # What the person typed is still there to correct.
     await expect(approval.get_by_label("Arguments")).to_have_value('{"command": 5}')
-    # The API takes this one; the approval service finds the tool has no such argument.
+    # So is a standing grant limited to an argument the tool does not have.
     await approval.get_by_label("Arguments").fill('{"command": "wc -c n.txt"}')
     await approval.get_by_label("Also approve the next").fill("2")
     await approval.get_by_label("only where").fill("colour=red")
     await approval.get_by_role("button", name="Approve").click()
-    await expect(notice).to_contain_text("Your decision was refused")
-    await expect(notice).to_contain_text("colour")
+    await expect(notice).to_contain_text("body.similar_where.colour")
     await expect(notice).to_have_class("error")
     await expect(approval.get_by_label("only where")).to_have_value("colour=red")
+    # The API takes this one; the approval service finds the policy forbids the command.
+    await approval.get_by_label("only where").fill("")
+    await approval.get_by_label("Also approve the next").fill("")
+    await approval.get_by_label("Arguments").fill('{"command": "rm n.txt"}')
+    await approval.get_by_role("button", name="Approve").click()
+    await expect(notice).to_contain_text("Your decision was refused")
+    await expect(notice).to_contain_text("no-deleting-by-command")
+    await expect(notice).to_have_class("error")
+    await expect(approval.get_by_label("Arguments")).to_have_value('{"command": "rm n.txt"}')
     await screenshot(page, "decision-refused")
 
     state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()

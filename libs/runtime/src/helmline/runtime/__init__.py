@@ -3,7 +3,12 @@
 Every service stands on this package and `helmline.contracts`; it knows no service.
 """
 
-from helmline.runtime._arguments import ArgumentChecker, StepProblem, playbook_problems
+from helmline.runtime._arguments import (
+    ArgumentChecker,
+    StepProblem,
+    playbook_problems,
+    unknown_arguments,
+)
 from helmline.runtime._cache import SessionCache
 from helmline.runtime._consumer import (
     Delivery,
@@ -100,4 +105,5 @@ __all__ = [
     "stream_config",
     "tools_of",
     "traceparent_for",
+    "unknown_arguments",
 ]

@@ -1,10 +1,11 @@
 """Tool arguments against their tool's JSON Schema: one check for every service that needs
-it (the approval service before policy is asked, the gateway before a call is sent), and
-the check of a playbook's steps before its session starts (the CLI, the API)."""
+it (the approval service before policy is asked, the gateway before a call is sent), the
+check of a playbook's steps before its session starts (the CLI, the API), and of the
+arguments a person's decision names (the API at once, the approval service for good)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import jsonschema_rs
@@ -40,6 +41,12 @@ class ArgumentChecker:
             field=path,
             suggestion="fix the argument to match the tool's schema",
         )
+
+
+def unknown_arguments(tool: ToolSpec, names: Iterable[str]) -> list[str]:
+    """Those of `names` that name none of the tool's arguments, sorted."""
+    properties = tool.parameters.get("properties", {})
+    return sorted(name for name in names if name not in properties)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from helmline.runtime import (
     latest_tool_registry,
     playbook_problems,
     tools_of,
+    unknown_arguments,
 )
 
 SOURCE = "helmline/api"
@@ -303,16 +304,13 @@ async def decide(
             f"approval request {request_id} may be decided by "
             f"{', '.join(approval.approver_roles)} only"
         )
-    if body.modified_arguments is not None and approval.tool is not None:
-        # The approval service judges them too (and the policy); what the schema refuses
-        # is named at once.
+    if approval.tool is not None and (body.modified_arguments is not None or body.similar_where):
+        # The approval service judges them too (and the policy); what the tool's schema
+        # refuses is named at once.
         tool = (await _tools(request)).get(approval.tool)
-        wrong = ArgumentChecker().problem(tool, body.modified_arguments) if tool else None
-        if wrong is not None:
-            field = ".".join(
-                ("body", "modified_arguments", *filter(None, (wrong.field or "").split("/")))
-            )
-            raise invalid([FieldProblem(field=field, message=wrong.message)])
+        problems = _argument_problems(body, tool) if tool else []
+        if problems:
+            raise invalid(problems)
     payload = ApprovalDecisionSubmitted(
         request_id=request_id,
         decision=body.decision,
@@ -324,6 +322,22 @@ async def decide(
         similar_where=body.similar_where,
     )
     return await _accepted(request, principal, session_id, payload)
+
+
+def _argument_problems(decision: Decision, tool: ToolSpec) -> list[FieldProblem]:
+    """What the tool's schema refuses in a grant: modified arguments that do not fit it, and
+    arguments a standing grant is limited to that the tool does not have."""
+    problems = []
+    if decision.modified_arguments is not None:
+        wrong = ArgumentChecker().problem(tool, decision.modified_arguments)
+        if wrong is not None:
+            path = filter(None, (wrong.field or "").split("/"))
+            field = ".".join(("body", "modified_arguments", *path))
+            problems.append(FieldProblem(field=field, message=wrong.message))
+    for name in unknown_arguments(tool, decision.similar_where or {}):
+        message = f"{tool.name} has no argument {name!r} to limit to"
+        problems.append(FieldProblem(field=f"body.similar_where.{name}", message=message))
+    return problems
 
 
 @router.post("/sessions/{session_id}/pause", status_code=202, tags=["control"], responses=CONFLICTS)

@@ -33,7 +33,7 @@ from helmline.contracts import (
     ToolCallDenied,
     ToolCallFailed,
 )
-from helmline.runtime import ArgumentChecker, StoredEvent
+from helmline.runtime import ArgumentChecker, StoredEvent, unknown_arguments
 
 POLICY = Actor(id="policy", kind="policy")
 SIMILAR_GRANT_DEFAULT = timedelta(hours=1)
@@ -504,8 +504,7 @@ def _similar_scope_problem(
     if request.tool is None:
         return "the plan's approval stands for no later calls: drop similar_where"
     spec = policy.tools.get(request.tool)
-    properties = spec.parameters.get("properties", {}) if spec is not None else {}
-    unknown = sorted(name for name in vote.similar_where if name not in properties)
+    unknown = unknown_arguments(spec, vote.similar_where) if spec else sorted(vote.similar_where)
     if unknown:
         return f"{request.tool} has no argument {', '.join(map(repr, unknown))} to limit to"
     return None
