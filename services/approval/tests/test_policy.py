@@ -234,8 +234,9 @@ def test_a_grant_authorises_the_call_with_modified_arguments() -> None:
     [
         ({"command": ""}, "schema at /command"),
         ({"command": "ls", "sudo": True}, "schema at /"),
-        ({"command": "rm -rf /"}, "deny by rule no-rm"),
-        ({"command": "deploy prod"}, "require_approval by rule deploys-need-two-sre"),
+        ({"command": "rm -rf /"}, "with these arguments (deny by rule no-rm"),
+        ({"command": "rm -rf /"}, "grant it with other arguments, or deny it"),
+        ({"command": "deploy prod"}, "with these arguments (require_approval by rule deploys"),
     ],
 )
 def test_modified_arguments_that_the_schema_or_the_policy_refuse_are_refused(
@@ -247,6 +248,21 @@ def test_modified_arguments_that_the_schema_or_the_policy_refuse_are_refused(
     )
     assert decisions == []
     assert problem in (note or "")
+    assert state.approvals["s.1"].status == "pending"
+
+
+def test_a_grant_the_policy_stopped_allowing_since_the_request_is_refused() -> None:
+    state, events, started = _waiting(command="ls")
+    no_commands = parse_policy(
+        b"rules:\n  - {name: no-commands, tool: run_command, effect: deny, reason: not today}\n",
+        source="no-commands.yaml",
+    )
+    state, decisions, note = _vote(state, events, started, ANA, policy=no_commands)
+    assert decisions == []
+    assert "does not let a person approve this call any longer (deny by rule no-commands" in (
+        note or ""
+    )
+    assert (note or "").endswith("deny it or let it expire")
     assert state.approvals["s.1"].status == "pending"
 
 

@@ -336,7 +336,12 @@ def judge_vote(
             return _refuse(vote, problem)
         outcome = _granted_call(state, request, arguments, policy, now, rule_uses)
         if isinstance(outcome, str):
-            return _refuse(vote, f"{outcome}; deny it or let it expire")
+            advice = (
+                "grant it with other arguments, or deny it"
+                if vote.modified_arguments is not None
+                else "deny it or let it expire"
+            )
+            return _refuse(vote, f"{outcome}; {advice}")
         authorized = outcome
     granters = _granters(request, vote, roles)
     if len(granters) < request.quorum:
@@ -380,7 +385,8 @@ def _granted_call(
     rule_uses: Mapping[str, Sequence[datetime]],
 ) -> ToolCallAuthorized | str:
     """The authorisation of the call of `request` granted with `arguments`, or why the
-    policy in force no longer lets a person approve it."""
+    policy in force does not let a person approve it: no longer (it changed since the
+    request), or not with the arguments the person gave instead."""
     # Callers pass requests for a call only (not a plan's).
     assert request.call_id is not None
     assert request.step_id is not None
@@ -397,8 +403,9 @@ def _granted_call(
     if verdict.effect == "deny" or (
         verdict.effect == "require_approval" and verdict.rule != request.rule
     ):
+        how = "with these arguments" if arguments != (request.arguments or {}) else "any longer"
         return (
-            f"the policy in force no longer lets a person approve this call "
+            f"the policy in force does not let a person approve this call {how} "
             f"({verdict.effect} by rule {verdict.rule}: {verdict.reason})"
         )
     return ToolCallAuthorized(
