@@ -384,6 +384,11 @@ async def test_a_person_rolls_back_from_the_checkpoint_timeline_and_sees_steps_u
     # Named in full: ids of one step's attempts differ only at their end.
     target = (await client.get(f"/sessions/{session_id}/checkpoints", headers=operator)).json()[0]
     await expect(page.locator("#rollbacks")).to_contain_text(f"to {target['checkpoint_id']}")
+    # The notice followed the rollback from the request to its end.
+    await expect(page.locator("#notice")).to_have_text(
+        f"Rolled back to {target['checkpoint_id']}; undid three, two. The session is paused: "
+        "Resume runs the undone steps again."
+    )
     await screenshot(page, "rolled-back")
 
     # As the state service records it once the session has more snapshots than it keeps.

@@ -63,6 +63,11 @@ export interface Accepted {
   event_id: string;
 }
 
+/** What the API answers a rollback with: also the id its progress goes by. */
+export interface RollbackAccepted extends Accepted {
+  rollback_id: string;
+}
+
 /** Follows an SSE path until stopped, reconnecting after any loss without gaps. */
 export class EventFeed {
   private controller = new AbortController();

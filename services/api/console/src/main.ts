@@ -1,6 +1,6 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
-import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, storedKey, type StreamEvent, Unauthorized } from "./api";
+import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
 import type { Approval, Checkpoint, FileChanges, Me, SessionState, SessionSummary, Step } from "./types";
 import "./style.css";
 
@@ -207,9 +207,24 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     else answers.set(cause, event);
   };
 
+  // A rollback asked for here is followed in the notice until it ends.
+  let followedRollback: string | null = null;
+  const tellRollback = (s: SessionState): void => {
+    const r = followedRollback === null ? undefined : s.rollbacks[followedRollback];
+    if (!r || r.status === "requested" || r.status === "running") return;
+    followedRollback = null;
+    if (r.status !== "completed") {
+      notice(`Rollback ${r.status}: ${r.reason}`, true);
+      return;
+    }
+    const undone = r.undone_steps.length ? `; undid ${r.undone_steps.join(", ")}` : "";
+    notice(`Rolled back to ${r.checkpoint_id}${undone}. The session is paused: Resume runs the undone steps again.`);
+  };
+
   const render = (): void => {
     if (!state) return;
     const s = state;
+    tellRollback(s);
     const steps = Object.values(s.steps);
     document.getElementById("summary")!.innerHTML = `
       <h1>${esc(s.goal)}</h1>
@@ -396,6 +411,13 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     else unanswered.add(accepted.event_id);
   };
 
+  const startRollback = async (checkpointId: string): Promise<void> => {
+    const accepted = (await act("rollback", { checkpoint_id: checkpointId }, "Rolling back…")) as RollbackAccepted | null;
+    if (!accepted) return;
+    followedRollback = accepted.rollback_id;
+    if (state) tellRollback(state); // It may have ended before the API answered.
+  };
+
   const rollback = async (checkpointId: string): Promise<void> => {
     const list = state!.checkpoints;
     const index = list.findIndex((c) => c.checkpoint_id === checkpointId);
@@ -410,7 +432,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     confirmDialog.addEventListener(
       "close",
       () => {
-        if (confirmDialog.returnValue === "ok") void act("rollback", { checkpoint_id: checkpointId }, "rollback requested");
+        if (confirmDialog.returnValue === "ok") void startRollback(checkpointId);
       },
       { once: true },
     );
