@@ -106,6 +106,8 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     await expect(page.locator('li[data-step-id="count"] .badge').first).to_have_text("succeeded")
     await expect(page.locator("form.approval")).to_have_count(0)
     await expect(page.locator("p.grant")).to_contain_text("0 of 2 used")
+    # The conditions as given, without the tests left out.
+    await expect(page.locator("p.grant")).to_contain_text('only where {"command":{"regex":"^wc "}}')
     await page.locator('details[data-step="count"] summary').click()
     await expect(page.locator('details[data-step="count"]')).to_contain_text("n.txt")
     await screenshot(page, "completed")
@@ -257,7 +259,9 @@ async def test_the_plan_shows_its_estimates_and_needs_up_front_and_each_step_its
     # As the gateway records a try it makes again (a server that did not answer).
     state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
     call = {"call_id": state["steps"]["write"]["call_id"], "step_id": "write"}
-    error = ToolError(kind="unavailable", message="no answer", retryable=True)
+    error = ToolError(
+        kind="unavailable", message="no answer", retryable=True, suggestion="check the server"
+    )
     await store.append(
         new_event(
             ToolCallAttemptFailed(
@@ -273,7 +277,10 @@ async def test_the_plan_shows_its_estimates_and_needs_up_front_and_each_step_its
     await expect(tried.locator("summary")).to_contain_text("1 retry")
     await tried.locator("summary").click()
     await expect(tried).to_contain_text("Try 1 failed, tried again after 0.4 s")
-    await expect(tried).to_contain_text("no answer")
+    # What went wrong and what to do, as people read it (not the error's JSON).
+    await expect(tried.locator("pre.error")).to_have_text(
+        "unavailable: no answer\ncheck the server"
+    )
     await screenshot(page, "plan-estimates-and-retries")
 
 

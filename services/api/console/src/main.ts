@@ -26,6 +26,16 @@ function esc(value: unknown): string {
 function json(value: unknown): string {
   return esc(JSON.stringify(value, null, 2));
 }
+/** Conditions and other contract values without the fields left out (null). */
+function compact(value: unknown): string {
+  return esc(JSON.stringify(value, (_key, field: unknown) => (field === null ? undefined : field)));
+}
+/** A tool's error as people read it: what went wrong, then what to do about it. */
+function errorText(error: unknown): string {
+  const e = (error ?? {}) as { kind?: unknown; message?: unknown; suggestion?: unknown };
+  const what = `${String(e.kind ?? "error")}: ${String(e.message ?? "")}`;
+  return esc(e.suggestion ? `${what}\n${String(e.suggestion)}` : what);
+}
 function badge(kind: string, text: string): string {
   return `<span class="badge ${esc(kind)}">${esc(text)}</span>`;
 }
@@ -515,7 +525,7 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
       ${step.description ? `<p>${esc(step.description)}</p>` : ""}
       <h4>Arguments</h4><pre>${json(step.arguments)}</pre>
       ${step.output !== null ? `<h4>Result${step.cached_from ? ` <small>of ${esc(step.cached_from)}, an earlier call alike</small>` : ""}</h4><pre>${json(step.output)}</pre>` : ""}
-      ${step.error ? `<h4>Error</h4><pre class="error">${esc(step.error.kind)}: ${esc(step.error.message)}</pre>` : ""}
+      ${step.error ? `<h4>Error</h4><pre class="error">${errorText(step.error)}</pre>` : ""}
       ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
       ${step.retry_at ? `<p><small>tried again at ${esc(when(step.retry_at))}</small></p>` : ""}
     </details>${retry}</li>`;
@@ -527,8 +537,8 @@ function callItem(call: ToolCall): string {
       ${call.retries.length ? badge("warning", retries(call.retries.length)) : ""}${call.cached_from ? badge("cached", `result of ${call.cached_from}`) : ""}${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
     ${call.arguments !== undefined ? `<h4>Input</h4><pre>${json(call.arguments)}</pre>` : ""}
     ${call.output !== undefined ? `<h4>Output</h4><pre>${json(call.output)}</pre>` : ""}
-    ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${json(call.error)}</pre>` : ""}
-    ${call.retries.map((r) => `<h4>Try ${r.attempt} failed, tried again after ${r.retry_in_s.toFixed(1)} s</h4><pre class="error">${json(r.error)}</pre>`).join("")}
+    ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${errorText(call.error)}</pre>` : ""}
+    ${call.retries.map((r) => `<h4>Try ${r.attempt} failed, tried again after ${r.retry_in_s.toFixed(1)} s</h4><pre class="error">${errorText(r.error)}</pre>`).join("")}
   </details>`;
 }
 
@@ -545,7 +555,7 @@ function filesChanged(changes: FileChanges): string {
 }
 
 function standingGrant(a: Approval): string {
-  const where = a.similar_where ? ` · only where ${esc(JSON.stringify(a.similar_where))}` : "";
+  const where = a.similar_where ? ` · only where ${compact(a.similar_where)}` : "";
   return `<p class="grant">${badge("granted", "standing grant")} ${esc(a.tool ?? "")} calls like ${esc(a.request_id)}:
     ${a.similar_used} of ${a.similar_limit} used${a.similar_until ? ` · until ${esc(when(a.similar_until))}` : ""}${where}</p>`;
 }

@@ -33,7 +33,7 @@ export interface Step {
   output: unknown;
   /** The earlier call whose result the step's call reused (its tool is pure). */
   cached_from: string | null;
-  error: { kind: string; message: string } | null;
+  error: { kind: string; message: string; suggestion: string | null } | null;
   reason: string | null;
   duration_ms: number | null;
   retry_at: string | null;
