@@ -194,6 +194,10 @@ async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_i
     forked = page.url.rsplit("/", 1)[-1]
     assert forked != origin
     await expect(page.locator("#summary .badge").first).to_have_text("failed")
+    # The fork ran only the step that failed; the one done before the fork did not run again.
+    calls = page.locator("details.call")
+    await expect(calls).to_have_count(1)
+    await expect(calls.first).to_contain_text("read_file")
     await screenshot(page, "retried-in-a-new-session")
     state = (await client.get(f"/sessions/{forked}", headers=admin)).json()
     assert state["fork_of"]["session_id"] == origin
