@@ -87,6 +87,8 @@ async def test_a_person_approves_a_waiting_session_in_the_page_and_sees_it_compl
     approval = page.locator("form.approval")
     await expect(approval).to_contain_text("run_command")
     await expect(page.locator('li[data-step-id="write"] .badge').first).to_have_text("succeeded")
+    # The calls so far, from the session's events replayed as the page opened.
+    await expect(page.locator("details.call")).to_contain_text(["write_file"])
     await screenshot(page, "waiting-for-approval")
 
     # The connection drops and comes back: the page says so, and goes on where it was.
