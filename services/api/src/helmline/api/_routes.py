@@ -53,6 +53,8 @@ from helmline.runtime import (
 )
 
 SOURCE = "helmline/api"
+_ARGUMENTS = ArgumentChecker()
+"""Each tool's schema compiled once (again when the registry changes it), not per decision."""
 
 Responses = dict[int | str, dict[str, Any]]
 
@@ -329,7 +331,7 @@ def _argument_problems(decision: Decision, tool: ToolSpec) -> list[FieldProblem]
     arguments a standing grant is limited to that the tool does not have."""
     problems = []
     if decision.modified_arguments is not None:
-        wrong = ArgumentChecker().problem(tool, decision.modified_arguments)
+        wrong = _ARGUMENTS.problem(tool, decision.modified_arguments)
         if wrong is not None:
             path = filter(None, (wrong.field or "").split("/"))
             field = ".".join(("body", "modified_arguments", *path))
