@@ -89,6 +89,11 @@ def snapshots_beyond(state: SessionState, kept: int) -> WorkspaceSnapshotsPruned
     """The stored snapshots of the session's checkpoints older than its newest `kept`
     (checkpoints of steps that changed nothing share the snapshot before them). The
     workspace before the session first changed it is kept: a rollback to the start needs it."""
+    if state.initial_snapshot_id is None:
+        # The sandbox has stored no snapshot of this session's workspace (its tools changed
+        # nothing there): none to prune, so its checkpoints need not be looked at (a long
+        # session of other tools paid for a walk through all of them at each checkpoint).
+        return None
     unstored = state.unrestorable_snapshots
     stored = dict.fromkeys(
         c.snapshot_id
