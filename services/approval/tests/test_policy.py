@@ -591,6 +591,22 @@ def _plan_waiting() -> tuple[SessionState, list[Event], Event, PlanProposed]:
     return fold(events), events, started, plan
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [{"similar_limit": 2}, {"similar_limit": 2, "similar_where": {"command": {"glob": "rm*"}}}],
+)
+def test_a_plan_approval_that_would_also_approve_similar_calls_is_refused(
+    changes: dict[str, Any],
+) -> None:
+    state, _, _, _ = _plan_waiting()
+    vote = ApprovalDecisionSubmitted.model_validate(
+        {"request_id": "plan-1", "decision": "grant", "decided_by": ANA, **changes}
+    )
+    (refused,) = (d.payload for d in judge_vote(state, vote, PLAN_REVIEW, NOW))
+    assert isinstance(refused, ApprovalDecisionRefused)
+    assert "the plan's approval stands for no later calls" in refused.reason
+
+
 def test_an_approved_plan_runs_its_steps_unchanged_without_asking_again() -> None:
     state, events, started, plan = _plan_waiting()
     vote = ApprovalDecisionSubmitted(request_id="plan-1", decision="grant", decided_by=ANA)

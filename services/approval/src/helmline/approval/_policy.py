@@ -36,6 +36,10 @@ from helmline.contracts import (
 from helmline.runtime import ArgumentChecker, StoredEvent, unknown_arguments
 
 POLICY = Actor(id="policy", kind="policy")
+PLAN_STANDS_ALONE = (
+    "the plan's approval stands for no later calls: drop similar_limit and similar_where"
+)
+"""Why a plan's approval cannot also approve similar calls."""
 SIMILAR_GRANT_DEFAULT = timedelta(hours=1)
 """How long an "approve similar calls" grant holds when the approver gives no end."""
 
@@ -503,13 +507,15 @@ def _granters(
 def _similar_scope_problem(
     request: ApprovalState, vote: ApprovalDecisionSubmitted, policy: Policy
 ) -> str | None:
-    """Why the conditions a standing grant is limited to cannot stand, if they cannot."""
+    """Why the standing grant a vote asks for, or the conditions it is limited to, cannot
+    stand, if they cannot."""
+    if request.tool is None:
+        asked = vote.similar_limit is not None or vote.similar_where is not None
+        return PLAN_STANDS_ALONE if asked else None
     if vote.similar_where is None:
         return None
     if vote.similar_limit is None:
         return 'similar_where limits an "approve similar" grant: give similar_limit too'
-    if request.tool is None:
-        return "the plan's approval stands for no later calls: drop similar_where"
     spec = policy.tools.get(request.tool)
     unknown = unknown_arguments(spec, vote.similar_where) if spec else sorted(vote.similar_where)
     if unknown:
