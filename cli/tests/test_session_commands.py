@@ -37,11 +37,14 @@ from helmline.contracts import (
     Payload,
     PlanProposed,
     PlanStep,
+    RollbackCompleted,
+    RollbackRequested,
     SessionCancelled,
     SessionCancelRequested,
     SessionCompleted,
     SessionFailed,
     SessionPauseRequested,
+    SessionResumed,
     SessionResumeRequested,
     SessionStarted,
     SessionState,
@@ -304,6 +307,31 @@ async def test_approvals_lists_every_waiting_request_of_the_tenant_soonest_expir
     assert shown.exit_code == 0, shown.output
     for text in ("approval requests waiting", other.id, "r3", "(2 people)", "helmline approve"):
         assert text in shown.stdout
+
+
+async def test_approvals_lists_a_request_of_a_session_a_rollback_reopened(
+    nats_url: str, session: Session
+) -> None:
+    # Denied, the session failed; rolled back, it is open again, and asks anew.
+    await session.plan_and_ask("r1")
+    ana = Actor(id="ana")
+    await session.emit(
+        ApprovalDenied(request_id="r1", decided_by=ana),
+        SessionFailed(reason="step 'count' was denied"),
+    )
+    await session.emit(
+        CheckpointCreated(checkpoint_id="cp-write", step_id="write", at_seq=1),
+        RollbackRequested(rollback_id="rb", checkpoint_id="cp-write", requested_by=ana),
+        RollbackCompleted(rollback_id="rb", checkpoint_id="cp-write", undone_steps=("count",)),
+        SessionResumed(),
+    )
+    await session.emit(_approval_request("r2"))
+    assert (await session.state()).status == "waiting"
+
+    listed = await helmline(nats_url, "approvals", "-t", session.tenant, "--json")
+
+    assert listed.exit_code == 0, listed.output
+    assert [item["request_id"] for item in json.loads(listed.stdout)] == ["r2"]
 
 
 async def test_approvals_says_when_nothing_waits(nats_url: str, tenant: str) -> None:

@@ -33,6 +33,7 @@ from helmline.contracts import (
     ApprovalState,
     ApprovalVoteCounted,
     Playbook,
+    RollbackCompleted,
     SessionCancelled,
     SessionCompleted,
     SessionFailed,
@@ -215,6 +216,9 @@ async def list_sessions(
             for end in (SessionCompleted, SessionFailed, SessionCancelled)
             for session_id in await session_ids(log.js, tenant, end.TYPE)
         }
+        # A rollback reopens an ended session (paused, to be resumed): such a session is
+        # folded to tell whether it is open now.
+        ended -= set(await session_ids(log.js, tenant, RollbackCompleted.TYPE))
         chosen = [session_id for session_id in chosen if session_id not in ended]
     return list(await asyncio.gather(*(load(session_id) for session_id in chosen))), len(ids)
 
