@@ -68,7 +68,12 @@ async def test_a_session_moves_unchanged_and_a_second_import_changes_nothing(
     assert first.exit_code == 0, first.output
     assert "imported 4 events of 1 sessions (0 were already there)" in first.stdout
     again = await invoke(other_cluster, "import", str(export_file), "--json")
-    assert json.loads(again.stdout) == {"appended": 0, "already_present": 4, "sessions": 1}
+    assert json.loads(again.stdout) == {
+        "appended": 0,
+        "already_present": 4,
+        "sessions": 1,
+        "not_stored": [],
+    }
 
     here = await invoke(nats_url, "show", "s1", "-t", tenant, "--json")
     there = await invoke(other_cluster, "show", "s1", "-t", tenant, "--json")
@@ -90,6 +95,25 @@ async def test_a_bad_line_is_named_and_nothing_is_imported(
     assert result.exit_code == 1
     assert f"{export_file}:3: unknown event type 'step.exploded'" in result.stderr
     assert "no session" in (await invoke(other_cluster, "show", "s1", "-t", tenant)).stderr
+
+
+async def test_events_whose_ids_another_session_holds_are_named_as_not_stored(
+    nats_url: str, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    # An export edited to move the session to another tenant of the same log: JetStream
+    # takes each event for the one it stored under the other tenant, and drops it.
+    await store.append_all(_session(tenant, "s1"))
+    export_file = tmp_path / "s1.ndjson"
+    await invoke(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    moved = export_file.read_text().replace(f'"tenant":"{tenant}"', f'"tenant":"{tenant}x"')
+    export_file.write_text(moved)
+
+    result = await invoke(nats_url, "import", str(export_file))
+
+    assert result.exit_code == 1, result.output
+    assert "imported 0 events of 1 sessions (0 were already there)" in result.stdout
+    assert "4 events were not stored: the log holds events with their ids" in result.stderr
+    assert "no session" in (await invoke(nats_url, "show", "s1", "-t", f"{tenant}x")).stderr
 
 
 async def test_all_exports_only_that_tenant(nats_url: str, store: EventStore, tenant: str) -> None:

@@ -71,6 +71,10 @@ class ImportResult:
     appended: int
     already_present: int
     sessions: int
+    not_stored: tuple[str, ...] = ()
+    """Ids of events JetStream discarded as duplicates of events of other sessions: ids
+    are unique across the log, and these were stored elsewhere lately (within the stream's
+    duplicate window), say by an export edited to move a session to another tenant."""
 
 
 async def import_events(log: EventLog, events: list[Event]) -> ImportResult:
@@ -83,13 +87,30 @@ async def import_events(log: EventLog, events: list[Event]) -> ImportResult:
     for event in events:
         by_session.setdefault((event.tenant, event.session_id), []).append(event)
     appended = present = 0
+    not_stored: list[str] = []
     for (tenant, session_id), session_events in by_session.items():
         known = {item.event.id for item in await log.store.read_all(tenant, session_id)}
         for event in session_events:
             if event.id in known:
                 present += 1
                 continue
-            await log.store.append(event)
+            stored = await log.store.append(event)
             known.add(event.id)
-            appended += 1
-    return ImportResult(appended=appended, already_present=present, sessions=len(by_session))
+            if not stored.duplicate:
+                appended += 1
+            elif await _holds(log, event, stored.seq):
+                present += 1  # Appended by another writer since the log was read.
+            else:
+                not_stored.append(str(event.id))
+    return ImportResult(
+        appended=appended,
+        already_present=present,
+        sessions=len(by_session),
+        not_stored=tuple(not_stored),
+    )
+
+
+async def _holds(log: EventLog, event: Event, seq: int) -> bool:
+    """Whether the event stored at `seq` is this one, in its own session."""
+    stored = await log.store.read_at(event.tenant, event.session_id, seq)
+    return stored is not None and stored.event.id == event.id

@@ -14,7 +14,13 @@ import typer
 
 from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir, Json, Tenant
-from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, _run_async
+from helmline.cli._session_commands import (
+    DEFAULT_TENANT,
+    _attempt,
+    _fail,
+    _nats_url,
+    _run_async,
+)
 
 
 def export(
@@ -81,11 +87,20 @@ def import_(
     result = _run_async(append())
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))
-        return
-    typer.echo(
-        f"imported {result.appended} events of {result.sessions} sessions "
-        f"({result.already_present} were already there)"
-    )
+    else:
+        typer.echo(
+            f"imported {result.appended} events of {result.sessions} sessions "
+            f"({result.already_present} were already there)"
+        )
+    if result.not_stored:
+        ids = ", ".join(result.not_stored[:3]) + (", ..." if len(result.not_stored) > 3 else "")
+        _fail(
+            CliError(
+                f"{len(result.not_stored)} events were not stored: the log holds events with "
+                f"their ids in other sessions ({ids}); ids are unique across the log, so to "
+                "copy a session fork it, or import it into another cluster"
+            )
+        )
 
 
 def _one_selection(session: str | None, every_session: bool) -> None:
