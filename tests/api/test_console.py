@@ -133,30 +133,32 @@ async def test_a_decision_the_approval_service_refuses_is_reported_and_the_reque
     await page.locator(f'tr[data-session="{session_id}"] a').click()
     approval = page.locator("form.approval")
     notice = page.locator("#notice")
+
+    async def approve_refused(fields: dict[str, str], *words: str) -> None:
+        """Approve with the form's fields so; the notice says why not, and what the person
+        typed is still there to correct."""
+        for label, value in fields.items():
+            await approval.get_by_label(label).fill(value)
+        await approval.get_by_role("button", name="Approve").click()
+        for word in words:
+            await expect(notice).to_contain_text(word)
+        await expect(notice).to_have_class("error")
+        for label, value in fields.items():
+            await expect(approval.get_by_label(label)).to_have_value(value)
+
     # Arguments off the tool's schema: the API names the argument at once.
-    await approval.get_by_label("Arguments").fill('{"command": 5}')
-    await approval.get_by_role("button", name="Approve").click()
-    await expect(notice).to_contain_text("body.modified_arguments.command")
-    await expect(notice).to_have_class("error")
-    # What the person typed is still there to correct.
-    await expect(approval.get_by_label("Arguments")).to_have_value('{"command": 5}')
+    await approve_refused({"Arguments": '{"command": 5}'}, "body.modified_arguments.command")
     # So is a standing grant limited to an argument the tool does not have.
-    await approval.get_by_label("Arguments").fill('{"command": "wc -c n.txt"}')
-    await approval.get_by_label("Also approve the next").fill("2")
-    await approval.get_by_label("only where").fill("colour=red")
-    await approval.get_by_role("button", name="Approve").click()
-    await expect(notice).to_contain_text("body.similar_where.colour")
-    await expect(notice).to_have_class("error")
-    await expect(approval.get_by_label("only where")).to_have_value("colour=red")
+    standing = {"Also approve the next": "2", "only where": "colour=red"}
+    await approve_refused(
+        {"Arguments": '{"command": "wc -c n.txt"}', **standing}, "body.similar_where.colour"
+    )
     # The API takes this one; the approval service finds the policy forbids the command.
-    await approval.get_by_label("only where").fill("")
-    await approval.get_by_label("Also approve the next").fill("")
-    await approval.get_by_label("Arguments").fill('{"command": "rm n.txt"}')
-    await approval.get_by_role("button", name="Approve").click()
-    await expect(notice).to_contain_text("Your decision was refused")
-    await expect(notice).to_contain_text("no-deleting-by-command")
-    await expect(notice).to_have_class("error")
-    await expect(approval.get_by_label("Arguments")).to_have_value('{"command": "rm n.txt"}')
+    await approve_refused(
+        {"Also approve the next": "", "only where": "", "Arguments": '{"command": "rm n.txt"}'},
+        "Your decision was refused",
+        "no-deleting-by-command",
+    )
     await screenshot(page, "decision-refused")
 
     state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
