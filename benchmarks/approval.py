@@ -3,8 +3,10 @@
 The round trip runs from a person's decision event being appended to the tool call starting
 in the sandbox (`approval.decision_submitted` -> `tool.call.started`), both times as the
 events record them; the bench grants each request 50 ms after it is recorded. Those are
-three hops (approval, tool gateway, sandbox) through services that sat idle meanwhile: the
-ring bench's laps after as long an idle time are their floor on the machine.
+three hops (approval, tool gateway, sandbox) through services that sat idle meanwhile. Two
+floors of the same run put the figure in context: the ring bench's laps after as long an
+idle time (bare JetStream), and the null_services bench (Helmline's runtime, deciding
+nothing).
 """
 
 from __future__ import annotations

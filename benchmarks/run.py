@@ -19,6 +19,7 @@ from typing import Any
 import approval
 import gateway
 import idle_memory
+import null_services
 import observability
 import planner
 import read_model
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "steps": steps.run,
     "idle_memory": idle_memory.run,
     "observability": observability.run,
+    "null_services": null_services.run,
     "approval": approval.run,
     "sandbox": sandbox.run,
     "gateway": gateway.run,
