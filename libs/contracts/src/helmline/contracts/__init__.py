@@ -70,6 +70,7 @@ from helmline.contracts._envelope import (
     decode_event,
     encode_event,
     new_event,
+    new_trace,
 )
 from helmline.contracts._errors import (
     ContractError,
@@ -367,6 +368,7 @@ __all__ = [
     "nats_permissions",
     "nats_permissions_table",
     "new_event",
+    "new_trace",
     "one_or_many",
     "parse_event_subject",
     "published_by",
