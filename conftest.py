@@ -10,17 +10,44 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from system_packages import REQUIRE_VARIABLE, missing_packages
 
 from helmline.cli._postgres import start_postgres, stop_postgres
 from helmline.cli._record import ProcessRecord
-from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime import EventStore, connect_nats, ensure_topology
 from helmline.runtime.testing import NatsServer, free_port
 
 BOUNDED_LOG_BYTES = 256 * 1024
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests whose Debian package is missing, each saying which and how to install
+    it (`make test` installs them as root); where they are required (CI), refuse to run."""
+    missing = missing_packages()
+    if missing and os.environ.get(REQUIRE_VARIABLE) == "1":
+        raise pytest.UsageError(
+            f"{REQUIRE_VARIABLE}=1 and missing: "
+            + "; ".join(package.skip_reason for package in missing)
+        )
+    for item in items:
+        for package in missing:
+            if item.get_closest_marker(package.marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=package.skip_reason))
+                break
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Just above the closing line: how many tests were skipped, for each reason."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2].removeprefix("Skipped: ")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"skipped {count}: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +60,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 async def nc(nats_url: str) -> AsyncIterator[NATS]:
     """A connection to that server, with Helmline's streams and buckets provisioned."""
-    connection = await nats.connect(nats_url)
+    connection = await connect_nats(nats_url)
     await ensure_topology(connection.jetstream())
     yield connection
     await connection.close()
@@ -115,7 +142,7 @@ async def provisioned_server(
 ) -> AsyncIterator[tuple[str, NATS]]:
     """A nats-server of the test's own with Helmline's topology: its URL and a connection."""
     with NatsServer(folder) as server:
-        connection = await nats.connect(server.url)
+        connection = await connect_nats(server.url)
         await ensure_topology(connection.jetstream(), events_max_bytes=events_max_bytes)
         yield server.url, connection
         await connection.close()

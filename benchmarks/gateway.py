@@ -15,6 +15,8 @@ count: they delay its `tool.call.completed`."""
 
 from __future__ import annotations
 
+import base64
+import random
 import statistics
 import tempfile
 import time
@@ -26,14 +28,21 @@ from typing import Any
 import nats
 
 from helmline.contracts import TOOL_OUTPUTS_BUCKET, ToolCallAuthorized, new_event
-from helmline.runtime import Delivery, EventStore, ensure_topology
+from helmline.runtime import (
+    Delivery,
+    EventStore,
+    RegisteredSecrets,
+    ensure_topology,
+    make_safe,
+    register_secrets,
+)
 from helmline.runtime.testing import NatsServer
 from helmline.tool_gateway._config import RateLimit, ServerConfig
 from helmline.tool_gateway._federation import Federation
 from helmline.tool_gateway._handlers import GatewayHandler
 from helmline.tool_gateway._mcp import McpServer
 from helmline.tool_gateway._ratelimit import RateLimiter
-from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, server_everything
+from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, NODE, server_everything
 
 CALLS = 300
 WARM_UP = 20
@@ -125,9 +134,52 @@ async def _measure(federation: Federation, handler: GatewayHandler, server_id: s
     return samples
 
 
+def output_safety_us_per_kib(rounds: int = 50, secrets: int = 0) -> dict[str, Any]:
+    """The shared output safety on 64 KiB of command output, a key id and a password line in
+    it: what every tool result, model text and error message pays on its way to the log.
+    With `secrets` registered (one of them printed plain and in base64 in the output), what
+    a stack whose tenants set that many pays."""
+    rng = random.Random(1)
+    words = [
+        *("the", "build", "finished", "in", "12.3", "s", "with", "4", "warnings;", "see"),
+        *("logs/app.log", "line", "88", "for", "details;", "user", "alice", "requested"),
+        *("rollback", "of", "step", "3"),
+    ]
+    lines: list[str] = []
+    while sum(len(line) + 1 for line in lines) < 64 * 1024:
+        lines.append(" ".join(rng.choice(words) for _ in range(12)))
+    lines[10] = "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE"
+    lines[200] = "password=hunter2hunter2"
+    values = [(f"SECRET_{n}", rng.randbytes(24).hex()) for n in range(secrets)]
+    if values:
+        lines[300] = f"deploying with {values[0][1]}"
+        lines[400] = base64.b64encode(values[0][1].encode()).decode()
+    text = "\n".join(lines)
+    kib = len(text.encode()) / 1024
+    samples = []
+    register_secrets(RegisteredSecrets(values))
+    try:
+        for _ in range(rounds):
+            began = time.perf_counter()
+            safe = make_safe(text, max_bytes=1 << 20)
+            samples.append((time.perf_counter() - began) * 1e6 / kib)
+    finally:
+        register_secrets(RegisteredSecrets(()))
+    if values:
+        assert safe.redacted_by.get("secret:SECRET_0") == 2, safe.redacted_by
+    name = f"output_safety_{secrets}_secrets_us_per_kib" if secrets else "output_safety_us_per_kib"
+    return {
+        "figure": name,
+        "calls": rounds,
+        "value": round(statistics.median(samples), 1),
+        "p99": round(_percentile(samples, 0.99), 1),
+        "target": "p50 <= 50 us per KiB",
+    }
+
+
 async def run() -> list[dict[str, Any]]:
     script = ROOT / EVERYTHING_SCRIPT
-    figures = []
+    figures = [output_safety_us_per_kib(), output_safety_us_per_kib(secrets=50)]
     with (
         tempfile.TemporaryDirectory() as folder,
         NatsServer(Path(folder)) as nats_server,
@@ -138,7 +190,7 @@ async def run() -> list[dict[str, Any]]:
         await ensure_topology(js)
         configs = [
             ServerConfig.model_validate(
-                {"id": "stdio", "stdio": {"command": "node", "args": [str(script), "stdio"]}}
+                {"id": "stdio", "stdio": {"command": NODE, "args": [str(script), "stdio"]}}
             ),
             ServerConfig.model_validate({"id": "http", "http": {"url": url}}),
         ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,13 @@ async def _rebuild_while_queried(
     return report, cpu_s, json.loads(answers)
 
 
-async def rebuild() -> list[dict[str, Any]]:
+@contextlib.asynccontextmanager
+async def log_and_database(
+    sessions: int, events_each: int, prefix: str
+) -> AsyncIterator[tuple[NatsServer, EventStore, str]]:
+    """A nats-server holding `sessions` sessions of `events_each` events (tenant `bench`,
+    ids `<prefix><n>`) and a PostgreSQL with the read model's tables, empty: the server,
+    the event store and the database's URL. Both are stopped when the block ends."""
     folder = Path(tempfile.mkdtemp(prefix="helmline-bench-pg-"))
     process, database_url = start_postgres(
         pgdata=folder / "pgdata", port=free_port(), log=folder / "postgres.log", timeout=30
@@ -86,24 +94,31 @@ async def rebuild() -> list[dict[str, Any]]:
             await ensure_topology(js)
             store = EventStore(js, timeout_s=60)
             await rebuild_read_model(store, database_url)  # Of an empty log: makes the tables.
-            for number in range(SESSIONS):
-                for event in session_events(EVENTS_PER_SESSION, session_id=f"r{number}"):
+            for number in range(sessions):
+                for event in session_events(events_each, session_id=f"{prefix}{number}"):
                     await js.publish_async(
                         event_subject(event.tenant, event.session_id, event.type),
                         encode_event(event),
                     )
             await js.publish_async_completed()
-            rates, cpu_rates, latencies = [], [], []
-            for _ in range(ROUNDS):
-                report, cpu_s, answered = await _rebuild_while_queried(store, database_url)
-                latencies += answered
-                assert report.events == SESSIONS * EVENTS_PER_SESSION
-                rates.append(report.events_per_s)
-                cpu_rates.append(report.events / cpu_s)
-            await connection.close()
+            try:
+                yield server, store, database_url
+            finally:
+                await connection.close()
     finally:
         stop_postgres(pgdata=folder / "pgdata", process=process, grace=10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def rebuild() -> list[dict[str, Any]]:
+    async with log_and_database(SESSIONS, EVENTS_PER_SESSION, "r") as (_, store, database_url):
+        rates, cpu_rates, latencies = [], [], []
+        for _ in range(ROUNDS):
+            report, cpu_s, answered = await _rebuild_while_queried(store, database_url)
+            latencies += answered
+            assert report.events == SESSIONS * EVENTS_PER_SESSION
+            rates.append(report.events_per_s)
+            cpu_rates.append(report.events / cpu_s)
     latencies.sort()
     return [
         {

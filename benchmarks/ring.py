@@ -7,6 +7,9 @@ Laps that start after the ring sat idle for as long as the approval bench's pers
 are the floor under the approval round trip, also three hops: processes that slept wake
 much more slowly than busy ones (on this kind of machine, about three times).
 
+It runs durable (every append fsynced before its acknowledgement) and, in `make bench`,
+relaxed too, so that each mode's figures have the floor of their own mode beside them.
+
 Run as `python ring.py HOP URL` it is one process of the ring.
 """
 
@@ -26,9 +29,11 @@ from approval import PERSON_DELAY_S
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
+from helmline.runtime import Durability
 from helmline.runtime.testing import NatsServer
 
 HOPS = 3
+APPENDS = 1000
 LAPS = 300
 IDLE_LAPS = 60
 STREAM = "RING"
@@ -62,11 +67,21 @@ async def _hop(hop: int, url: str) -> None:
     await asyncio.Event().wait()
 
 
-async def run() -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+async def run(durability: Durability = "durable") -> list[dict[str, Any]]:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        NatsServer(Path(folder), durability=durability) as server,
+    ):
         nc = await nats.connect(server.url)
         js = nc.jetstream()
         await js.add_stream(StreamConfig(name=STREAM, subjects=["ring.*"]))
+        # One acknowledged append alone, on a subject no hop consumes: what each hop pays
+        # for the store (and, durable, the fsync) before it can pass the token on.
+        appends = []
+        for _ in range(APPENDS):
+            began = time.perf_counter()
+            await js.publish("ring.alone", b"token")
+            appends.append((time.perf_counter() - began) * 1000)
         # Hops 1 and 2 are processes of their own; this process is hop 0 and times laps.
         hops = [
             await asyncio.create_subprocess_exec(
@@ -101,7 +116,15 @@ async def run() -> list[dict[str, Any]]:
                 await process.wait()
             await nc.close()
     laps = laps[LAPS // 10 :]  # Connections and consumers warm up in the first laps.
+    appends = appends[APPENDS // 10 :]
     return [
+        {
+            "figure": "append_ms",
+            "appends": len(appends),
+            "p50": round(statistics.median(appends), 3),
+            "p99": round(sorted(appends)[int(0.99 * len(appends))], 3),
+            "target": "baseline: one acknowledged append, one publisher, nothing else running",
+        },
         {
             "figure": "ring_of_three_lap_ms",
             "laps": len(laps),

@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from steps import SERVICES, run_sessions
+from steps import run_sessions, services_running
 
 from helmline.contracts import (
     Actor,
@@ -26,8 +23,8 @@ from helmline.contracts import (
     decode_event,
     event_type_filter,
 )
-from helmline.runtime import EventStore, ensure_topology
-from helmline.runtime.testing import NatsServer, ServiceProcesses, eventually
+from helmline.runtime import EventStore
+from helmline.runtime.testing import eventually
 
 UNDONE = (10, 100)
 
@@ -94,25 +91,15 @@ async def rollback_ms(nc: NATS, store: EventStore, tenant: str, undone: int) -> 
 
 async def run() -> list[dict[str, Any]]:
     figures = []
-    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
-        services = ServiceProcesses(server.url, Path(folder))
-        try:
-            for name in SERVICES:
-                await asyncio.to_thread(services.start, name)
-            nc = await nats.connect(server.url)
-            await ensure_topology(nc.jetstream())
-            store = EventStore(nc.jetstream())
-            await rollback_ms(nc, store, "warmup", 2)
-            for undone in UNDONE:
-                elapsed = await rollback_ms(nc, store, f"undo{undone}", undone)
-                figures.append(
-                    {
-                        "figure": "rollback_latency_ms",
-                        "steps_undone": undone,
-                        "value": round(elapsed, 1),
-                    }
-                )
-            await nc.close()
-        finally:
-            await asyncio.to_thread(services.stop_all)
+    async with services_running() as (nc, store, _):
+        await rollback_ms(nc, store, "warmup", 2)
+        for undone in UNDONE:
+            elapsed = await rollback_ms(nc, store, f"undo{undone}", undone)
+            figures.append(
+                {
+                    "figure": "rollback_latency_ms",
+                    "steps_undone": undone,
+                    "value": round(elapsed, 1),
+                }
+            )
     return figures

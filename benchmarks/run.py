@@ -5,11 +5,16 @@ figures of one run with each other (each line carries its target for reference).
 also says how busy the machine's processors were while its benchmark ran, and how much of
 them the hypervisor gave to other machines (`steal_pct`): on a shared host that share alone
 can double every latency, so two runs compare only at a similar steal.
+
+Every nats-server here fsyncs each append before acknowledging it, as `helmline up` runs
+it; the ring, steps and approval round trip run relaxed too (`RELAXED`), and each line
+says which (`durability`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -17,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import approval
+import burst
 import gateway
+import growth
 import idle_memory
+import listing
 import null_services
 import observability
 import planner
@@ -47,7 +55,20 @@ BENCHMARKS: dict[str, Benchmark] = {
     "read_model": read_model.rebuild,
     "planner": planner.run,
     "sse": sse.run,
+    "burst": burst.run,
+    "growth": growth.run,
+    "listing": listing.run,
 }
+
+
+RELAXED: dict[str, Benchmark] = {
+    "ring": functools.partial(ring.run, "relaxed"),
+    "steps": functools.partial(steps.run, "relaxed"),
+    "approval": functools.partial(approval.round_trip, "relaxed"),
+}
+"""Benchmarks run a second time against a nats-server that acknowledges before it fsyncs
+(JetStream's default), their figures printed beside the durable ones: what durability
+costs, measured in one run. Every other figure is durable only (docs/durability.md)."""
 
 
 ON_ASYNCIO = frozenset({"sandbox"})
@@ -81,13 +102,18 @@ def machine_during(before: list[int], after: list[int]) -> dict[str, float]:
 
 def main(selected: list[str]) -> None:
     for name in selected or list(BENCHMARKS):
-        run = asyncio.run if name in ON_ASYNCIO else uvloop.run
-        before = processor_times()
-        figures = run(BENCHMARKS[name]())
-        after = processor_times()
-        machine = machine_during(before, after) if before and after else {}
-        for figure in figures:
-            print(json.dumps({"bench": name, **figure, "machine": machine}), flush=True)
+        runs = [("durable", BENCHMARKS[name])]
+        if name in RELAXED:
+            runs.append(("relaxed", RELAXED[name]))
+        for durability, benchmark in runs:
+            run = asyncio.run if name in ON_ASYNCIO else uvloop.run
+            before = processor_times()
+            figures = run(benchmark())
+            after = processor_times()
+            machine = machine_during(before, after) if before and after else {}
+            for figure in figures:
+                line = {"bench": name, "durability": durability, **figure, "machine": machine}
+                print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

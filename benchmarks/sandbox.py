@@ -20,7 +20,7 @@ from helmline.contracts import SandboxExecutionRequested
 from helmline.runtime import ensure_topology
 from helmline.runtime.testing import NatsServer
 from helmline.sandbox import SandboxSettings, Tools, tools_for
-from helmline.sandbox._commands import CommandControl, Reaper
+from helmline.sandbox._commands import MARKER_VARIABLE, CommandControl, Reaper
 from helmline.sandbox._confinement import Confinement, bwrap_argv
 from helmline.sandbox._containers import ContainerBackend
 from helmline.sandbox._profiles import SandboxProfile
@@ -99,12 +99,15 @@ def _bwrap_alone_ms(workspace: Path) -> list[float]:
     floor the process backend stands on."""
     workspace.mkdir()
     argv = bwrap_argv(
-        shutil.which("bwrap") or "bwrap", Confinement(workspace, False, 65534, 8), "true"
+        shutil.which("bwrap") or "bwrap",
+        Confinement(workspace, False, 65534, 8),
+        "true",
+        MARKER_VARIABLE,
     )
     samples = []
     for _ in range(CALLS):
         began = time.perf_counter()
-        subprocess.run(argv, check=True)
+        subprocess.run(argv, check=True, env={})
         samples.append((time.perf_counter() - began) * 1000)
     return samples
 

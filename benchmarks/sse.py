@@ -75,7 +75,7 @@ async def fan_out(folder: Path) -> dict[str, Any]:
             await ensure_topology(js)
             store = EventStore(js)
             key, record = new_api_key(TENANT, ("viewer",), name="bench")
-            await store_api_key(js, record)
+            await store_api_key(js, record, by=Actor(id="bench"))
             session_id = uuid.uuid4().hex
             actor = Actor(id="bench")
             started = SessionStarted(goal="busy", requested_by=actor, mode="plan")

@@ -6,11 +6,11 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import nats
 import pytest
 
 from helmline.cli.testing import invoke
 from helmline.contracts import (
+    EVENTS_STREAM,
     Actor,
     Event,
     PlanProposed,
@@ -20,7 +20,7 @@ from helmline.contracts import (
     ToolCallCompleted,
     new_event,
 )
-from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime import EventStore, connect_nats, ensure_topology
 from helmline.runtime.testing import NatsServer
 
 
@@ -28,7 +28,7 @@ from helmline.runtime.testing import NatsServer
 async def other_cluster(tmp_path: Path) -> AsyncIterator[str]:
     """A second, empty nats-server: the cluster sessions are moved to."""
     with NatsServer(tmp_path) as server:
-        connection = await nats.connect(server.url)
+        connection = await connect_nats(server.url)
         await ensure_topology(connection.jetstream())
         await connection.close()
         yield server.url
@@ -92,9 +92,42 @@ async def test_a_bad_line_is_named_and_nothing_is_imported(
 
     result = await invoke(other_cluster, "import", str(export_file))
 
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"{export_file}:3: unknown event type 'step.exploded'" in result.stderr
     assert "no session" in (await invoke(other_cluster, "show", "s1", "-t", tenant)).stderr
+
+
+async def test_a_line_longer_than_any_event_is_refused_quoting_only_its_start(
+    nats_url: str, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    await store.append_all(_session(tenant, "s1"))
+    export_file = tmp_path / "s1.ndjson"
+    await invoke(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    with export_file.open("a") as export:
+        export.write('{"id": "' + "z" * (2 * EVENTS_STREAM.max_msg_size) + '"}\n')
+
+    result = await invoke(nats_url, "import", str(export_file))
+
+    assert result.exit_code == 2
+    assert f"{export_file}:5: the line is longer than the 2097152 bytes" in result.stderr
+    assert 'it begins \'{"id": "' + "z" * 192 + "' (and " in result.stderr
+    assert "z" * 193 not in result.stderr
+
+
+async def test_an_export_past_max_bytes_is_refused_before_anything_is_imported(
+    nats_url: str, other_cluster: str, store: EventStore, tenant: str, tmp_path: Path
+) -> None:
+    await store.append_all(_session(tenant, "s1"))
+    export_file = tmp_path / "s1.ndjson"
+    await invoke(nats_url, "export", "s1", "-t", tenant, "-o", str(export_file))
+    size = export_file.stat().st_size
+
+    refused = await invoke(other_cluster, "import", str(export_file), "--max-bytes", str(size - 1))
+    assert refused.exit_code == 2
+    assert f"the export is larger than {size - 1} bytes" in refused.stderr
+    assert "no session" in (await invoke(other_cluster, "show", "s1", "-t", tenant)).stderr
+    taken = await invoke(other_cluster, "import", str(export_file), "--max-bytes", str(size))
+    assert taken.exit_code == 0, taken.output
 
 
 async def test_events_whose_ids_another_session_holds_are_named_as_not_stored(

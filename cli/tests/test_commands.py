@@ -62,10 +62,14 @@ def test_up_stops_at_an_external_nats_that_does_not_answer(tmp_path: Path) -> No
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
-        result = helmline("up", "--data-dir", str(tmp_path), env={"HELMLINE_NATS_URL": url})
+        with_password = url.replace("://", "://admin:hunter2-secret@")
+        result = helmline(
+            "up", "--data-dir", str(tmp_path), env={"HELMLINE_NATS_URL": with_password}
+        )
 
     assert result.returncode == 1
     assert f"nats at {url} does not answer" in result.stderr
+    assert "hunter2-secret" not in result.stdout + result.stderr
     assert not (tmp_path / "stack.json").exists()
     assert not (tmp_path / "postgres").exists()
 

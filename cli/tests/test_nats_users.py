@@ -6,7 +6,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -19,7 +18,7 @@ from helmline.contracts import (
     example_event,
     published_by,
 )
-from helmline.runtime import EventStore, ensure_topology
+from helmline.runtime import EventStore, connect_nats, ensure_topology
 from helmline.runtime.testing import NatsServer, free_port
 
 
@@ -40,7 +39,7 @@ async def test_a_service_appends_its_own_events_and_is_refused_anothers(
     secured: tuple[NatsUsers, int], service: str, tenant: str
 ) -> None:
     users, port = secured
-    admin = await nats.connect(users.url(port, ADMIN))
+    admin = await connect_nats(users.url(port, ADMIN))
     await ensure_topology(admin.jetstream())
     await admin.close()
 
@@ -49,7 +48,7 @@ async def test_a_service_appends_its_own_events_and_is_refused_anothers(
     async def record(error: Exception) -> None:
         refusals.append(str(error))
 
-    connection = await nats.connect(users.url(port, service), error_cb=record)
+    connection = await connect_nats(users.url(port, service), error_cb=record)
     try:
         js = connection.jetstream()
         # Services provision on start, so their users may, too.

@@ -14,6 +14,7 @@ from typer.testing import CliRunner, Result
 from helmline.cli import app
 from helmline.cli._playbook_file import load_playbook
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, EVENTS_STREAM, tenant_filter
+from helmline.yamlfile import MAX_BYTES
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "playbooks"
 
@@ -109,11 +110,13 @@ async def test_a_playbook_too_large_for_the_log_is_refused_before_anything_is_ap
     tmp_path: Path, nats_url: str, js: JetStreamContext, tenant: str
 ) -> None:
     message = "x" * 60_000  # As long as echo takes; twenty of them outgrow an event.
+    # Written once and named (a YAML alias) twenty times: a small file, a large playbook.
     steps = "".join(
-        f"  - id: s{i}\n    tool: echo\n    arguments: {{message: {message}}}\n" for i in range(20)
+        f"  - id: s{i}\n    tool: echo\n    arguments: {{message: *m}}\n" for i in range(1, 20)
     )
+    first = f"  - id: s0\n    tool: echo\n    arguments: {{message: &m {message}}}\n"
     playbook = tmp_path / "playbook.yaml"
-    playbook.write_text(f"goal: g\nsteps:\n{steps}")
+    playbook.write_text(f"goal: g\nsteps:\n{first}{steps}")
 
     result = await _run(playbook, nats_url, tenant)
 
@@ -123,11 +126,26 @@ async def test_a_playbook_too_large_for_the_log_is_refused_before_anything_is_ap
     await _assert_nothing_appended(js, tenant)
 
 
+def test_a_playbook_file_past_its_size_limit_is_refused_unread(tmp_path: Path) -> None:
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text("goal: g\nsteps:\n" + "# " + "s" * MAX_BYTES)
+
+    result = CliRunner().invoke(app, ["run", "--playbook", str(playbook)])
+
+    assert result.exit_code == 2
+    assert (
+        f"{playbook}:1: this playbook is larger than the 1048576 bytes read of one "
+        f"({MAX_BYTES + 17} bytes)"
+    ) in result.stderr
+    assert "sss" not in result.stderr
+    assert len(result.stderr) < 500
+
+
 def test_a_missing_playbook_file_is_named(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "--playbook", str(tmp_path / "nope.yaml")])
 
     assert result.exit_code == 2
-    assert f"cannot read playbook {tmp_path / 'nope.yaml'}" in result.stderr
+    assert f"{tmp_path / 'nope.yaml'}:1: cannot read: " in result.stderr
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)

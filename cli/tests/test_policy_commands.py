@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from helmline.approval import default_policy, parse_policy
+from helmline.approval._policy import judge_step
 from helmline.cli._app import app
 from helmline.contracts import (
     BUILTIN_TOOLS,
@@ -30,6 +31,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore
 from helmline.runtime.testing import session_started
+from helmline.yamlfile import MAX_BYTES
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "policies"
 
@@ -138,8 +140,8 @@ async def test_explain_shows_the_recorded_rule_and_why_each_rule_did_or_did_not_
         for line in lines
     )
     assert any("is the one it was decided under" in line for line in lines)
-    assert "  1. allow-low-and-medium-risk: skipped, not: risk is low or medium" in lines
-    assert any(line.startswith("  2. approve-high-and-critical-risk: MATCHED") for line in lines)
+    assert "  3. allow-low-and-medium-risk: skipped, not: risk is low or medium" in lines
+    assert any(line.startswith("  4. approve-high-and-critical-risk: MATCHED") for line in lines)
 
     stricter = tmp_path / "stricter.yaml"
     stricter.write_text(
@@ -212,13 +214,54 @@ async def test_explain_says_when_the_plan_asked_a_person_about_a_step_the_policy
 
     assert result.exit_code == 0, result.output
     assert any(
-        line.startswith("  1. allow-low-and-medium-risk: MATCHED")
+        line.startswith("  3. allow-low-and-medium-risk: MATCHED")
         for line in result.stdout.splitlines()
     )
     assert (
         "verdict: require_approval by rule allow-low-and-medium-risk: the plan asks a person "
         "to approve this step (rule allow-low-and-medium-risk would allow it)"
     ) in result.stdout
+
+
+async def test_explain_says_which_permission_a_step_lacks_and_what_decides_it_once_granted(
+    store: EventStore, nats_url: str, tenant: str, tmp_path: Path
+) -> None:
+    policy_file = tmp_path / "hosts.yaml"
+    policy_file.write_text(
+        "permission_requests: {roles: [approver]}\n"
+        "rules:\n  - name: status-only\n    hosts: [status.example.com]\n    effect: allow\n"
+    )
+    policy = parse_policy(policy_file.read_bytes(), source=str(policy_file))
+    started = session_started(tenant)
+    step = PlanStep(id="say", tool="echo", arguments={"message": "hi"}, hosts=("api.example.com",))
+    scheduled = StepScheduled(
+        step_id="say", call_id="say.1", tool="echo", arguments=step.arguments, hosts=step.hosts
+    )
+    (asked,) = judge_step(scheduled, policy, tenant=tenant, requester=None, now=datetime.now(UTC))
+    events = [
+        *_planned_and_scheduled(started, step)[:2],
+        started.derive(scheduled, source="test"),
+        started.derive(asked.payload, source="test"),
+    ]
+    for event in events:
+        await store.append(event)
+
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["policy", "explain", started.session_id, "say", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url, "HELMLINE_POLICY": str(policy_file)},
+    )
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    recorded = "recorded: request_permission by rule status-only"
+    assert any(line.startswith(recorded) for line in lines)
+    assert "verdict: request_permission, once granted allow by rule status-only: " in result.stdout
+    assert (
+        "  lacks network api.example.com: rule status-only grants only hosts matching "
+        "'status.example.com'"
+    ) in lines
 
 
 async def test_explain_names_the_steps_when_the_step_is_unknown(
@@ -268,7 +311,7 @@ async def test_explain_judges_a_federated_tool_as_the_published_registry_declare
     assert result.exit_code == 0, result.output
     assert "(risk medium)" in result.stdout.splitlines()[0]
     assert any(
-        line.startswith("  1. allow-low-and-medium-risk: MATCHED")
+        line.startswith("  3. allow-low-and-medium-risk: MATCHED")
         for line in result.stdout.splitlines()
     ), result.stdout
 
@@ -284,4 +327,32 @@ def test_up_refuses_an_invalid_policy_before_starting_anything(tmp_path: Path) -
 
     assert result.exit_code == 2
     assert f"{policy}:5: invalid YAML" in result.stderr
+    assert not data_dir.exists()
+
+
+def test_check_refuses_a_file_past_its_size_limit(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("rules: []\n" + "#" * MAX_BYTES)
+    result = CliRunner().invoke(app, ["policy", "check", str(path)])
+
+    assert result.exit_code == 2
+    assert f"{path}:1: this policy is larger than the 1048576 bytes read of one" in result.stderr
+    assert "###" not in result.stderr
+
+
+def test_up_refuses_an_mcp_servers_file_past_its_size_limit(tmp_path: Path) -> None:
+    servers = tmp_path / "servers.yaml"
+    servers.write_text("servers: []\n" + "#" * MAX_BYTES)
+    data_dir = tmp_path / "data"
+
+    result = CliRunner().invoke(
+        app, ["up", "--mcp-servers", str(servers), "--data-dir", str(data_dir), "--no-sample"]
+    )
+
+    assert result.exit_code == 2
+    assert (
+        f"{servers}:1: this MCP servers file is larger than the 1048576 bytes read of one"
+        in result.stderr
+    )
+    assert "###" not in result.stderr
     assert not data_dir.exists()

@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from helmline.api import Role, new_api_key, store_api_key
 from helmline.api.__main__ import setup_api
 from helmline.api._settings import ApiSettings
+from helmline.contracts import Actor
 from helmline.runtime import ServiceHost
 from helmline.runtime.testing import ServiceProcesses, free_port
 
@@ -30,6 +31,7 @@ SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 POLICY = """
 description: The default policy, but files are not deleted by command.
 approval: {roles: [approver, admin], quorum: 1, expires_in: 10m}
+permission_requests: {roles: [approver, admin], expires_in: 10m, grant_at_most: 1d}
 rules:
   - name: no-deleting-by-command
     tool: run_command
@@ -46,7 +48,7 @@ rules:
 """
 """What the approval service decides by: a grant with modified arguments the policy refuses
 is then the approval service's to refuse (the API checks arguments against the tool's
-schema only)."""
+schema only); a step reaching a network host no rule grants asks for it."""
 ISSUER = "https://issuer.test"
 AUDIENCE = "helmline-api"
 
@@ -137,7 +139,7 @@ def make_key(js: JetStreamContext) -> KeyMaker:
 
     async def make(tenant: str, *roles: Role) -> dict[str, str]:
         key, record = new_api_key(tenant, roles, name=f"{tenant}-{'-'.join(roles)}")
-        await store_api_key(js, record)
+        await store_api_key(js, record, by=Actor(id="test"))
         return {"Authorization": f"Bearer {key}"}
 
     return make

@@ -3,24 +3,31 @@ roles and tenant isolation."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
 from pydantic import ValidationError
 
-from helmline.api import new_api_key, store_api_key
+from helmline.api import new_api_key, split_api_key, store_api_key
 from helmline.contracts import (
+    ALL_API_KEYS,
     EVENTS_STREAM,
+    KEYS_STREAM,
+    Actor,
     SessionStarted,
     WorkspaceSnapshotsPruned,
+    decode_event,
     new_event,
     tenant_filter,
 )
 from helmline.runtime import EventStore
-from helmline.runtime.testing import checkpointed, eventually
+from helmline.runtime.testing import ServiceProcesses, checkpointed, eventually, free_port
 from tests.api.conftest import Issuer, KeyMaker
 
 HELLO: dict[str, Any] = {
@@ -99,6 +106,9 @@ async def test_openapi_lists_every_route(client: httpx.AsyncClient) -> None:
         "/sessions/{session_id}/events",
         "/events",
         "/tools",
+        "/keys",
+        "/keys/{key_id}",
+        "/keys/{key_id}/rotate",
         "/healthz",
         "/readyz",
     } <= set(paths)
@@ -109,8 +119,14 @@ async def test_without_a_valid_credential_the_answer_is_401(
     client: httpx.AsyncClient, tenant: str
 ) -> None:
     assert_problem(await client.get("/sessions"), 401, "API key")
-    unknown = {"Authorization": "Bearer hlk_0123456789abcdef_not-a-secret"}
-    assert_problem(await client.get("/sessions", headers=unknown), 401, "not known")
+    # A key cut short or mistyped in its shape, and a well-formed key nobody made, are told
+    # apart.
+    malformed = {"Authorization": "Bearer hlk_0123456789abcdef_not-a-secret"}
+    assert_problem(await client.get("/sessions", headers=malformed), 401, "malformed", "hlk_<")
+    unknown = {"Authorization": f"Bearer hlk_0123456789abcdef_{'x' * 43}"}
+    refused = await client.get("/sessions", headers=unknown)
+    assert_problem(refused, 401, "not known")
+    assert "malformed" not in refused.json()["detail"]
     assert_problem(
         await client.get("/sessions", headers={"Authorization": "Bearer not.a.jwt"}),
         401,
@@ -429,7 +445,8 @@ async def test_a_session_too_large_for_the_log_is_refused_and_nothing_is_appende
     client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
 ) -> None:
     operator = await make_key(tenant, "operator")
-    labels = {"notes": "x" * EVENTS_STREAM.max_msg_size}
+    # Within the API's body limit (1 MiB), but not once in an event with its envelope.
+    labels = {"notes": "x" * (EVENTS_STREAM.max_msg_size - 200)}
 
     response = await client.post(
         "/sessions", json={"goal": "g", "labels": labels}, headers=operator
@@ -459,7 +476,7 @@ async def test_a_keys_permissions_reach_its_sessions_and_grant_no_api_right(
 ) -> None:
     async def key_of(*roles: str) -> dict[str, str]:
         key, record = new_api_key(tenant, roles, name="ci", permissions=("repo.write",))
-        await store_api_key(js, record)
+        await store_api_key(js, record, by=Actor(id="test"))
         return {"Authorization": f"Bearer {key}"}
 
     viewer = await key_of("viewer")
@@ -505,3 +522,125 @@ async def test_oidc_tokens_signed_by_the_issuer_carry_tenant_and_roles(
         "/sessions", json={"goal": "x"}, headers={"Authorization": f"Bearer {viewer_only}"}
     )
     assert_problem(refused, 403, "operator")
+
+
+async def key_events(js: JetStreamContext, key_id: str) -> list[str]:
+    """The types of a key's events on the keys stream, in order."""
+    types: list[str] = []
+    subscription = await js.subscribe(
+        ALL_API_KEYS, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    pending = (await js.stream_info(KEYS_STREAM.name)).state.last_seq
+    try:
+        while pending:
+            message = await subscription.next_msg(timeout=5)
+            event = decode_event(message.data)
+            if getattr(event.data, "key_id", None) == key_id:
+                types.append(event.type)
+            if message.metadata.sequence.stream >= pending:
+                break
+    finally:
+        await subscription.unsubscribe()
+    return types
+
+
+async def test_admins_make_list_rotate_and_revoke_their_tenants_keys(
+    client: httpx.AsyncClient, make_key: KeyMaker, js: JetStreamContext, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    assert_problem(await client.get("/keys", headers=await make_key(tenant, "operator")), 403)
+
+    made = await client.post(
+        "/keys", json={"roles": ["viewer"], "name": "ci", "expires_in_s": 3600}, headers=admin
+    )
+    assert made.status_code == 201, made.text
+    first = made.json()["key"]
+    key_id = made.json()["key_id"]
+    assert made.json()["tenant"] == tenant
+    holder = {"Authorization": f"Bearer {first}"}
+    assert (await client.get("/me", headers=holder)).status_code == 200
+
+    async def listed() -> dict[str, Any]:
+        keys = (await client.get("/keys", headers=admin)).json()
+        (shown,) = [k for k in keys if k["key_id"] == key_id]
+        return shown if shown["last_used_at"] else {}
+
+    # Its last use is recorded off the request, and neither the secret nor its hash is shown.
+    shown = await eventually(listed, what="the key's last use")
+    assert shown["roles"] == ["viewer"]
+    assert shown["revoked_at"] is None
+    assert "key" not in shown
+    assert "secret_sha256" not in shown
+    listed_text = (await client.get("/keys", headers=admin)).text
+    parts = split_api_key(first)
+    assert parts is not None
+    assert parts[1] not in listed_text
+
+    rotated = await client.post(f"/keys/{key_id}/rotate", headers=admin)
+    assert rotated.status_code == 200, rotated.text
+    second = {"Authorization": f"Bearer {rotated.json()['key']}"}
+    assert rotated.json()["key_id"] == key_id
+    assert rotated.json()["key"] != first
+    assert_problem(await client.get("/me", headers=holder), 401, "not known")
+    assert (await client.get("/me", headers=second)).status_code == 200
+
+    revoked = await client.request(
+        "DELETE", f"/keys/{key_id}", json={"reason": "leaked"}, headers=admin
+    )
+    assert revoked.status_code == 200, revoked.text
+    assert revoked.json()["revoked_at"]
+    assert_problem(await client.get("/me", headers=second), 401, "revoked")
+    assert_problem(await client.post(f"/keys/{key_id}/rotate", headers=admin), 409, "revoked")
+    assert await key_events(js, key_id) == ["api.key.created", "api.key.rotated", "api.key.revoked"]
+
+    # Another tenant's admin finds no such key.
+    other = await make_key(f"{tenant}-other", "admin")
+    assert_problem(await client.request("DELETE", f"/keys/{key_id}", headers=other), 404)
+
+
+async def test_an_expired_key_is_refused_with_when_it_expired(
+    client: httpx.AsyncClient, js: JetStreamContext, tenant: str
+) -> None:
+    key, record = new_api_key(tenant, ("viewer",), name="short")
+    past = record.model_copy(update={"expires_at": record.created_at - timedelta(seconds=1)})
+    await store_api_key(js, past, by=Actor(id="test"))
+    expired = await client.get("/me", headers={"Authorization": f"Bearer {key}"})
+    assert_problem(expired, 401, "expired at")
+
+
+async def test_a_key_revoked_through_one_replica_is_refused_by_another_within_a_second(
+    nats_url: str, make_key: KeyMaker, tenant: str, tmp_path: Path
+) -> None:
+    admin = await make_key(tenant, "admin")
+    holder = await make_key(tenant, "viewer")
+    replicas = [ServiceProcesses(nats_url, tmp_path / str(n)) for n in (1, 2)]
+    ports = [free_port(), free_port()]
+    try:
+        for replica, port in zip(replicas, ports, strict=True):
+            replica.data_dir.mkdir()
+            replica.start("api", env={"HELMLINE_API_PORT": str(port)})
+        one, two = (
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) for port in ports
+        )
+        async with one, two:
+            # The second replica has the key cached: only the event can tell it.
+            assert (await two.get("/me", headers=holder)).status_code == 200
+            (key_id,) = [
+                k["key_id"]
+                for k in (await one.get("/keys", headers=admin)).json()
+                if k["name"] == f"{tenant}-viewer"
+            ]
+            revoked = await one.request("DELETE", f"/keys/{key_id}", headers=admin)
+            assert revoked.status_code == 200, revoked.text
+            started = time.monotonic()
+
+            async def refused() -> bool:
+                return (await two.get("/me", headers=holder)).status_code == 401
+
+            await eventually(refused, timeout_s=1.0, interval_s=0.005, what="refused by replica 2")
+            print(
+                f"revoked key refused by the other replica after {time.monotonic() - started:.4f} s"
+            )
+    finally:
+        for replica in replicas:
+            replica.stop_all()

@@ -15,6 +15,10 @@ import pytest
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from helmline.contracts import (
+    ModelExchangeRecorded,
+    ModelReply,
+    ModelRequestRecord,
+    ModelUsage,
     ToolCallAttemptFailed,
     ToolCallCompleted,
     ToolError,
@@ -24,6 +28,8 @@ from helmline.contracts import (
 from helmline.runtime import EventStore
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import start, waiting_request
+
+pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -167,6 +173,58 @@ async def test_a_decision_the_approval_service_refuses_is_reported_and_the_reque
     await approval.get_by_role("button", name="Deny").click()
     await expect(notice).to_have_text("Denied.")
     await expect(page.locator("#summary .badge").first).to_have_text("failed")
+
+
+async def test_an_operator_grants_a_permission_for_the_session_in_the_page(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    host = "api.example.com"
+    playbook = {
+        "goal": "greet the api twice",
+        "steps": [
+            {"id": "hello", "tool": "echo", "arguments": {"message": "hi"}, "hosts": [host]},
+            {
+                "id": "again",
+                "tool": "echo",
+                "arguments": {"message": "hi again"},
+                "hosts": [host],
+                "depends_on": ["hello"],
+            },
+        ],
+    }
+    session_id = await start(client, admin, playbook)
+    await open_session(page, api_url, admin, session_id)
+    form = page.get_by_role("form", name="Permission request permission-hello.1")
+    await expect(form).to_contain_text("Permission requested")
+    await expect(form.locator("ul.needs")).to_contain_text(f"network host {host}")
+    await expect(form.locator("ul.needs")).to_contain_text(
+        "rule allow-low-and-medium-risk grants no network host"
+    )
+    # Granted as asked: nothing to edit, no "similar calls".
+    await expect(form.locator("textarea")).to_have_count(0)
+    await expect(form.get_by_label("Also approve the next")).to_have_count(0)
+    await screenshot(page, "permission-requested")
+
+    # From the keyboard: each field is labelled and reached in order.
+    await form.get_by_label("Grant for").focus()
+    await page.keyboard.press("ArrowDown")  # "the whole session"
+    await form.get_by_label("Grant until").select_option(label="4 hours from now")
+    await form.get_by_label("Comment").fill("the api is ours")
+    await form.get_by_role("button", name="Grant").click()
+    await expect(page.locator("#notice")).to_contain_text("Granted for the session until")
+    await expect(page.locator("#summary .badge").first).to_have_text("completed")
+    await expect(page.locator('li[data-step-id="again"] .badge').first).to_have_text("succeeded")
+    await expect(page.locator("p.grant")).to_contain_text(
+        f"permission granted network {host} for the session"
+    )
+    await screenshot(page, "permission-granted")
+
+    state = (await client.get(f"/sessions/{session_id}", headers=admin)).json()
+    (granted,) = state["approvals"].values()  # Asked once: the second step ran under it.
+    assert (granted["grant_scope"], granted["comment"]) == ("session", "the api is ours")
+    lasting = datetime.fromisoformat(granted["grant_until"]) - datetime.now(UTC)
+    assert timedelta(hours=3, minutes=50) < lasting <= timedelta(hours=4)
 
 
 async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_its_checkpoint(
@@ -338,6 +396,65 @@ async def test_a_result_answered_from_the_log_is_marked_with_the_call_it_repeats
     await step.locator("summary").click()
     await expect(step).to_contain_text("of c-first-hello, an earlier call alike")
     await screenshot(page, "result-answered-from-the-log")
+
+
+async def test_the_session_splits_model_tokens_and_cost_by_model(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    playbook = {
+        "goal": "count what the models used",
+        "steps": [
+            {
+                "id": "hello",
+                "tool": "echo",
+                "arguments": {"message": "hi"},
+                "requires_approval": True,
+            }
+        ],
+    }
+    session_id = await start(client, admin, playbook)
+    await waiting_request(client, admin, session_id)
+    # As the planner records a turn of its planning model and a summary of its summarising one.
+    for turn, purpose, model, tokens, cost in (
+        (1, "plan", "planner-large", (800, 100), 0.0125),
+        (2, "summarise", "summariser-small", (300, 40), None),
+        (3, "replan", "planner-large", (900, 120), 0.0131),
+    ):
+        await store.append(
+            new_event(
+                ModelExchangeRecorded(
+                    turn=turn,
+                    purpose=purpose,
+                    provider="openai",
+                    request=ModelRequestRecord(model=model, system="", messages=()),
+                    reply=ModelReply(
+                        usage=ModelUsage(input_tokens=tokens[0], output_tokens=tokens[1])
+                    ),
+                    cost_usd=cost,
+                ),
+                tenant=tenant,
+                session_id=session_id,
+                source="helmline/test",
+            )
+        )
+    await open_session(page, api_url, admin, session_id)
+    await expect(page.locator("#connection")).to_have_text("live", timeout=TIMEOUT_MS)
+    usage = page.locator("#summary table.usage")
+    await expect(usage.locator("caption")).to_have_text("Model usage")
+    rows = usage.locator("tbody tr")
+    await expect(rows).to_have_count(3)
+    await expect(rows.nth(0)).to_have_text(
+        re.compile(r"planner-large\s*2\s*1700\s*220\s*\$0\.0256")
+    )
+    await expect(rows.nth(1)).to_have_text(re.compile(r"summariser-small\s*1\s*300\s*40\s*\u2013"))
+    await expect(rows.nth(2)).to_have_text(re.compile(r"all models\s*3\s*2260 tokens\s*\$0\.0256"))
+    await screenshot(page, "model-usage")
 
 
 async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:

@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,8 @@ from nats.errors import TimeoutError as NatsTimeout
 from helmline.approval import load_policy
 from helmline.cli._schema import CHART_PERMISSIONS
 from helmline.contracts import SERVICES, event_subject, nats_permissions_table
-from helmline.runtime import ensure_topology
-from helmline.runtime.testing import NatsServer, free_port
+from helmline.runtime import Durability, SealingKey, connect_nats, ensure_topology
+from helmline.runtime.testing import NatsServer, eventually, free_port
 from helmline.tool_gateway import load_servers
 
 ROOT = Path(__file__).parents[2]
@@ -113,6 +115,30 @@ def test_production_values_render_valid_objects_with_every_optional_part() -> No
         # Each service connects to NATS as its own user.
         assert env["HELMLINE_NATS_USER"]["value"] == container["args"][1]
         assert "$(HELMLINE_NATS_PASSWORD)@nats-2.nats:4222" in env["HELMLINE_NATS_URL"]["value"]
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["made", "existing"])
+def test_only_the_gateway_gets_the_sealing_key_and_only_from_a_secret(own: bool) -> None:
+    settings = (
+        ("sealing.existingSecret=vault-sealing", "sealing.existingSecretKey=k") if own else ()
+    )
+    documents = render(settings=settings)
+    secrets = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Secret"}
+    secret_name, key = ("vault-sealing", "k") if own else ("hl-helmline-sealing", "sealing-key")
+    assert ("hl-helmline-sealing" in secrets) is not own
+    if not own:
+        made = secrets["hl-helmline-sealing"]
+        assert made["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        key_text = base64.b64decode(made["data"]["sealing-key"]).decode()
+        assert SealingKey.from_text(key_text).fingerprint  # 32 bytes, base64: it loads
+    for deployment in (d for d in documents if d["kind"] == "Deployment"):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        if container["name"] == "tool-gateway":
+            reference = env["HELMLINE_SEALING_KEY"]["valueFrom"]["secretKeyRef"]
+            assert reference == {"name": secret_name, "key": key}
+        else:
+            assert "HELMLINE_SEALING_KEY" not in env
 
 
 def test_network_policies_let_each_service_reach_only_what_it_needs() -> None:
@@ -217,11 +243,11 @@ async def test_a_nats_server_configured_from_the_chart_refuses_anothers_event_ty
     store.mkdir()
     config = tmp_path / "nats.conf"
     config.write_text(
-        f'listen: "127.0.0.1:{port}"\njetstream {{store_dir: "{store}"}}\n'
+        f'listen: "127.0.0.1:{port}"\njetstream {{store_dir: "{store}", sync_interval: always}}\n'
         + config_map["data"]["authorization.conf"]
     )
     with NatsServer(store, port, config):
-        admin = await nats.connect(f"nats://admin:secretadmin@127.0.0.1:{port}")
+        admin = await connect_nats(f"nats://admin:secretadmin@127.0.0.1:{port}")
         await ensure_topology(admin.jetstream())
         await admin.close()
         refusals: list[str] = []
@@ -229,7 +255,7 @@ async def test_a_nats_server_configured_from_the_chart_refuses_anothers_event_ty
         async def record(error: Exception) -> None:
             refusals.append(str(error))
 
-        planner = await nats.connect(
+        planner = await connect_nats(
             f"nats://planner:secretplanner@127.0.0.1:{port}", error_cb=record
         )
         js = planner.jetstream()
@@ -262,3 +288,159 @@ def test_the_sandbox_gets_its_container_profiles_and_docker_endpoint() -> None:
     assert json.loads(env["HELMLINE_SANDBOX_PROFILES"])["container"]["backend"] == "container"
     assert env["HELMLINE_DOCKER_HOST"] == "tcp://127.0.0.1:2375"
     assert env["HELMLINE_RECLAIM_WORKSPACES"] == "true"
+
+
+def test_every_service_gets_the_secrets_key_from_the_named_secret_and_nothing_renders_it() -> None:
+    documents = render(settings=("secretsKey.existingSecret=hl-secrets-key",))
+    validate(documents)
+    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    assert len(deployments) == 6
+    for deployment in deployments:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        (key,) = [e for e in container["env"] if e["name"] == "HELMLINE_SECRETS_KEY"]
+        assert key == {
+            "name": "HELMLINE_SECRETS_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "hl-secrets-key", "key": "secrets-key"}},
+        }, deployment["metadata"]["name"]
+    assert not any(
+        e["name"] == "HELMLINE_SECRETS_KEY"
+        for d in render()
+        if d["kind"] == "Deployment"
+        for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+    )
+
+
+def test_every_service_mounts_the_named_secret_of_values_read_only() -> None:
+    documents = render(settings=("secretValues.existingSecret=hl-tool-secrets",))
+    validate(documents)
+    for deployment in (d for d in documents if d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HELMLINE_SECRETS_DIR"] == "/etc/helmline/secrets"
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "secret-values"]
+        assert (mount["mountPath"], mount["readOnly"]) == ("/etc/helmline/secrets", True)
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "secret-values"]
+        assert volume["secret"] == {"secretName": "hl-tool-secrets", "defaultMode": 0o400}
+
+
+HELMLINE = Path(sys.executable).parent / "helmline"
+
+
+def provision_job(*settings: str) -> subprocess.CompletedProcess[str]:
+    """Run the chart's provision job as the chart renders it (its command and environment,
+    NATS users off) with `settings`."""
+    rendered = render(settings=("nats.auth.enabled=false", *settings))
+    (job,) = [d for d in rendered if d["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = {variable["name"]: variable["value"] for variable in container["env"]}
+    return subprocess.run(
+        [str(HELMLINE), *container["args"]],
+        env={**env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("durability", "accepted", "refused"),
+    [("relaxed", False, True), ("relaxed", True, False), ("durable", False, False)],
+)
+def test_the_provision_job_refuses_a_server_that_acknowledges_before_it_fsyncs(
+    tmp_path: Path, durability: Durability, accepted: bool, refused: bool
+) -> None:
+    monitor = free_port()
+    with NatsServer(tmp_path, durability=durability, monitor_port=monitor) as server:
+        result = provision_job(
+            f"nats.url={server.url}",
+            f"nats.monitorUrls[0]=http://127.0.0.1:{monitor}",
+            "nats.streamReplicas=1",
+            f"nats.durability.acceptRelaxed={str(accepted).lower()}",
+        )
+    assert (result.returncode != 0) == refused, result.stderr
+    if refused:
+        assert "acknowledge appends before fsync" in result.stderr
+        assert "sync_interval: always" in result.stderr
+        assert "nats.durability.acceptRelaxed" in result.stderr
+    else:
+        assert ("warning (accepted)" in result.stderr) == accepted, result.stderr
+
+
+def test_the_provision_job_says_when_it_cannot_check_the_servers_fsync(tmp_path: Path) -> None:
+    with NatsServer(tmp_path, durability="relaxed") as server:
+        result = provision_job(f"nats.url={server.url}", "nats.streamReplicas=1")
+    assert result.returncode == 0, result.stderr
+    assert "fsync policy was not checked" in result.stderr
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[list[NatsServer]]:
+    """Three nats-servers on loopback forming one JetStream cluster (each fsyncs first)."""
+    ports = [(free_port(), free_port()) for _ in range(3)]
+    servers = []
+    for index, (client, route) in enumerate(ports):
+        folder = tmp_path / f"n{index}"
+        folder.mkdir()
+        config = folder / "nats.conf"
+        config.write_text(
+            json.dumps(
+                {
+                    "listen": f"127.0.0.1:{client}",
+                    "server_name": f"n{index}",
+                    "jetstream": {"store_dir": str(folder), "sync_interval": "always"},
+                    "cluster": {
+                        "name": "helmline-test",
+                        "listen": f"127.0.0.1:{route}",
+                        "routes": [f"nats://127.0.0.1:{other}" for _, other in ports],
+                    },
+                }
+            )
+        )
+        servers.append(NatsServer(folder, client, config))
+    try:
+        for server in servers:
+            server.start()
+        # On the tests' own loop: asyncio.run would leave the sandbox's child watcher, which
+        # follows the main thread's loop, attached to a closed one for the tests after.
+        await _until_jetstream_answers(servers[0].url)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+async def _until_jetstream_answers(url: str) -> None:
+    connection = await connect_nats(url)
+
+    async def answers() -> bool:
+        try:
+            await connection.jetstream().account_info()
+        except (nats.errors.Error, TimeoutError):
+            return False
+        return True
+
+    # A new cluster elects its JetStream leader first.
+    await eventually(answers, timeout_s=30, interval_s=0.2, what="the cluster's JetStream")
+    await connection.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "refused"),
+    [
+        (("nats.streamReplicas=1",), True),
+        (("nats.streamReplicas=1", "nats.durability.acceptSingleReplica=true"), False),
+        (("nats.streamReplicas=3",), False),
+    ],
+)
+def test_the_provision_job_refuses_streams_of_one_replica_on_a_cluster(
+    cluster: list[NatsServer], settings: tuple[str, ...], refused: bool
+) -> None:
+    # Helm's --set reads a comma as the next setting unless escaped.
+    urls = "\\,".join(server.url for server in cluster)
+    result = provision_job(f"nats.url={urls}", *settings)
+    assert (result.returncode != 0) == refused, result.stderr
+    if refused:
+        assert "streams of one replica on a NATS cluster" in result.stderr
+        assert "nats.streamReplicas" in result.stderr

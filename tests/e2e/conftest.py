@@ -32,12 +32,18 @@ def services(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture
 def helmline(nats_url: str) -> Helmline:
     """The `helmline` command as a person runs it, talking to the test nats-server."""
+    return helmline_at(nats_url)
+
+
+def helmline_at(nats_url: str, **env: str) -> Helmline:
+    """The `helmline` command talking to the nats-server at `nats_url` (`env`: more of its
+    environment)."""
 
     async def run(*args: str) -> tuple[int, str, str]:
         process = await asyncio.create_subprocess_exec(
             HELMLINE,
             *args,
-            env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+            env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin", **env},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
+from nats.js import JetStreamContext
 
-from helmline.runtime.testing import ServiceProcesses
+from helmline.cli._record import ComponentRecord, ProcessRecord, StackRecord, write_record
+from helmline.runtime import latest_tool_registry
+from helmline.runtime.testing import ServiceProcesses, eventually
 from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, server_everything
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +43,18 @@ def federating_stack(
         running.stop_all()
 
 
+async def until_federated(js: JetStreamContext, server: str) -> None:
+    """Wait until the gateway's newest registry says `server` is available."""
+
+    async def federated() -> bool:
+        registry = await latest_tool_registry(js)
+        return registry is not None and any(
+            entry.server == server and entry.available for entry in registry.servers
+        )
+
+    await eventually(federated, timeout_s=60, what=f"the {server} server federated")
+
+
 @contextmanager
 def everything(log_dir: Path) -> Iterator[str]:
     """`server-everything` over Streamable HTTP; yields its MCP URL."""
@@ -58,3 +76,44 @@ def git_repository(path: Path) -> Path:
     for command in (["init", "-q"], ["add", "README.md"], ["commit", "-q", "-m", "first"]):
         subprocess.run(["git", *command], cwd=path, env=environment, check=True)
     return path
+
+
+def helmline_status(stack: ServiceProcesses, data_dir: Path, *args: str) -> str:
+    """What `helmline status` prints of the services `stack` runs, as it would of a stack
+    `helmline up` had started with them: a stack record naming them is written first."""
+    components = []
+    for name, process in stack.processes.items():
+        port = stack.ports[name]
+        found = psutil.Process(process.pid)
+        components.append(
+            ComponentRecord(
+                name=name,
+                kind="service",
+                address=f"http://127.0.0.1:{port}",
+                process=ProcessRecord(
+                    pid=process.pid, create_time=found.create_time(), argv=found.cmdline()
+                ),
+                health_port=port,
+            )
+        )
+    write_record(
+        StackRecord(
+            data_dir=data_dir,
+            started_at=datetime.now(UTC),
+            nats_url=stack.nats_url,
+            database_url="",
+            components=tuple(components),
+            complete=True,
+        )
+    )
+    helmline = Path(sys.executable).with_name("helmline")
+    listed = subprocess.run(
+        [str(helmline), "status", "--data-dir", str(data_dir), *args],
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode in (0, 1), listed.stderr
+    return listed.stdout

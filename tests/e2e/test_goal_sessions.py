@@ -9,27 +9,20 @@ import itertools
 import json
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import pytest
 from pydantic import JsonValue
 
 from helmline.contracts import (
     BUILTIN_TOOLS,
-    Actor,
-    Event,
     LoopDetected,
     ModelExchangeRecorded,
     PlanProposed,
     SandboxExecutionRequested,
-    SessionStarted,
-    SessionState,
     ToolCallAuthorized,
     ToolCallCompleted,
-    new_event,
     tenant_filter,
 )
 from helmline.planner import PlannerSettings, shadow_replay
@@ -37,7 +30,8 @@ from helmline.planner.testing import Received, Reply, Responder, ScriptedModel
 from helmline.runtime import EventStore
 from helmline.runtime.testing import ServiceProcesses, eventually
 
-OPERATOR = Actor(id="ana", roles=("operator", "approver"))
+from .goal_sessions import ended, log_of, start
+
 HELMLINE = str(Path(sys.executable).with_name("helmline"))
 LOOP_REPEATS = 3
 
@@ -65,28 +59,6 @@ def stack(
             yield running
         finally:
             running.stop_all()
-
-
-async def start(
-    store: EventStore, tenant: str, goal: str, mode: Literal["plan", "act"] = "plan"
-) -> str:
-    session_id = uuid.uuid4().hex
-    started = SessionStarted(goal=goal, mode=mode, requested_by=OPERATOR)
-    await store.append(new_event(started, tenant=tenant, session_id=session_id, source="test"))
-    return session_id
-
-
-async def ended(store: EventStore, tenant: str, session_id: str) -> SessionState:
-    async def reached() -> SessionState | None:
-        state = (await store.load(tenant, session_id)).state
-        return state if state.is_terminal else None
-
-    state: SessionState = await eventually(reached, timeout_s=60, what="the session to end")
-    return state
-
-
-async def log_of(store: EventStore, tenant: str, session_id: str) -> list[Event]:
-    return [stored.event for stored in await store.read_all(tenant, session_id)]
 
 
 def plan(*steps: dict[str, JsonValue], criteria: tuple[str, ...], reasoning: str = "") -> Reply:

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from nats.js import JetStreamContext
 
+from helmline.cli._services import service_readiness
 from helmline.contracts import (
     Actor,
     PlanStep,
@@ -23,7 +25,7 @@ from helmline.contracts import (
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually, run_playbook
 
-from .mcp_servers import everything, federating_stack, git_repository
+from .mcp_servers import everything, federating_stack, git_repository, helmline_status
 
 PERSON = Actor(id="ana")
 SERVERS = ("time", "clock", "git", "everything")
@@ -150,3 +152,39 @@ async def test_helmline_tools_lists_the_federated_registry_with_source_schema_an
         "git": ("stdio", True, "healthy"),
         "everything": ("http", True, "healthy"),
     }
+
+
+async def test_helmline_status_shows_each_servers_health_and_a_killed_one_dead_then_restarted(
+    stack: ServiceProcesses, js: JetStreamContext, tmp_path: Path
+) -> None:
+    await _federated(js)
+    status = json.loads(helmline_status(stack, tmp_path, "--json"))
+    (gateway,) = [c for c in status["components"] if c["name"] == "tool_gateway"]
+    assert {topic: fact.split(" (")[0] for topic, fact in gateway["about"].items()} == {
+        f"MCP server {server}": "healthy" for server in SERVERS
+    }
+    assert gateway["about"]["MCP server git"].startswith("healthy (stdio, 12 tools, 0 restarts)")
+
+    (git,) = [
+        child
+        for child in psutil.Process(stack.processes["tool_gateway"].pid).children()
+        if "mcp_server_git" in child.cmdline()
+    ]
+    git.kill()
+    port = stack.ports["tool_gateway"]
+
+    def git_health() -> str:
+        return service_readiness(port).about["MCP server git"]
+
+    await eventually(
+        lambda: git_health().startswith("dead (stdio, 12 tools, 0 restarts): its process exited"),
+        what="git shown dead",
+    )
+    await eventually(
+        lambda: git_health().startswith("healthy (stdio, 12 tools, 1 restarts)"),
+        timeout_s=30,
+        what="git shown healthy again",
+    )
+    shown = helmline_status(stack, tmp_path)
+    assert "MCP server git: healthy (stdio, 12 tools, 1 restarts)" in shown, shown
+    assert "MCP server everything: healthy (http, " in shown, shown

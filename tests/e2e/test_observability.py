@@ -12,11 +12,9 @@ import threading
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
-import nats
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
@@ -31,8 +29,10 @@ from helmline.contracts import (
     SessionStarted,
     new_event,
 )
-from helmline.runtime import EventStore
+from helmline.runtime import EventStore, connect_nats
 from helmline.runtime.testing import NatsServer, ServiceProcesses, eventually, free_port
+
+from .otlp import otlp_endpoint  # type: ignore[import-not-found]
 
 SERVICES = ("planner", "approval", "tool_gateway", "state", "sandbox")
 TRACED = {"helmline-planner", "helmline-approval", "helmline-tool-gateway"} | {
@@ -72,15 +72,8 @@ class SpanReceiver(trace_service_pb2_grpc.TraceServiceServicer):
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[tuple[SpanReceiver, int]]:
     spans = SpanReceiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(spans, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    try:
+    with otlp_endpoint(spans) as port:
         yield spans, port
-    finally:
-        server.stop(grace=None)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +115,7 @@ def traced_services(
 async def secured_store(secured_nats: tuple[NatsUsers, int]) -> AsyncIterator[EventStore]:
     """The event log on that server, as the CLI sees it (the admin user)."""
     users, port = secured_nats
-    connection = await nats.connect(users.url(port, ADMIN))
+    connection = await connect_nats(users.url(port, ADMIN))
     try:
         yield EventStore(connection.jetstream())
     finally:

@@ -33,10 +33,10 @@ from helmline.contracts import (
     WorkspaceRestored,
     new_event,
 )
-from helmline.runtime import EventStore, latest_tool_registry
+from helmline.runtime import EventStore
 from helmline.runtime.testing import ServiceProcesses, auto_approver, eventually
 
-from .mcp_servers import federating_stack
+from .mcp_servers import federating_stack, until_federated
 
 APPROVER = Actor(id="robot", roles=("operator", "approver"))
 TICKETS_SERVER = Path(__file__).with_name("tickets_mcp_server.py")
@@ -78,14 +78,7 @@ def stack(
 @pytest.fixture
 async def tickets(stack: ServiceProcesses, js: JetStreamContext) -> None:
     """Wait until the gateway federates the tickets server."""
-
-    async def federated() -> bool:
-        registry = await latest_tool_registry(js)
-        return registry is not None and any(
-            server.server == "tickets" and server.available for server in registry.servers
-        )
-
-    await eventually(federated, timeout_s=60, what="the tickets server federated")
+    await until_federated(js, "tickets")
 
 
 def tree(folder: Path) -> Tree:

@@ -1,6 +1,7 @@
-"""A tiny real MCP server (stdio) for rollback tests: it opens and closes tickets and sends
-notices, and writes every call it serves to a ledger file, so that tests count calls at the
-tool's side. `python tickets_mcp_server.py LEDGER`."""
+"""A tiny real MCP server (stdio) for tests: it opens and closes tickets, sends notices and
+writes files, and writes every call it serves to a ledger file, which the stack never reads,
+so that tests count real invocations at the tool's side. `python tickets_mcp_server.py
+LEDGER`."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ def main(ledger: Path) -> None:
         """Send a notice; nothing can take it back."""
         record("notify", message=message)
         return "sent"
+
+    @server.tool()
+    def write_file(name: str, content: str) -> str:
+        """Write a file beside the ledger."""
+        record("write_file", name=name)
+        (ledger.parent / Path(name).name).write_text(content)
+        return f"wrote {len(content)} characters"
 
     server.run("stdio")
 

@@ -12,20 +12,30 @@ from helmline.contracts import (
     PAYLOAD_CLASSES,
     RETENTION_SUBJECT,
     TOOL_REGISTRY_SUBJECT,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    ApiKeyRotated,
     Payload,
     StreamLimitApproaching,
     ToolCircuitChanged,
     ToolRegistryPublished,
+    ToolServerHealthChanged,
+    api_key_subject,
     circuit_subject,
     decode_event,
     event_subject,
     export_schemas,
+    server_health_subject,
 )
 
 OFF_THE_LOG: dict[type[Payload], str] = {
     ToolRegistryPublished: TOOL_REGISTRY_SUBJECT,
     ToolCircuitChanged: circuit_subject("{server}"),
+    ToolServerHealthChanged: server_health_subject("{server}"),
     StreamLimitApproaching: RETENTION_SUBJECT,
+    ApiKeyCreated: api_key_subject("{tenant}", "{keyId}"),
+    ApiKeyRotated: api_key_subject("{tenant}", "{keyId}"),
+    ApiKeyRevoked: api_key_subject("{tenant}", "{keyId}"),
 }
 
 

@@ -93,3 +93,19 @@ def test_a_schema_the_fast_validator_cannot_compile_is_judged_by_jsonschema() ->
 
 def test_every_built_in_tool_is_checked_by_the_fast_validator() -> None:
     assert all(_Validators(tool).fast is not None for tool in BUILTIN_TOOLS)
+
+
+def test_a_refused_value_is_quoted_by_its_first_200_bytes_only() -> None:
+    tool = ToolSpec(
+        name="search",
+        description="",
+        parameters={"type": "object", "properties": {"query": {"type": "string", "maxLength": 8}}},
+        risk="low",
+        executor="gateway",
+    )
+    problem = ArgumentChecker().problem(tool, {"query": "q" * 5000})
+
+    assert problem is not None
+    # repr adds a quote before the value: 199 of its bytes, and how many more there are.
+    expected = f"argument /query of search: '{'q' * 199}… (4802 more bytes) is too long"
+    assert problem.message == expected

@@ -558,6 +558,20 @@ async def test_a_sessions_events_advanced_through_together_fold_as_one_by_one(
     assert state == fold(events)
 
 
+async def test_a_start_handed_over_with_later_events_catches_up_on_those_another_replica_had(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    # Replicas share a consumer: this one is handed the start and the fourth event together
+    # (gathered), another replica the two between. The state must hold all four.
+    events = fifty_steps(tenant, "split")[:4]
+    seqs = [(await store.append(event)).seq for event in events]
+    handed = [Delivery(events[i], seqs[i], deliveries=1, shared=True) for i in (0, 3)]
+
+    state = await SessionCache(FoldedStates(js, store)).advance_through(handed)
+
+    assert state == fold(events)
+
+
 async def test_a_full_cache_forgets_the_session_used_longest_ago(
     js: JetStreamContext, store: EventStore, tenant: str
 ) -> None:

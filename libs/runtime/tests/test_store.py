@@ -243,3 +243,18 @@ async def test_replays_leave_no_consumer_behind(
     for _ in range(20):
         assert (await store.load(tenant, "s1")).last_seq > 0
     assert (await js.stream_info(EVENTS_STREAM.name)).state.consumer_count == before
+
+
+async def test_a_read_is_answered_only_by_a_replica_holding_the_sequence_it_knows_of(
+    js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    # A replica of a clustered stream that is behind answers without the events it lacks;
+    # a read that must reach a sequence asks again until an answer holds it. One no replica
+    # will ever hold leaves the read waiting until its timeout, never answered from behind.
+    started = session_started(tenant)
+    seq = (await store.append(started)).seq
+    assert [s.seq for s in await store.read_all(tenant, started.session_id, known_seq=seq)] == [seq]
+
+    impatient = EventStore(js, timeout_s=0.3)
+    with pytest.raises(TimeoutError, match=f"answered up to {seq + 1_000_000}"):
+        await impatient.read_all(tenant, started.session_id, known_seq=seq + 1_000_000)

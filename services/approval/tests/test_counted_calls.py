@@ -62,9 +62,17 @@ class CountingTogether(EventStore):
         return counted
 
     async def read_all(
-        self, tenant: str, session_id: str, *, after_seq: int = 0, up_to_seq: int | None = None
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        up_to_seq: int | None = None,
+        known_seq: int = 0,
     ) -> list[StoredEvent]:
-        log = await super().read_all(tenant, session_id, after_seq=after_seq, up_to_seq=up_to_seq)
+        log = await super().read_all(
+            tenant, session_id, after_seq=after_seq, up_to_seq=up_to_seq, known_seq=known_seq
+        )
         await self._wait_for_the_other()
         return log
 

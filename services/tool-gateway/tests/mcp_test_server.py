@@ -28,7 +28,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
 STATE = Path(sys.argv[1])
-(STATE / "pid").write_text(str(os.getpid()))
+# Written whole or not at all: tests read it while a restarted server starts.
+(STATE / f"pid.{os.getpid()}").write_text(str(os.getpid()))
+(STATE / f"pid.{os.getpid()}").replace(STATE / "pid")
 server = MCPServer("helmline-test-server")
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from helmline.contracts import ToolCallCompleted, ToolCallStarted
-from helmline.runtime import EventStore
+from helmline.contracts import Actor, ToolCallCompleted, ToolCallStarted
+from helmline.runtime import EventStore, SealingKey, SecretStore
 
 # Not a package, so mypy cannot follow; pytest imports it all the same.
 from .conftest import (  # type: ignore[import-not-found]
@@ -99,3 +99,32 @@ async def test_other_arguments_and_sessions_call_a_pure_tool_and_a_new_gateway_k
         again = await _completed(calls, await calls.authorise(note, message="a"))
         assert (again.cached_from, again.output) == (first.call_id, first.output)
         assert calls_received(state_dir, "note") == 3
+
+
+async def test_a_pure_call_that_refers_to_a_secret_is_always_sent(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    key = SealingKey.generate()
+    await (await SecretStore.open(js, key)).set(
+        tenant, "NOTE_SECRET", "note-secret-value-1", by=Actor(id="test")
+    )
+    servers = write_servers_file(
+        tmp_path / "servers.yaml", server_id, state_dir, tools={"note": {"pure": True}}
+    )
+    note = f"{server_id}__note"
+    async with gateway_in_process(nats_url, servers, tenant, secrets_key=key.text()):
+        await federated(js, server_id)
+        for _ in range(2):
+            done = await _completed(
+                calls, await calls.authorise(note, message={"secret": "NOTE_SECRET"})
+            )
+            assert done.cached_from is None
+            assert "note-secret-value-1" not in done.model_dump_json()
+        # The value may have changed under its name: the server is asked each time.
+        assert calls_received(state_dir, "note") == 2

@@ -194,6 +194,47 @@ def test_a_tool_declared_pure_changes_nothing_may_be_sent_again_and_keeps_its_ac
     assert (lookup.action, publish.action) == ("read", None)
 
 
+def test_mcp_tools_are_untrusted_unless_declared_and_built_in_tools_are_trusted() -> None:
+    listed = [ListedTool(name, "", {"type": "object"}) for name in ("fetch", "status")]
+    web = ServerConfig.model_validate({"id": "web", "stdio": {"command": "x"}})
+    ours = ServerConfig.model_validate(
+        {
+            "id": "ours",
+            "stdio": {"command": "x"},
+            "trust": "trusted",
+            "tools": {"fetch": {"trust": "untrusted"}},
+        }
+    )
+    assert [spec.trust for spec in tool_specs(web, listed)] == ["untrusted", "untrusted"]
+    assert [spec.trust for spec in tool_specs(ours, listed)] == ["untrusted", "trusted"]
+    builtin = {tool.name: tool.trust for tool in registry_event([]).tools}
+    assert set(builtin.values()) == {"trusted"}
+
+
+def test_a_tool_declared_read_only_may_be_sent_again_unless_declared_not_idempotent() -> None:
+    declared: dict[str, dict[str, object]] = {
+        "get": {"action": "read"},
+        "inspect": {"effect": "none"},
+        "fetch_once": {"action": "read", "idempotent": False},
+        "mark_read": {"action": "read", "effect": "external"},
+        "put": {"action": "write", "idempotent": True},
+        "post": {"action": "write"},
+    }
+    config = ServerConfig.model_validate(
+        {"id": "api", "stdio": {"command": "x"}, "tools": declared}
+    )
+    listed = [ListedTool(name, "", {"type": "object"}) for name in declared]
+    resendable = {spec.remote_name: spec.idempotent for spec in tool_specs(config, listed)}
+    assert resendable == {
+        "get": True,
+        "inspect": True,
+        "fetch_once": False,
+        "mark_read": False,
+        "put": True,
+        "post": False,
+    }
+
+
 def test_a_tenant_named_in_a_limit_has_its_own_rate(tmp_path: Path) -> None:
     (server,) = _load(
         tmp_path,

@@ -21,6 +21,7 @@ from helmline.cli import _policy_commands as policy_commands
 from helmline.cli import _projection_commands as projection_commands
 from helmline.cli import _replay_commands as replay_commands
 from helmline.cli import _rollback_commands as rollback_commands
+from helmline.cli import _secret_commands as secret_commands
 from helmline.cli import _session_commands as session_commands
 from helmline.cli import _tool_commands as tool_commands
 from helmline.cli import _workspace_commands as workspace_commands
@@ -45,6 +46,7 @@ schema_app = typer.Typer(help="The event contracts' JSON Schemas.", no_args_is_h
 app.add_typer(schema_app, name="schema")
 app.add_typer(dlq_commands.app, name="dlq")
 app.add_typer(key_commands.app, name="keys")
+app.add_typer(secret_commands.app, name="secrets")
 app.add_typer(projection_commands.app, name="projections")
 policy_app = typer.Typer(
     help="The approval policy: check a file, explain a decision.", no_args_is_help=True
@@ -73,10 +75,42 @@ def up(
             "--no-sample", help="Do not start the sample session (examples/playbooks/hello.yaml)."
         ),
     ] = False,
+    # A plain string that the settings check: the runtime's `Durability` type would import
+    # the NATS client into every command.
+    durability: Annotated[
+        str | None,
+        typer.Option(
+            metavar="durable|relaxed",
+            help="durable: every event is on disk before it is acknowledged; relaxed: faster, "
+            "but a power loss, kernel crash or VM reset loses up to ~2 min of acknowledged "
+            "events (throwaway work only). [env: HELMLINE_DURABILITY; default: durable]",
+            show_default=False,
+        ),
+    ] = None,
     policy: policy_commands.PolicyFile = None,
     mcp_servers: tool_commands.McpServersFile = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=8, help="Processes of every service. [env: HELMLINE_REPLICAS; default: 1]"
+        ),
+    ] = None,
+    nats_cluster: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=5,
+            help="Embedded nats-servers in one JetStream cluster, streams at R3 from 3 on. "
+            "[env: HELMLINE_NATS_CLUSTER; default: 1]",
+        ),
+    ] = None,
 ) -> None:
     """Start NATS, PostgreSQL and every service in the background, and wait until all are ready.
+
+    A supervisor owns the service processes: one that exits is started again on the same
+    ports (back-off from 0.25 s to 30 s while it keeps dying); `status` shows restarts and
+    last exit codes. On a running stack, `up` starts again only what has stopped, on the
+    ports it had, and refuses options that differ from how the stack runs.
 
     With HELMLINE_NATS_URL or HELMLINE_DATABASE_URL set, those servers are used instead of
     starting embedded ones. A newly started stack gets one sample session, which stops at
@@ -89,11 +123,17 @@ def up(
     from helmline.cli._settings import load_settings
     from helmline.cli._stack import up as start_stack
 
-    settings = load_settings(
-        data_dir=data_dir, api_port=api_port, nats_port=nats_port, pg_port=pg_port
-    )
     environ = dict(os.environ)
     try:
+        settings = load_settings(
+            data_dir=data_dir,
+            api_port=api_port,
+            nats_port=nats_port,
+            pg_port=pg_port,
+            durability=durability,
+            replicas=replicas,
+            nats_cluster=nats_cluster,
+        )
         if policy is not None:
             policy_commands.load_policy_file(policy)
             # Services run in the data folder, so a relative path would not reach the file.
@@ -108,6 +148,12 @@ def up(
     if result.already_running:
         stdout().print(f"A stack is already running from {result.status.data_dir}.")
         render_status(stdout(), result.status, title="helmline (already running)")
+        running = result.status.record.durability if result.status.record else None
+        if running is not None and running != settings.durability:
+            stderr().print(
+                f"[yellow]it runs {running}, not {settings.durability}:[/] "
+                "`helmline down`, then `helmline up` again to change that"
+            )
         return
     render_status(stdout(), result.status, title=f"helmline is up ({result.seconds:.1f} s)")
     record = result.status.record
@@ -224,6 +270,14 @@ def status(
         raise typer.Exit(1)
 
 
+@app.command(hidden=True)
+def supervise() -> None:
+    """Run the supervisor of a stack (started by `up`, which hands it the plan on stdin)."""
+    from helmline.cli._supervisor import main as run_supervisor
+
+    raise typer.Exit(run_supervisor())
+
+
 @app.command()
 def serve(service: Annotated[ServiceName, typer.Argument(help="The service to run.")]) -> None:
     """Run one service in the foreground (what `up` starts, and what a container runs)."""
@@ -241,18 +295,77 @@ def provision(
     nats_url: Annotated[
         str, typer.Option(envvar="HELMLINE_NATS_URL", help="NATS with JetStream, as an admin.")
     ] = "nats://127.0.0.1:4222",
+    replicas: Annotated[
+        int,
+        typer.Option(
+            envvar="HELMLINE_STREAM_REPLICAS",
+            min=1,
+            max=5,
+            help="Servers each stream and bucket is kept on (3 on a production cluster).",
+        ),
+    ] = 1,
+    monitor_urls: Annotated[
+        str,
+        typer.Option(
+            envvar="HELMLINE_NATS_MONITOR_URLS",
+            help="Monitoring endpoints (http://host:8222) of every NATS server, comma "
+            "separated: each server's fsync policy is checked there.",
+        ),
+    ] = "",
+    accept_relaxed_fsync: Annotated[
+        bool,
+        typer.Option(
+            envvar="HELMLINE_ACCEPT_RELAXED_FSYNC",
+            help="Go on though a server acknowledges appends before it fsyncs them.",
+        ),
+    ] = False,
+    accept_single_replica: Annotated[
+        bool,
+        typer.Option(
+            envvar="HELMLINE_ACCEPT_SINGLE_REPLICA",
+            help="Go on though streams of one replica live on a NATS cluster.",
+        ),
+    ] = False,
 ) -> None:
     """Create or update the streams, buckets and object stores the contracts define
-    (the Helm chart's job runs this at every install and upgrade)."""
+    (the Helm chart's job runs this at every install and upgrade), then check that the
+    servers keep an acknowledged event safe: streams of one replica on a cluster, and
+    servers that acknowledge before they fsync (where their monitoring endpoints are given),
+    are refused unless accepted by name (exit 1). docs/durability.md says why."""
     import asyncio
 
+    from helmline.runtime import DurabilityRefused
     from helmline.runtime import provision as provision_topology
 
     try:
-        asyncio.run(provision_topology(nats_url))
+        findings = asyncio.run(
+            provision_topology(
+                nats_url,
+                replicas=replicas,
+                monitor_urls=[url.strip() for url in monitor_urls.split(",") if url.strip()],
+                accept_relaxed=accept_relaxed_fsync,
+                accept_single_replica=accept_single_replica,
+            )
+        )
+    except DurabilityRefused as error:
+        _fail(CliError(f"refused: {error}"))
     except Exception as error:  # Whatever it was, the person needs the reason, not a trace.
         _fail(CliError(f"could not provision JetStream: {error!r}"))
-    typer.echo("Streams, buckets and object stores are provisioned.")
+    typer.echo(f"Streams, buckets and object stores are provisioned ({replicas} replicas).")
+    if findings.lazy_fsync_servers:
+        typer.echo(
+            f"warning (accepted): servers that acknowledge before fsync: "
+            f"{', '.join(findings.lazy_fsync_servers)}",
+            err=True,
+        )
+    if findings.single_replica_on_cluster:
+        typer.echo(
+            f"warning (accepted): streams of one replica on a cluster: "
+            f"{', '.join(findings.single_replica_on_cluster)}",
+            err=True,
+        )
+    if findings.unchecked:
+        typer.echo(f"note: {findings.unchecked} (HELMLINE_NATS_MONITOR_URLS)", err=True)
 
 
 @schema_app.command("export")
@@ -303,6 +416,7 @@ app.command("import")(archive_commands.import_)
 app.command()(replay_commands.replay)
 app.add_typer(workspace_commands.app, name="workspace")
 app.command()(tool_commands.tools)
+app.command("raw-output")(tool_commands.raw_output)
 
 
 def _fail(error: CliError) -> NoReturn:

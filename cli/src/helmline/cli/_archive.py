@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TextIO
+from typing import BinaryIO, TextIO
+
+from nats.js.errors import APIError
 
 from helmline.cli._connection import EventLog
-from helmline.cli._errors import CliError
+from helmline.cli._errors import INVALID_INPUT, CliError
 from helmline.contracts import (
+    ATOMIC_BATCH_LIMIT,
+    EVENTS_STREAM,
     Event,
     UndecodableEvent,
     decode_event,
     encode_event,
     event_type_filter,
+    quoted,
     tenant_filter,
 )
 
@@ -47,19 +55,42 @@ def _write(out: TextIO, events: Iterable[Event]) -> int:
     return count
 
 
-def read_export(lines: Iterable[str], name: str) -> list[Event]:
-    """Every event of an export, validated; the first bad line is named and nothing is kept."""
+LINE_MAX_BYTES = 2 * EVENTS_STREAM.max_msg_size
+"""The longest line of an export: no event the log holds is longer, even as JSON."""
+
+
+def read_export(export: BinaryIO, name: str, *, max_bytes: int) -> list[Event]:
+    """Every event of an export, validated; the first bad line is named and nothing is kept.
+    An export past `max_bytes`, or a line past `LINE_MAX_BYTES`, is refused without being
+    read whole."""
     events = []
-    for number, line in _numbered(lines):
+    for number, line in _numbered(export, name, max_bytes):
         try:
             events.append(decode_event(line))
         except UndecodableEvent as error:
-            raise CliError(f"{name}:{number}: {error}") from error
+            raise CliError(f"{name}:{number}: {error}", exit_code=INVALID_INPUT) from error
     return events
 
 
-def _numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(lines, start=1):
+def _numbered(export: BinaryIO, name: str, max_bytes: int) -> Iterator[tuple[int, bytes]]:
+    read = 0
+    for number in itertools.count(1):
+        line = export.readline(LINE_MAX_BYTES + 1)
+        if not line:
+            return
+        read += len(line)
+        if read > max_bytes:
+            raise CliError(
+                f"{name}: the export is larger than {max_bytes} bytes; import it with a "
+                "larger --max-bytes, or export fewer sessions at a time",
+                exit_code=INVALID_INPUT,
+            )
+        if len(line) > LINE_MAX_BYTES:
+            raise CliError(
+                f"{name}:{number}: the line is longer than the {LINE_MAX_BYTES} bytes of the "
+                f"largest event; it begins {quoted(line)}",
+                exit_code=INVALID_INPUT,
+            )
         if line.strip():
             yield number, line
 
@@ -90,7 +121,19 @@ async def import_events(log: EventLog, events: list[Event]) -> ImportResult:
     not_stored: list[str] = []
     for (tenant, session_id), session_events in by_session.items():
         known = {item.event.id for item in await log.store.read_all(tenant, session_id)}
+        missing = [event for event in session_events if event.id not in known]
+        together: set[uuid.UUID] = set()
+        for start in range(0, len(missing), ATOMIC_BATCH_LIMIT):
+            batch = missing[start : start + ATOMIC_BATCH_LIMIT]
+            # All at once: a service handed an event of the session finds what follows it
+            # in the log, so it knows it for history (see `History`) and acts on none of it.
+            with contextlib.suppress(APIError):  # One is stored already: one at a time.
+                await log.store.append_atomically(batch)
+                together.update(event.id for event in batch)
+        appended += len(together)
         for event in session_events:
+            if event.id in together:
+                continue
             if event.id in known:
                 present += 1
                 continue

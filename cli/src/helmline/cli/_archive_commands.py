@@ -66,18 +66,28 @@ def export(
     typer.echo(f"exported {count} events", err=True)
 
 
+IMPORT_MAX_BYTES = 256 * 1024 * 1024
+"""The largest export `helmline import` reads unless told otherwise (`--max-bytes`): it holds
+every event in memory before appending any."""
+
+
 def import_(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="An export.")],
+    max_bytes: Annotated[
+        int,
+        typer.Option("--max-bytes", min=1, help="The largest export read (256 MiB)."),
+    ] = IMPORT_MAX_BYTES,
     as_json: Json = False,
     data_dir: DataDir = None,
 ) -> None:
     """Append an export's events to the log; events already there are skipped, so importing
-    twice stores everything once. A bad line stops the import before anything is written."""
+    twice stores everything once. A bad line, a line longer than any event (2 MiB) or an
+    export past --max-bytes stops the import (exit 2) before anything is written."""
     from helmline.cli._archive import ImportResult, import_events, read_export
     from helmline.cli._connection import connect
 
-    with file.open() as lines:
-        events = _attempt(lambda: read_export(lines, str(file)))
+    with file.open("rb") as export:
+        events = _attempt(lambda: read_export(export, str(file), max_bytes=max_bytes))
     url = _nats_url(data_dir)
 
     async def append() -> ImportResult:

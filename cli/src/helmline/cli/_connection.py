@@ -9,15 +9,17 @@ from dataclasses import dataclass
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError, NoServersError
+from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 
 from helmline.cli._errors import CliError
 from helmline.cli._record import read_record
 from helmline.cli._settings import CliSettings
-from helmline.runtime import EventStore
+from helmline.runtime import EventStore, connect_nats, nats_servers, without_credentials
 
-CONNECT_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 3
+RETRY_AFTER_S = 1
+"""Wait before a command's second and last try of each server (a restarting server, say)."""
 
 
 def stack_nats_url(settings: CliSettings) -> str:
@@ -61,23 +63,31 @@ async def connect(url: str) -> AsyncIterator[EventLog]:
         pass
 
     try:
-        nc = await nats.connect(
-            url,
+        nc = await connect_nats(
+            nats_servers(url),
             connect_timeout=CONNECT_TIMEOUT_S,
             allow_reconnect=False,
-            max_reconnect_attempts=0,
+            # nats-py tries each server until it has failed more than this many times; 0
+            # would mean forever, and a command must fail fast when NATS is not there.
+            max_reconnect_attempts=1,
+            reconnect_time_wait=RETRY_AFTER_S,
             error_cb=quiet,
         )
-    except (OSError, TimeoutError, NoServersError) as error:
-        raise CliError(f"cannot reach NATS at {url}: {error or type(error).__name__}") from error
+    except (OSError, TimeoutError, nats.errors.Error) as error:
+        raise CliError(
+            f"cannot reach NATS at {without_credentials(url)}: {error or type(error).__name__}"
+        ) from error
     try:
         js = nc.jetstream()
         yield EventLog(nc=nc, js=js, store=EventStore(js))
     except NoRespondersError as error:
         raise CliError(
-            f"NATS at {url} has no Helmline event stream; `helmline up` provisions it"
+            f"NATS at {without_credentials(url)} has no Helmline event stream; "
+            "`helmline up` provisions it"
         ) from error
     except (nats.errors.Error, TimeoutError) as error:
-        raise CliError(f"the event log at {url} did not answer: {error!r}") from error
+        raise CliError(
+            f"the event log at {without_credentials(url)} did not answer: {error!r}"
+        ) from error
     finally:
         await nc.close()

@@ -7,11 +7,13 @@ import time
 from types import TracebackType
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
-from helmline.cli._record import LOGS_DIR
+from helmline.cli._record import LOGS_DIR, ComponentRecord, StackRecord
 from helmline.cli._stack import ComponentStatus, Health, StackStatus
+from helmline.runtime import RELAXED_RISK, without_credentials
 
 
 def stdout() -> Console:
@@ -89,6 +91,7 @@ def render_status(console: Console, status: StackStatus, *, title: str) -> None:
     table.add_column("component", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("pid", justify="right", no_wrap=True)
+    table.add_column("restarts", justify="right", no_wrap=True)
     # Addresses are copied from here: wrapped whole, never cut short with an ellipsis.
     table.add_column("address", overflow="fold")
     for item in status.components:
@@ -97,13 +100,58 @@ def render_status(console: Console, status: StackStatus, *, title: str) -> None:
             component.name,
             f"[{_HEALTH_STYLE[item.health]}]{item.health}[/]",
             str(component.process.pid) if component.process else "external",
-            component.address,
+            _restarts(component),
+            escape(without_credentials(component.address)),
         )
     console.print(table)
+    for item in status.components:
+        for topic, fact in item.about.items():
+            # `sandbox: ...`, or with replicas `sandbox-2: ...`; other topics named as well.
+            said = item.component.name + ("" if topic == item.component.service else f" {topic}")
+            console.print(f"{said}: [{_about_style(fact)}]{escape(fact)}[/]")
     if status.record is not None:
         console.print(f"data folder: {status.data_dir}  (logs in {status.data_dir / LOGS_DIR})")
+        render_durability(console, status.record)
         if status.record.api_url:
             console.print(f"API: [bold]{status.record.api_url}[/]")
+
+
+def _restarts(component: ComponentRecord) -> str:
+    if component.restarts == 0:
+        return ""
+    last = f", last exit {component.last_exit_code}" if component.last_exit_code is not None else ""
+    when = component.last_start.astimezone().strftime("%H:%M:%S") if component.last_start else "?"
+    return f"{component.restarts} (at {when}{last})"
+
+
+def render_durability(console: Console, record: StackRecord) -> None:
+    """What an acknowledged event means in this stack; relaxed is a warning that says what
+    it risks."""
+    match record.durability:
+        case "durable":
+            console.print("durability: durable (every event is on disk before it is acknowledged)")
+        case "relaxed":
+            console.print(
+                f"[yellow]durability: relaxed. Warning: {RELAXED_RISK}. "
+                "Start with `--durability durable` (the default) for work you keep.[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
+        case None:
+            console.print(
+                "durability: as the external NATS is configured (durable only with "
+                "`jetstream { sync_interval: always }`)"
+            )
+
+
+def _about_style(fact: str) -> str:
+    # An unconfined sandbox and a dead MCP server (the gateway puts each server's health
+    # first) must not read like the other facts.
+    if fact.startswith(("UNSANDBOXED", "dead")):
+        return "bold red"
+    if fact.startswith(("unresponsive", "degraded")):
+        return "yellow"
+    return "dim"
 
 
 def status_json(status: StackStatus) -> str:
@@ -113,8 +161,11 @@ def status_json(status: StackStatus) -> str:
             "running": status.running,
             "healthy": status.healthy,
             "api_url": status.record.api_url if status.record else None,
-            "nats_url": status.record.nats_url if status.record else None,
-            "database_url": status.record.database_url if status.record else None,
+            "nats_url": without_credentials(status.record.nats_url) if status.record else None,
+            "database_url": without_credentials(status.record.database_url)
+            if status.record
+            else None,
+            "durability": status.record.durability if status.record else None,
             "components": [_component_json(item) for item in status.components],
         },
         indent=2,
@@ -128,7 +179,11 @@ def _component_json(item: ComponentStatus) -> dict[str, object]:
         "kind": component.kind,
         "state": item.health,
         "pid": component.process.pid if component.process else None,
-        "address": component.address,
+        "address": without_credentials(component.address),
         "health_port": component.health_port,
         "log": str(component.log) if component.log else None,
+        "restarts": component.restarts,
+        "last_exit_code": component.last_exit_code,
+        "last_start": component.last_start.isoformat() if component.last_start else None,
+        "about": dict(item.about),
     }

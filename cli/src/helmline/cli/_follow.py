@@ -26,7 +26,7 @@ from helmline.contracts import (
     parse_event_subject,
     session_filter,
 )
-from helmline.runtime import StoredEvent
+from helmline.runtime import StoredEvent, through_elections
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ async def last_started_seq(
     """Sequence of the tenant's latest `session.started` (or event of `event_type`); 0 when
     it has none."""
     try:
-        last = await js.get_last_msg(EVENTS_STREAM.name, event_type_filter(event_type, tenant))
+        last = await through_elections(
+            lambda: js.get_last_msg(EVENTS_STREAM.name, event_type_filter(event_type, tenant))
+        )
     except NotFoundError:
         return 0
     return last.seq or 0
@@ -94,12 +96,16 @@ class _Ordered:
         async def deliver(message: Msg) -> None:
             self._queue.put_nowait(message)
 
-        self._subscription = await self._js.subscribe(
-            self._subject,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            config=ConsumerConfig(opt_start_seq=self._start_seq),
-            cb=deliver,
+        # Making the consumer needs the cluster's leaders: a command begun during an
+        # election waits for them, as appends do.
+        self._subscription = await through_elections(
+            lambda: self._js.subscribe(
+                self._subject,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                config=ConsumerConfig(opt_start_seq=self._start_seq),
+                cb=deliver,
+            )
         )
         return self
 

@@ -18,6 +18,7 @@ from helmline.contracts import (
     ArgumentCondition,
     Arguments,
     Event,
+    GrantScope,
     Payload,
     Playbook,
     SessionCancelRequested,
@@ -46,6 +47,17 @@ class StandingGrant:
     """When it ends; None: the approval service's default (an hour after the grant)."""
     where: dict[str, ArgumentCondition] | None = None
     """Conditions on the later calls' arguments that it is limited to."""
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionGrant:
+    """How a permission request is granted: for the step that asked or the whole session,
+    and until when."""
+
+    scope: GrantScope
+    """The step, or the session."""
+    until: datetime | None
+    """When it ends; None: the policy's default (`permission_requests.grant_expires_in`)."""
 
 
 def current_actor(name: str | None = None, roles: tuple[str, ...] = ()) -> Actor:
@@ -113,6 +125,7 @@ def decision_submitted(
     comment: str,
     modified_arguments: Arguments | None = None,
     similar: StandingGrant | None = None,
+    grant: PermissionGrant | None = None,
 ) -> Event:
     payload = ApprovalDecisionSubmitted(
         request_id=request_id,
@@ -123,6 +136,8 @@ def decision_submitted(
         similar_limit=similar.limit if similar else None,
         similar_until=similar.until if similar else None,
         similar_where=similar.where if similar else None,
+        grant_scope=grant.scope if grant else None,
+        grant_until=grant.until if grant else None,
     )
     return _intent(payload, tenant, session_id)
 

@@ -12,7 +12,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from helmline.cli._errors import StartupError
 from helmline.cli._processes import spawn_detached
 from helmline.cli._record import ProcessRecord
 from helmline.contracts import SERVICES, nats_permissions
-from helmline.runtime import nats_server_binary
+from helmline.runtime import Durability, jetstream_config, nats_server_binary
 
 ADMIN = "admin"
 CONFIG_FILE = "nats-server.conf"
@@ -38,13 +38,56 @@ class NatsUsers:
     def generate(cls) -> NatsUsers:
         return cls({user: secrets.token_urlsafe(24) for user in (ADMIN, *SERVICES)})
 
+    @classmethod
+    def read(cls, config: Path) -> NatsUsers:
+        """The users a running embedded server was configured with."""
+        users = json.loads(config.read_text())["authorization"]["users"]
+        return cls({user["user"]: user["password"] for user in users})
+
     def url(self, port: int, user: str) -> str:
         """Where `user` connects, with its credentials."""
         return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{port}"
 
+    def urls(self, ports: Sequence[int], user: str) -> str:
+        """Where `user` connects to any server of a cluster, comma separated."""
+        return ",".join(self.url(port, user) for port in ports)
 
-def nats_server_config(*, store_dir: Path, port: int, users: NatsUsers) -> dict[str, Any]:
-    """The nats-server configuration (its format reads JSON) of an embedded stack."""
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """One server of an embedded JetStream cluster."""
+
+    index: int
+    """1, 2, 3 ...; the first keeps the single server's file names."""
+    route_port: int
+    """Where the other servers reach this one."""
+    peer_route_ports: tuple[int, ...]
+    """Where this one reaches the others."""
+
+    @property
+    def name(self) -> str:
+        return f"nats-{self.index}"
+
+
+CLUSTER_NAME = "helmline"
+
+
+def config_file(node: ClusterNode | None) -> str:
+    """The configuration file of a server: the single server's, or a cluster node's."""
+    return CONFIG_FILE if node is None else f"nats-server-{node.index}.conf"
+
+
+def nats_server_config(
+    *,
+    store_dir: Path,
+    port: int,
+    users: NatsUsers,
+    durability: Durability = "durable",
+    node: ClusterNode | None = None,
+) -> dict[str, Any]:
+    """The nats-server configuration (its format reads JSON) of an embedded stack; durable,
+    it fsyncs every append before acknowledging it. As a cluster `node`, it joins the other
+    nodes over routes on 127.0.0.1, and JetStream keeps each stream on several of them."""
     accounts: list[dict[str, Any]] = []
     for user, password in users.passwords.items():
         account: dict[str, Any] = {"user": user, "password": password}
@@ -52,19 +95,38 @@ def nats_server_config(*, store_dir: Path, port: int, users: NatsUsers) -> dict[
             allowed = nats_permissions(user).publish_allow
             account["permissions"] = {"publish": {"allow": list(allowed)}}
         accounts.append(account)
-    return {
+    config: dict[str, Any] = {
         "listen": f"127.0.0.1:{port}",
-        "jetstream": {"store_dir": str(store_dir)},
+        "jetstream": jetstream_config(store_dir, durability),
         "authorization": {"users": accounts},
     }
+    if node is not None:
+        config["server_name"] = f"{CLUSTER_NAME}-{node.index}"
+        config["cluster"] = {
+            "name": CLUSTER_NAME,
+            "listen": f"127.0.0.1:{node.route_port}",
+            "routes": [f"nats-route://127.0.0.1:{peer}" for peer in node.peer_route_ports],
+        }
+    return config
 
 
-def write_nats_config(path: Path, *, store_dir: Path, port: int, users: NatsUsers) -> Path:
+def write_nats_config(
+    path: Path,
+    *,
+    store_dir: Path,
+    port: int,
+    users: NatsUsers,
+    durability: Durability = "durable",
+    node: ClusterNode | None = None,
+) -> Path:
     """Write the server's configuration where only its owner may read it (it holds every
     password)."""
+    config = nats_server_config(
+        store_dir=store_dir, port=port, users=users, durability=durability, node=node
+    )
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as file:
-        json.dump(nats_server_config(store_dir=store_dir, port=port, users=users), file, indent=2)
+        json.dump(config, file, indent=2)
     return path
 
 
@@ -73,16 +135,25 @@ def start_nats(
     store_dir: Path,
     port: int,
     users: NatsUsers,
+    durability: Durability,
     log: Path,
     env: Mapping[str, str],
     cwd: Path,
+    node: ClusterNode | None = None,
 ) -> ProcessRecord:
     store_dir.mkdir(parents=True, exist_ok=True)
     try:
         binary = nats_server_binary()
     except FileNotFoundError as error:
         raise StartupError(str(error)) from error
-    config = write_nats_config(cwd / CONFIG_FILE, store_dir=store_dir, port=port, users=users)
+    config = write_nats_config(
+        cwd / config_file(node),
+        store_dir=store_dir,
+        port=port,
+        users=users,
+        durability=durability,
+        node=node,
+    )
     return spawn_detached([str(binary), "--config", str(config)], log=log, env=env, cwd=cwd)
 
 

@@ -26,6 +26,7 @@ from helmline.yamlfile import (
     field_of,
     line_of,
     node_at,
+    read_text,
     validation_problems,
 )
 
@@ -46,9 +47,9 @@ class PlaybookError(CliError):
 def load_playbook(path: Path, tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME) -> Playbook:
     """The playbook in `path`, or `PlaybookError` naming each problem."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise CliError(f"cannot read playbook {path}: {error}", exit_code=INVALID_INPUT) from error
+        text = read_text(path, what="playbook")
+    except YamlFileError as error:
+        raise PlaybookError(path, error.problems) from error
     root, document = _parse(path, text)
     try:
         playbook = Playbook.model_validate(document)

@@ -13,6 +13,7 @@ from helmline.cli._errors import CliError
 from helmline.contracts import (
     ApprovalRequested,
     Event,
+    PermissionRequested,
     SessionState,
     ToolCallAuthorized,
     ToolCallDenied,
@@ -70,6 +71,9 @@ def explain_step(
         requester=requester,
         at=judged_at,
         rule_uses=earlier,
+        hosts=step.hosts,
+        granted=state.granted_permissions(step_id, judged_at),
+        taint=step.taint,
     )
     if facts is None:
         checks: tuple[RuleCheck, ...] = ()
@@ -136,7 +140,10 @@ def explanation_lines(explanation: StepExplanation) -> list[str]:
         else:
             lines.append(f"  {position}. {check.rule}: skipped, {check.failed}")
     verdict = explanation.verdict
-    lines.append(f"verdict: {verdict.effect} by rule {verdict.rule}: {verdict.reason}")
+    asks = "request_permission, once granted " if verdict.missing else ""
+    lines.append(f"verdict: {asks}{verdict.effect} by rule {verdict.rule}: {verdict.reason}")
+    for need in verdict.missing:
+        lines.append(f"  lacks {need.kind} {need.name}: {need.reason}")
     return lines
 
 
@@ -161,6 +168,8 @@ def _first_decision(events: Sequence[Event], call_id: str) -> _Decided | None:
 
 def _effect_of(recorded: Recorded) -> str:
     match recorded:
+        case PermissionRequested():
+            return "request_permission"
         case ApprovalRequested():
             return "require_approval"
         case ToolCallAuthorized():

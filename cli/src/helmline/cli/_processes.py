@@ -23,18 +23,40 @@ def spawn_detached(
     argv: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path
 ) -> ProcessRecord:
     """Start `argv` in its own session, so that it outlives `helmline up` and its terminal."""
+    return record_of(spawn(argv, log=log, env=env, cwd=cwd))
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    stdin: int = subprocess.DEVNULL,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session (and process group), its output appended to `log`.
+
+    Whoever keeps the returned object learns its exit status; dropped, the subprocess
+    module may reap the process itself (and nobody learns how it ended).
+    """
     with log.open("ab") as output:
-        child = subprocess.Popen(
+        return subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=output,
             stderr=subprocess.STDOUT,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
         )
+
+
+def record_of(child: subprocess.Popen[bytes]) -> ProcessRecord:
+    """How the stack record names a process it started."""
     return ProcessRecord(
-        pid=child.pid, create_time=psutil.Process(child.pid).create_time(), argv=list(argv)
+        pid=child.pid,
+        create_time=psutil.Process(child.pid).create_time(),
+        argv=[str(arg) for arg in child.args] if isinstance(child.args, list) else [],
     )
 
 
@@ -49,6 +71,16 @@ def find_process(record: ProcessRecord) -> psutil.Process | None:
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     return process
+
+
+def reaped(record: ProcessRecord) -> bool:
+    """Whether the process is gone for good: not even a zombie left holding its pid, which
+    a program checking its pid file (PostgreSQL's `postmaster.pid`) takes for alive."""
+    try:
+        process = psutil.Process(record.pid)
+        return abs(process.create_time() - record.create_time) > _CREATE_TIME_TOLERANCE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def is_running(record: ProcessRecord) -> bool:

@@ -1,51 +1,35 @@
-"""How `up` launches a service, and how its readiness is probed."""
+"""How a service's readiness is probed."""
 
 from __future__ import annotations
 
 import http.client
-import sys
+import json
 from collections.abc import Mapping
-from pathlib import Path
-
-from helmline.cli._catalogue import ServiceName
-from helmline.cli._processes import spawn_detached
-from helmline.cli._record import ComponentRecord
+from dataclasses import dataclass, field
 
 
-def start_service(
-    service: ServiceName,
-    *,
-    health_port: int,
-    log: Path,
-    env: Mapping[str, str],
-    cwd: Path,
-    address: str | None = None,
-) -> ComponentRecord:
-    """Launch a service; `address` is what people reach it at (the API's), else its health
-    and metrics endpoint."""
-    # The same interpreter as this command, so the service runs from the same environment
-    # whatever PATH holds.
-    argv = [sys.executable, "-m", "helmline.cli", "serve", service.value]
-    process = spawn_detached(
-        argv, log=log, env={**env, "HELMLINE_HEALTH_PORT": str(health_port)}, cwd=cwd
-    )
-    return ComponentRecord(
-        name=service.value,
-        kind="service",
-        address=address or f"http://127.0.0.1:{health_port}",
-        process=process,
-        health_port=health_port,
-        log=log,
-    )
+@dataclass(frozen=True)
+class Readiness:
+    """What a service's `/readyz` answered."""
+
+    ready: bool
+    about: Mapping[str, str] = field(default_factory=dict)
+    """What the service says of how it runs (the sandbox: which bubblewrap)."""
 
 
-def service_is_ready(health_port: int, *, timeout: float = 1.0) -> bool:
-    """GET /readyz on the service's health port answers 200."""
+def service_readiness(health_port: int, *, timeout: float = 1.0) -> Readiness:
+    """GET /readyz on the service's health port: ready when it answers 200."""
     connection = http.client.HTTPConnection("127.0.0.1", health_port, timeout=timeout)
     try:
         connection.request("GET", "/readyz")
-        return connection.getresponse().status == 200
+        response = connection.getresponse()
+        body = response.read()
     except (OSError, http.client.HTTPException):
-        return False
+        return Readiness(ready=False)
     finally:
         connection.close()
+    try:
+        about = json.loads(body).get("about", {})
+    except (ValueError, AttributeError):
+        about = {}
+    return Readiness(ready=response.status == 200, about=about)

@@ -21,7 +21,7 @@ from helmline.cli._errors import INVALID_INPUT, CliError
 from helmline.cli._options import DataDir, Json, SessionId, Tenant
 
 if TYPE_CHECKING:
-    from helmline.cli._intents import Control, StandingGrant
+    from helmline.cli._intents import Control, PermissionGrant, StandingGrant
     from helmline.cli._sessions import ArgumentChange
     from helmline.contracts import ArgumentCondition, SessionState
 
@@ -370,19 +370,39 @@ def approve(
             "glob) or NAME~REGEX; repeat it for more arguments.",
         ),
     ] = [],  # noqa: B006
+    grant_for: Annotated[
+        str | None,
+        typer.Option(
+            "--for",
+            help="A permission request: grant it for the step that asked, or for the "
+            "session (every later call needing it) [default: step].",
+            show_default=False,
+        ),
+    ] = None,
+    expires_in: Annotated[
+        str | None,
+        typer.Option(
+            "--expires-in",
+            help="A permission request: how long the grant holds, such as 30m or 4h "
+            "[default: the policy's grant_expires_in].",
+            show_default=False,
+        ),
+    ] = None,
     acting: Acting = None,
     roles: Roles = [],  # noqa: B006
     wait: Answer = True,
     tenant: Tenant = DEFAULT_TENANT,
     data_dir: DataDir = None,
 ) -> None:
-    """Grant a pending approval request (the only one, the one named, or --all).
+    """Grant a pending approval request (the only one, the one named, or --all); a
+    permission request for the step or the session (--for), until a time (--expires-in).
 
     Waits for the approval service's answer: granted, counted towards a quorum, or refused
     with the reason (exit status 1).
     """
     change = _argument_change(arguments, set_fields)
     standing = _standing_grant(similar, similar_for, similar_where)
+    grant = _permission_grant(grant_for, expires_in)
     identity = (acting, tuple(roles))
     _decide(
         "grant",
@@ -396,6 +416,7 @@ def approve(
         wait=wait,
         change=change,
         similar=standing,
+        grant=grant,
     )
 
 
@@ -487,6 +508,26 @@ def _standing_grant(
     return StandingGrant(similar, until, _argument_conditions(similar_where) or None)
 
 
+def _permission_grant(grant_for: str | None, expires_in: str | None) -> PermissionGrant | None:
+    from helmline.approval import parse_duration
+    from helmline.cli._intents import PermissionGrant
+
+    if grant_for is None and expires_in is None:
+        return None
+    if grant_for not in (None, "step", "session"):
+        _fail(CliError(f"--for {grant_for!r}: write step or session", exit_code=2))
+    until = None
+    if expires_in is not None:
+        try:
+            lasting = parse_duration(expires_in)
+        except ValueError as error:
+            _fail(CliError(f"--expires-in: {error}", exit_code=2))
+        if lasting <= timedelta(0):
+            _fail(CliError("--expires-in must be longer than zero", exit_code=2))
+        until = datetime.now(UTC) + lasting
+    return PermissionGrant("session" if grant_for == "session" else "step", until)
+
+
 def _argument_conditions(written: list[str]) -> dict[str, ArgumentCondition]:
     """`NAME=GLOB` and `NAME~REGEX`, as conditions by argument name (both on one name: both
     must hold)."""
@@ -527,6 +568,7 @@ def _decide(
     wait: bool,
     change: ArgumentChange | None = None,
     similar: StandingGrant | None = None,
+    grant: PermissionGrant | None = None,
 ) -> None:
     from helmline.cli._connection import connect
     from helmline.cli._display import stdout
@@ -558,6 +600,7 @@ def _decide(
                 actor=actor,
                 arguments=change,
                 similar=similar,
+                grant=grant,
                 wait_s=ANSWER_TIMEOUT_S if wait else 0,
             )
 
@@ -566,6 +609,13 @@ def _decide(
         asked = decided.request
         what = f"step {asked.step_id} ({asked.tool})" if asked.step_id else "the plan"
         match decided.answer:
+            case ApprovalGranted(grant_scope=str(scope), grant_until=until):
+                needs = ", ".join(f"{need.kind} {need.name}" for need in asked.permissions)
+                ends = f" until {until:%Y-%m-%d %H:%M:%S} UTC" if until else ""
+                stdout().print(
+                    f"granted {asked.request_id}: {needs} for the {scope}{ends} ({what})",
+                    highlight=False,
+                )
             case ApprovalGranted():
                 stdout().print(f"approved {asked.request_id}: {what}", highlight=False)
             case ApprovalDenied():

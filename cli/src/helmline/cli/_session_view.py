@@ -115,6 +115,9 @@ def render_session(console: Console, state: SessionState) -> None:
     standing = [a for a in state.approvals.values() if a.status == "granted" and a.similar_limit]
     if standing:
         console.print(standing_grants_table(standing))
+    granted = [a for a in state.approvals.values() if a.status == "granted" and a.permissions]
+    if granted:
+        console.print(permission_grants_table(granted))
     if state.checkpoints:
         console.print(checkpoints_table(state))
 
@@ -188,6 +191,10 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
                 f"{state.tokens_used} tokens{cost}"
             )
         )
+        for tally in state.model_usage if len(state.model_usage) > 1 else ():
+            spent = f", ${tally.cost_usd:.4f}" if tally.cost_usd else ""
+            tokens = tally.input_tokens + tally.output_tokens
+            lines.append(Text(f"  {tally.model}: {tally.calls} calls, {tokens} tokens{spent}"))
     for result in state.criteria if full else ():
         mark = "met" if result.met else "NOT met"
         lines.append(Text(f"criterion {mark}: {result.criterion}  ({result.evidence or '-'})"))
@@ -230,7 +237,8 @@ def decide_command(state: SessionState) -> str:
     """The `helmline approve` that decides the session's pending request."""
     tenant = "" if state.tenant == "default" else f" --tenant {state.tenant}"
     which = "" if len(state.pending_approvals) == 1 else " --request <id>"
-    return f"helmline approve {state.session_id}{tenant}{which}"
+    grant = f" [{GRANT_OPTIONS}]" if any(r.permissions for r in state.pending_approvals) else ""
+    return f"helmline approve {state.session_id}{tenant}{which}{grant}"
 
 
 def approval_queue(states: list[SessionState]) -> list[tuple[SessionState, ApprovalState]]:
@@ -253,6 +261,8 @@ def approval_queue_json(queue: list[tuple[SessionState, ApprovalState]]) -> str:
                 "risk": request.risk,
                 "reason": request.reason,
                 "rule": request.rule,
+                "permissions": [need.model_dump(mode="json") for need in request.permissions],
+                "taint": request.taint.model_dump(mode="json") if request.taint else None,
                 "approver_roles": list(request.approver_roles),
                 "quorum": request.quorum,
                 "expires_at": _iso(request.expires_at),
@@ -270,8 +280,9 @@ def render_approval_queue(
         console.print(f"No approval request waits in tenant {tenant!r}.")
         return
     table = Table(title=f"approval requests waiting in tenant {tenant!r}", title_justify="left")
-    for column in ("expires", "session", "request", "step", "tool", "risk", "may decide"):
+    for column in ("expires", "session", "request", "step", "tool", "risk", "asks for"):
         table.add_column(column, no_wrap=True)
+    table.add_column("may decide", no_wrap=True)
     table.add_column("reason")
     for state, request in queue:
         roles = ", ".join(request.approver_roles) or "approver, admin"
@@ -282,11 +293,25 @@ def render_approval_queue(
             request.step_id or "(the plan)",
             request.tool or "",
             request.risk,
+            Text(_asks_for(request)),
             f"{roles}" + (f" ({request.quorum} people)" if request.quorum > 1 else ""),
             Text(request.reason),
         )
     console.print(table)
     console.print("decide with: helmline approve SESSION --request REQUEST (or helmline deny ...)")
+    if any(request.permissions for _, request in queue):
+        console.print(f"a permission for the step or the session: ... {GRANT_OPTIONS}")
+
+
+GRANT_OPTIONS = "--for step|session --expires-in 1h"
+"""How `helmline approve` grants a permission request, as the views suggest it."""
+
+
+def _asks_for(request: ApprovalState) -> str:
+    """What a request asks for: approval of a call (or plan), or the permissions it lacks."""
+    if not request.permissions:
+        return "approval"
+    return ", ".join(f"{need.kind} {need.name}" for need in request.permissions)
 
 
 def approvals_table(pending: tuple[ApprovalState, ...]) -> Table:
@@ -296,6 +321,7 @@ def approvals_table(pending: tuple[ApprovalState, ...]) -> Table:
     table.add_column("tool", no_wrap=True)
     table.add_column("arguments", overflow="fold")
     table.add_column("risk", no_wrap=True)
+    table.add_column("asks for", no_wrap=True)
     table.add_column("reason")
     table.add_column("expires", no_wrap=True)
     for request in pending:
@@ -305,8 +331,25 @@ def approvals_table(pending: tuple[ApprovalState, ...]) -> Table:
             request.tool or "",
             Text(json.dumps(request.arguments) if request.arguments is not None else ""),
             request.risk,
+            Text(_asks_for(request)),
             Text(request.reason),
             _time(request.expires_at),
+        )
+    return table
+
+
+def permission_grants_table(grants: list[ApprovalState]) -> Table:
+    """Permissions people granted on request: what, for what, by whom, until when."""
+    table = Table(title="permissions granted on request", title_justify="left")
+    for column in ("request", "permissions", "for", "by", "until"):
+        table.add_column(column, no_wrap=column != "permissions", overflow="fold")
+    for grant in grants:
+        table.add_row(
+            grant.request_id,
+            Text(_asks_for(grant)),
+            f"step {grant.step_id}" if grant.grant_scope == "step" else "the session",
+            ", ".join(actor.id for actor in grant.decided_by),
+            _time(grant.grant_until),
         )
     return table
 
@@ -387,6 +430,10 @@ def _step_status(step: StepState) -> str:
         notes.append(f"result of {step.cached_from}")
     if step.requires_approval:
         notes.append("plan asks approval")
+    if step.redacted_by:
+        # Which rules fired and how often: never what they replaced.
+        fired = ", ".join(f"{rule}={count}" for rule, count in sorted(step.redacted_by.items()))
+        notes.append(f"redacted {fired}")
     shown = f" ({', '.join(notes)})" if notes else ""
     return f"[{STEP_STYLE[step.status]}]{step.status}[/]{shown}"
 

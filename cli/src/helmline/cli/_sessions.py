@@ -18,6 +18,7 @@ from helmline.cli._follow import following, session_ids
 from helmline.cli._intents import (
     Control,
     Goal,
+    PermissionGrant,
     StandingGrant,
     control_requested,
     current_actor,
@@ -102,6 +103,7 @@ async def decide(
     actor: Actor,
     arguments: ArgumentChange | None = None,
     similar: StandingGrant | None = None,
+    grant: PermissionGrant | None = None,
     wait_s: float = ANSWER_TIMEOUT_S,
 ) -> list[Decided]:
     """Submit the decision on the chosen pending requests and wait up to `wait_s` for each
@@ -112,6 +114,7 @@ async def decide(
     """
     snapshot = await load_session(log, tenant, session_id)
     chosen = _choose_requests(snapshot.state, request_id=request_id, every=every)
+    _check_kinds(chosen, arguments=arguments, similar=similar, grant=grant)
     submitted: dict[uuid.UUID, ApprovalState] = {}
     for request in chosen:
         event = decision_submitted(
@@ -123,6 +126,7 @@ async def decide(
             comment=comment,
             modified_arguments=arguments.applied_to(request) if arguments else None,
             similar=similar,
+            grant=grant,
         )
         await log.store.append(event)
         submitted[event.id] = request
@@ -155,6 +159,30 @@ class ArgumentChange:
             raise CliError(f"{request.request_id} approves a plan, which has no arguments")
         base = self.replace if self.replace is not None else dict(request.arguments or {})
         return {**base, **self.fields}
+
+
+def _check_kinds(
+    chosen: tuple[ApprovalState, ...],
+    *,
+    arguments: ArgumentChange | None,
+    similar: StandingGrant | None,
+    grant: PermissionGrant | None,
+) -> None:
+    """Refuse options that do not fit the kind of request chosen, before anything is sent:
+    a permission is granted as asked (for the step or the session), a call is approved."""
+    for request in chosen:
+        if request.permissions and (arguments is not None or similar is not None):
+            raise CliError(
+                f"{request.request_id} asks for a permission, granted as asked: drop "
+                "--arguments, --set and --similar (use --for step|session and --expires-in)",
+                exit_code=2,
+            )
+        if not request.permissions and grant is not None:
+            raise CliError(
+                f"{request.request_id} asks to approve a call, not a permission: drop --for "
+                "and --expires-in",
+                exit_code=2,
+            )
 
 
 def _choose_requests(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,14 @@ from typing import Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Json
+from helmline.cli._options import DataDir, Json, SessionId, Tenant
+from helmline.cli._session_commands import (
+    DEFAULT_TENANT,
+    _attempt,
+    _fail,
+    _nats_url,
+    _run_async,
+)
 from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolRegistryPublished, ToolSpec
 
 McpServersFile = Annotated[
@@ -34,6 +42,61 @@ def check_servers_file(path: Path) -> None:
         load_servers(path)
     except YamlFileError as error:
         raise CliError(str(error), exit_code=2) from error
+
+
+def raw_output(
+    session: SessionId,
+    call: Annotated[str, typer.Argument(help="The call's id (`helmline show --json` has it).")],
+    tenant: Tenant = DEFAULT_TENANT,
+    data_dir: DataDir = None,
+) -> None:
+    """A call's output as the tool gave it, before output safety cut, redacted or neutralised
+    it (the event's `raw_output`), as JSON. It is kept sealed: this needs the key the gateway
+    sealed it with (the data folder's `sealing.key`, or HELMLINE_SEALING_KEY[_FILE])."""
+    from helmline.cli._connection import connect
+    from helmline.cli._intents import check_identifiers
+    from helmline.cli._settings import load_settings
+    from helmline.runtime import SEALING_KEY_FILE, SealingError, SealingKey, sealing_key
+    from helmline.tool_gateway import RawOutputs, raw_output_name
+
+    _attempt(lambda: check_identifiers(tenant, session))
+    settings = _attempt(lambda: load_settings(data_dir=data_dir))
+
+    def key() -> SealingKey:
+        secret = settings.sealing_key.get_secret_value() if settings.sealing_key else None
+        kept = settings.resolved_data_dir() / SEALING_KEY_FILE
+        path = settings.sealing_key_file or (kept if kept.exists() else None)
+        try:
+            found = sealing_key(secret, path)
+        except SealingError as error:
+            raise CliError(str(error)) from error
+        if found is None:
+            raise CliError(
+                f"no sealing key: {kept} does not exist; set HELMLINE_SEALING_KEY or "
+                "HELMLINE_SEALING_KEY_FILE to the key the tool gateway seals outputs with"
+            )
+        return found
+
+    sealing = _attempt(key)
+    url = _nats_url(data_dir)
+    name = raw_output_name(tenant, session, call)
+
+    async def read() -> object:
+        async with connect(url) as log:
+            try:
+                return await (await RawOutputs.open(log.js, sealing)).read(name)
+            except SealingError as error:
+                raise CliError(f"cannot open the raw output: {error}") from error
+
+    raw = _run_async(read())
+    if raw is None:
+        _fail(
+            CliError(
+                f"no raw output of call {call} in session {session}: output safety left its "
+                "output unchanged (the event has it whole), or its session is gone"
+            )
+        )
+    typer.echo(json.dumps(raw, ensure_ascii=False, indent=2))
 
 
 def tools(as_json: Json = False, data_dir: DataDir = None) -> None:

@@ -1,7 +1,7 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
-import type { Approval, Checkpoint, FileChanges, Me, SessionState, SessionSummary, Step } from "./types";
+import type { Approval, Checkpoint, FileChanges, Me, PermissionNeed, SessionState, SessionSummary, Step } from "./types";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -207,7 +207,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const data = answer.data.data;
     if (answer.type === "approval.decision_refused") notice(`Your decision was refused: ${String(data.reason)}`, true);
     if (answer.type === "approval.vote_counted") notice(`Your approval counted: ${Number(data.grants)} of the ${Number(data.quorum)} approvers needed so far.`);
-    if (answer.type === "approval.granted") notice(data.similar_limit ? `Approved, with the next ${Number(data.similar_limit)} similar calls.` : "Approved.");
+    if (answer.type === "approval.granted" && data.grant_scope) notice(`Granted for the ${String(data.grant_scope)} until ${when(String(data.grant_until))}.`);
+    else if (answer.type === "approval.granted") notice(data.similar_limit ? `Approved, with the next ${Number(data.similar_limit)} similar calls.` : "Approved.");
     if (answer.type === "approval.denied") notice("Denied.");
   };
   const heard = (event: StreamEvent): void => {
@@ -242,6 +243,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         <small>${esc(s.mode)} · ${steps.filter((x) => x.status === "succeeded").length}/${steps.length} steps
         ${planFacts(s)} · started ${esc(when(s.started_at))}</small></p>
       ${criteriaList(s)}
+      ${modelUsage(s)}
       ${s.fork_of ? `<p class="fork">started from <a href="#/sessions/${esc(s.fork_of.session_id)}">${esc(s.fork_of.session_id.slice(0, 12))}</a>${s.fork_of.completed_steps.length ? ` after ${esc(s.fork_of.completed_steps.join(", "))}` : ""}</p>` : ""}
       ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`;
     const ended = ["completed", "failed", "cancelled"].includes(s.status);
@@ -251,8 +253,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     }
     renderApprovals(s);
     document.getElementById("grants")!.innerHTML = Object.values(s.approvals)
-      .filter((a) => a.status === "granted" && a.similar_limit)
-      .map(standingGrant)
+      .filter((a) => a.status === "granted" && (a.similar_limit || a.permissions.length))
+      .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
       .join("");
     const from = retryPoint(s);
     document.getElementById("steps")!.innerHTML = steps
@@ -388,6 +390,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         return;
       }
     }
+    const scopeField = form.elements.namedItem("grant_scope") as HTMLSelectElement | null;
+    if (decision === "grant" && scopeField) {
+      body.grant_scope = scopeField.value;
+      const lasting = Number((form.elements.namedItem("grant_for") as HTMLSelectElement).value);
+      body.grant_until = new Date(Date.now() + lasting * 60_000).toISOString();
+    }
     const similarField = form.elements.namedItem("similar") as HTMLInputElement | null;
     const similar = similarField ? Number(similarField.value || "0") : 0;
     if (decision === "grant" && similar !== 0) {
@@ -492,6 +500,19 @@ function duration(seconds: number): string {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
+/** Calls, tokens and cost of each model the session asked, with the totals. */
+function modelUsage(s: SessionState): string {
+  if (!s.model_usage.length) return "";
+  const cost = (usd: number): string => (usd ? `$${usd.toFixed(4)}` : "–");
+  const rows = s.model_usage.map(
+    (m) => `<tr><th scope="row">${esc(m.model)}</th><td>${m.calls}</td><td>${m.input_tokens}</td><td>${m.output_tokens}</td><td>${cost(m.cost_usd)}</td></tr>`,
+  );
+  const total = `<tr><th scope="row">all models</th><td>${s.model_calls}</td><td colspan="2">${s.tokens_used} tokens</td><td>${cost(s.cost_usd)}</td></tr>`;
+  return `<table class="usage"><caption>Model usage</caption>
+    <thead><tr><th scope="col">model</th><th scope="col">calls</th><th scope="col">input tokens</th><th scope="col">output tokens</th><th scope="col">cost</th></tr></thead>
+    <tbody>${rows.join("")}${s.model_usage.length > 1 ? total : ""}</tbody></table>`;
+}
+
 /** The completion criteria as the planner checked them when the session ended. */
 function criteriaList(s: SessionState): string {
   if (!s.criteria.length) return "";
@@ -560,7 +581,41 @@ function standingGrant(a: Approval): string {
     ${a.similar_used} of ${a.similar_limit} used${a.similar_until ? ` · until ${esc(when(a.similar_until))}` : ""}${where}</p>`;
 }
 
+const NEED_KINDS: Record<PermissionNeed["kind"], string> = { tool: "permission", network: "network host", path: "path" };
+
+function needsList(a: Approval): string {
+  return `<ul class="needs">${a.permissions.map((n) => `<li><strong>${esc(NEED_KINDS[n.kind])} ${esc(n.name)}</strong> <small>${esc(n.reason)}</small></li>`).join("")}</ul>`;
+}
+
+function permissionGrant(a: Approval): string {
+  const what = a.permissions.map((n) => `${n.kind} ${n.name}`).join(", ");
+  const scope = a.grant_scope === "step" ? `step ${a.step_id}` : "the session";
+  const ended = a.grant_until !== null && new Date(a.grant_until) <= new Date();
+  return `<p class="grant">${badge(ended ? "paused" : "granted", ended ? "permission ended" : "permission granted")} ${esc(what)} for ${esc(scope)}${a.grant_until ? ` · until ${esc(when(a.grant_until))}` : ""}</p>`;
+}
+
+/** A permission request: granted as asked, for the step or the session, for a while. */
+function permissionForm(a: Approval): string {
+  return `<form class="approval" data-request="${esc(a.request_id)}" aria-label="Permission request ${esc(a.request_id)}">
+    <h2>Permission requested ${badge(a.risk, a.risk)}</h2>
+    <p>Step ${esc(a.step_id)}: ${esc(a.tool)} needs</p>
+    ${needsList(a)}
+    <p><small>may decide: ${esc(a.approver_roles.join(", "))} · expires ${esc(when(a.expires_at))}</small></p>
+    ${a.arguments ? `<h3>Arguments</h3><pre>${json(a.arguments)}</pre>` : ""}
+    <label>Grant for <select name="grant_scope">
+      <option value="step" selected>this step only</option><option value="session">the whole session</option>
+    </select></label>
+    <label>until <select name="grant_for" aria-label="Grant until">
+      <option value="15">15 minutes from now</option><option value="60" selected>an hour from now</option><option value="240">4 hours from now</option><option value="1440">a day from now</option>
+    </select></label>
+    <label>Comment <input name="comment" autocomplete="off"></label>
+    <button type="button" data-action="grant" class="primary">Grant</button>
+    <button type="button" data-action="deny" class="danger">Deny</button>
+  </form>`;
+}
+
 function approvalForm(a: Approval): string {
+  if (a.permissions.length) return permissionForm(a);
   const args = a.arguments ? JSON.stringify(a.arguments, null, 2) : "";
   return `<form class="approval" data-request="${esc(a.request_id)}" aria-label="Approval ${esc(a.request_id)}">
     <h2>Waiting for approval ${badge(a.risk, a.risk)}</h2>

@@ -56,6 +56,19 @@ export interface Approval {
   similar_until: string | null;
   similar_where: Record<string, unknown> | null;
   similar_used: number;
+  /** A permission request: what the call lacks; empty for other requests. */
+  permissions: PermissionNeed[];
+  /** A granted permission request: the step that asked, or the whole session. */
+  grant_scope: "step" | "session" | null;
+  grant_until: string | null;
+}
+
+export interface PermissionNeed {
+  kind: "tool" | "network" | "path";
+  /** The permission's name, the host, or the workspace path. */
+  name: string;
+  /** Why it is needed, naming the rule that asks for it. */
+  reason: string;
 }
 
 export interface Checkpoint {
@@ -101,6 +114,15 @@ export interface ForkOrigin {
   completed_steps: string[];
 }
 
+/** What a session's calls of one model used. */
+export interface ModelTally {
+  model: string;
+  calls: number;
+  input_tokens: number;
+  output_tokens: number;
+  cost_usd: number;
+}
+
 export interface SessionState {
   session_id: string;
   status: string;
@@ -125,6 +147,11 @@ export interface SessionState {
   pause_requested: boolean;
   outcome: string;
   started_at: string | null;
+  model_calls: number;
+  tokens_used: number;
+  cost_usd: number;
+  /** Calls, tokens and cost by model (planning, summarising and classifying may differ). */
+  model_usage: ModelTally[];
 }
 
 export interface Me {

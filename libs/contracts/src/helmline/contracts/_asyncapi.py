@@ -7,10 +7,14 @@ import json
 from typing import Any
 
 from helmline.contracts._catalogue import (
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    ApiKeyRotated,
     Payload,
     StreamLimitApproaching,
     ToolCircuitChanged,
     ToolRegistryPublished,
+    ToolServerHealthChanged,
 )
 from helmline.contracts._envelope import encode_event
 from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
@@ -18,9 +22,11 @@ from helmline.contracts._topology import (
     RETENTION_SUBJECT,
     TOOL_REGISTRY_SUBJECT,
     Headers,
+    api_key_subject,
     circuit_subject,
     dead_letter_subject,
     event_subject,
+    server_health_subject,
 )
 
 CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
@@ -41,8 +47,21 @@ def _where(payload_class: type[Payload]) -> dict[str, Any]:
             "address": circuit_subject("{server}"),
             "parameters": {"server": {"description": "The MCP server."}},
         }
+    if payload_class is ToolServerHealthChanged:
+        return {
+            "address": server_health_subject("{server}"),
+            "parameters": {"server": {"description": "The MCP server."}},
+        }
     if payload_class is StreamLimitApproaching:
         return {"address": RETENTION_SUBJECT}
+    if payload_class in (ApiKeyCreated, ApiKeyRotated, ApiKeyRevoked):
+        return {
+            "address": api_key_subject("{tenant}", "{keyId}"),
+            "parameters": {
+                "tenant": {"$ref": "#/components/parameters/tenant"},
+                "keyId": {"description": "The API key's id (never its secret)."},
+            },
+        }
     return {
         "address": event_subject("{tenant}", "{sessionId}", payload_class.TYPE),
         "parameters": {

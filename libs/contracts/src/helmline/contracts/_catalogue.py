@@ -8,12 +8,13 @@ type string, carried in the envelope. Type strings never change; a breaking chan
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, StringConstraints, model_validator
 
 from helmline.contracts._exchanges import CriterionResult, ModelReply, ModelRequestRecord
 from helmline.contracts._plans import PlanStep, Playbook
+from helmline.contracts._taint import CallTaint
 from helmline.contracts._tools import ToolEffect, ToolSpec
 from helmline.contracts._values import (
     Actor,
@@ -21,12 +22,14 @@ from helmline.contracts._values import (
     Arguments,
     Contract,
     FileChanges,
+    Host,
     LimitHit,
     ResourceUsage,
     Risk,
     SandboxLimits,
     SessionId,
     StepId,
+    TenantId,
     ToolError,
     ToolName,
 )
@@ -254,9 +257,11 @@ class ModelExchangeRecorded(Payload):
     TYPE = "model.exchange.recorded"
     turn: int = Field(ge=1)
     """1 for the session's first model call, then one more per call."""
-    purpose: Literal["plan", "replan", "act", "verify", "repair"]
+    purpose: Literal["plan", "replan", "act", "verify", "repair", "summarise", "classify"]
     """Why the model was asked: a first plan, a new plan after a failure or denial, the next
-    action, a check of the completion criteria, or a re-ask after an unusable answer."""
+    action, a check of the completion criteria, or a re-ask after an unusable answer (each
+    asked of the planning model); a summary of older turns for a compaction (the summarising
+    model); or the goal's intent and the tools relevant to it (the classifying model)."""
     provider: str = Field(min_length=1)
     """`openai` (Chat Completions and compatible servers) or `anthropic` (Messages)."""
     request: ModelRequestRecord
@@ -269,6 +274,25 @@ class ModelExchangeRecorded(Payload):
     """From sending the first attempt to the complete answer."""
     attempts: int = Field(default=1, ge=1)
     """Requests made, counting retries after rate limits and server errors."""
+    redacted_by: dict[str, int] = Field(default_factory=dict[str, int])
+    """How many values each output-safety rule redacted from the reply (its text and the
+    arguments of its calls) before it was recorded, by rule name; never the values."""
+    neutralised_by: dict[str, int] = Field(default_factory=dict[str, int])
+    """How many places of the reply each injection rule neutralised, by rule name."""
+    spotlight_marker: str | None = Field(default=None, pattern=r"^[0-9a-f]{16,64}$")
+    """The marker that delimits every tool result in the request (`<<untrusted-data
+    MARKER>>` ... `<</untrusted-data MARKER>>`, the system prompt saying the enclosed text
+    is data, never instructions). Random, chosen for the session's first turn and read
+    back from the log for every later one. None for a classification (its request shows
+    no tool result) and in exchanges recorded before spotlighting."""
+    spotlight_flagged: tuple[StepId, ...] = ()
+    """Steps whose result, new in this request, held the session's marker or a tag of the
+    delimiters' form: text trying to end its block early, or a marker that leaked (a
+    model led to repeat it in a call). Escaped in the context, so it ends nothing."""
+    untrusted_read: tuple[str, ...] = ()
+    """Calls whose results, new in this request, came from untrusted tools (`untrusted` on
+    `tool.call.completed`): with the earlier turns', every untrusted result the model had
+    in its context when it answered, and so what taints the calls it proposed."""
 
 
 class ContextCompacted(Payload):
@@ -287,6 +311,10 @@ class ContextCompacted(Payload):
     """Messages replaced by the summary."""
     kept: tuple[str, ...]
     """The facts and decisions the summary keeps, one per line of the summary."""
+    summarised_by: str | None = None
+    """The model whose account of the dropped turns the summary carries after the facts
+    (the summarising model's `model.exchange.recorded` just before); None when the summary
+    is the facts alone."""
 
 
 class LoopDetected(Payload):
@@ -336,6 +364,51 @@ class ApprovalRequested(Payload):
     """How many distinct approvers must grant."""
     expires_at: datetime
     """When the request becomes a denial if nobody decided."""
+    taint: CallTaint | None = None
+    """For step approvals, what untrusted content the model had read when it proposed the
+    call: the results (step, call and tool) its arguments came from, with the span to read,
+    and those flagged as suspected injections. None when none was in its context."""
+
+
+PermissionKind = Literal["tool", "network", "path"]
+"""What sort of permission a call needs: a tool's required permission, a network host, or a
+workspace path."""
+
+GrantScope = Literal["step", "session"]
+"""What a granted permission stands for: the step that asked (its retries too), or every
+later call of the session that needs it."""
+
+
+class PermissionNeed(Contract):
+    """One permission a call needs and the session lacks: what, and why it is needed."""
+
+    kind: PermissionKind
+    """`tool`: the tool's required permission, which the requester does not hold;
+    `network`: a host the step declares it reaches, which the policy rule deciding the call
+    does not grant; `path`: the workspace path the call's `path` argument names, outside the
+    paths that rule grants."""
+    name: str = Field(min_length=1, max_length=4096)
+    """The permission's name (`repo.write`), the host (`api.example.com`), or the path
+    (normalised, `deploy/prod.env`)."""
+    reason: str = Field(min_length=1)
+    """Why it is needed, naming the rule (or the tool's configuration) that asks for it."""
+
+
+class PermissionRequested(ApprovalRequested):
+    """A call needs a permission the session lacks; instead of being denied it waits for a
+    person to grant it, for the step or for the session, until a time they choose (or to
+    deny it).
+
+    An approval request of a new kind: it waits in the same queue, is decided with the same
+    `approval.decision_submitted` (with `grant_scope` and `grant_until`), and ends in the
+    same `approval.granted`, `approval.denied` or `approval.expired`. Once granted the call is
+    judged again with the permission held, so the policy's rules still decide it (they may
+    allow it, send it to approval or deny it).
+    """
+
+    TYPE = "permission.requested"
+    permissions: tuple[PermissionNeed, ...] = Field(min_length=1)
+    """Every permission the call lacks; one grant grants them all."""
 
 
 class ApprovalDecisionSubmitted(Payload):
@@ -360,6 +433,12 @@ class ApprovalDecisionSubmitted(Payload):
     similar_where: dict[str, ArgumentCondition] | None = None
     """With `similar_limit`: conditions on the later calls' arguments, by name, that each
     must meet to run under the grant (only this user's rows, only paths under `build/`)."""
+    grant_scope: GrantScope | None = None
+    """For a permission request: grant it for the step that asked, or for the session (every
+    later call that needs the same permission); the step when not given."""
+    grant_until: datetime | None = None
+    """For a permission request: when the granted permission ends; the policy's
+    `permission_requests.grant_expires_in` after the grant when not given."""
 
 
 class ApprovalGranted(Payload):
@@ -381,6 +460,12 @@ class ApprovalGranted(Payload):
     """When that standing grant ends."""
     similar_where: dict[str, ArgumentCondition] | None = None
     """Conditions on the later calls' arguments that the standing grant is limited to."""
+    grant_scope: GrantScope | None = None
+    """For a permission request: what the permissions granted stand for, the step that asked
+    or the whole session; None for other requests."""
+    grant_until: datetime | None = None
+    """For a permission request: when the permissions granted end; the policy no longer
+    counts them from then on."""
 
 
 class ApprovalDenied(Payload):
@@ -464,6 +549,12 @@ class StepScheduled(Payload):
     compensation_id: str | None = Field(default=None, min_length=1, max_length=128)
     """Set when the call undoes a step during a rollback (scheduled by the state service, not
     the planner): it is judged and run like any call, but is not a step of the plan."""
+    hosts: tuple[Host, ...] = ()
+    """Network hosts the call needs to reach, as its plan step declares them."""
+    taint: CallTaint | None = None
+    """What untrusted content the model had read when it proposed the call, as its plan
+    step records it; None when none was in its context (or a playbook or rollback made the
+    call)."""
 
 
 class StepSkipped(Payload):
@@ -580,10 +671,22 @@ class ToolCallCompleted(Payload):
     usage: ResourceUsage | None = None
     """What a sandboxed command used (wall time, CPU time, peak memory), where measured."""
     injection_suspected: bool = False
-    """Whether the output held text that tries to instruct a model (role markers, "ignore
-    previous instructions", hidden control characters); such text arrives neutralised."""
+    """Whether the output held text that tries to instruct a model (role markers, previous
+    instructions set aside, text addressed to a model, fake system or important-message
+    blocks, commands to send or transfer, hidden control characters); such text arrives
+    neutralised. Patterns, not a proof: an attack in plain words can pass unflagged."""
     neutralised: int = Field(default=0, ge=0)
     """How many instruction-like passages or hidden characters were neutralised."""
+    redacted_by: dict[str, int] = Field(default_factory=dict[str, int])
+    """How many values each output-safety rule redacted, by rule name (`aws_access_key_id`,
+    `github_token`, `credential_assignment`, `card_number`, ..., and `secret:NAME` for a
+    registered secret, which reads `[secret:NAME]` in the output); never the values."""
+    neutralised_by: dict[str, int] = Field(default_factory=dict[str, int])
+    """How many places each injection rule neutralised, by rule name: `instruction`
+    (previous instructions set aside, "you are now"), `fake_system_block`,
+    `important_message`, `addressed_to_model`, `task_hijack`, `tool_command` (a command to
+    call a tool, or to send or transfer to an address the text names), `role_marker`,
+    `hidden_characters`."""
     raw_output: str | None = None
     """When the output was changed (cut, redacted or neutralised): the name of the object in
     the tool-outputs store that holds it unchanged, for people allowed to see it."""
@@ -592,6 +695,11 @@ class ToolCallCompleted(Payload):
     cached_from: str | None = Field(default=None, min_length=1, max_length=128)
     """The earlier call of the session whose result this is, when the tool is declared pure
     and was called with the same arguments before: it was not called again."""
+    untrusted: bool = False
+    """Whether the tool is not declared trusted (an MCP tool, unless its server's
+    configuration says `trust: trusted`): its output may be anyone's words, and calls a
+    model proposes after reading it carry a taint (`CallTaint`). False in logs written
+    before tools declared trust."""
 
 
 class ToolCallFailed(Payload):
@@ -605,7 +713,17 @@ class ToolCallFailed(Payload):
     tool: ToolName
     """The tool."""
     error: ToolError
-    """What went wrong and whether retrying can help."""
+    """What went wrong and whether retrying can help; its message has passed output safety."""
+    redacted_by: dict[str, int] = Field(default_factory=dict[str, int])
+    """How many values each output-safety rule redacted from the message, by rule name
+    (`aws_access_key_id`, `github_token`, `credential_assignment`, `card_number`, ..., and
+    `secret:NAME` for a registered secret); never the values."""
+    neutralised_by: dict[str, int] = Field(default_factory=dict[str, int])
+    """How many places each injection rule neutralised, by rule name: `instruction`
+    (previous instructions set aside, "you are now"), `fake_system_block`,
+    `important_message`, `addressed_to_model`, `task_hijack`, `tool_command` (a command to
+    call a tool, or to send or transfer to an address the text names), `role_marker`,
+    `hidden_characters`."""
     duration_ms: float = Field(default=0.0, ge=0)
     """How long the call took before failing."""
     usage: ResourceUsage | None = None
@@ -696,6 +814,35 @@ class ToolCircuitChanged(Payload):
     """What happened (the last error, or the probe that closed it)."""
     retry_at: datetime | None = None
     """When an open breaker lets a probe through."""
+
+
+class ToolServerHealthChanged(Payload):
+    """A federated MCP server's health moved (see `ToolServerStatus.health`), as one gateway
+    process sees it: its stdio process exited, its heartbeats went unanswered, its calls
+    began to fail, or it was started anew and answers again.
+
+    Each gateway process runs its own stdio servers and its own connections, so replicas of
+    the gateway publish their own changes, each naming itself in `gateway`.
+    """
+
+    TYPE = "tool.server.health_changed"
+    server: str = Field(min_length=1, max_length=64)
+    """The MCP server's id, as configured."""
+    transport: Literal["stdio", "http"]
+    """How the gateway talks to it: over stdio, the gateway runs its process."""
+    health: ServerHealth
+    """Its health now."""
+    previous: ServerHealth | None = None
+    """Its health before; None for the first the gateway process tells after it starts."""
+    reason: str = ""
+    """Why (the process exited, heartbeats unanswered, the last error); empty when healthy."""
+    restarts: int = Field(default=0, ge=0)
+    """How many times this gateway process started it anew (a new process over stdio, a new
+    connection over HTTP) after it had been up."""
+    retry_at: datetime | None = None
+    """For a dead server, when the gateway next tries to start it (growing pauses, capped)."""
+    gateway: str = Field(min_length=1, max_length=256)
+    """The gateway process that saw it: host name and process id."""
 
 
 # --- sandbox ------------------------------------------------------------------------------
@@ -956,6 +1103,63 @@ class StreamLimitApproaching(Payload):
     """When the oldest event still in the stream was stored."""
 
 
+# --- API keys -----------------------------------------------------------------------------
+# Facts about credentials, which belong to no session: they live on the keys stream, where
+# every API replica follows them. The secret is never in an event (only its holder has it;
+# the key bucket keeps its SHA-256).
+
+ApiKeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+"""The public part of an API key (`hlk_<key id>_<secret>`): it names the key, grants nothing."""
+
+
+class ApiKeyCreated(Payload):
+    """An API key was made for a tenant, with roles, until an expiry."""
+
+    TYPE = "api.key.created"
+    key_id: ApiKeyId
+    """The key."""
+    tenant: TenantId
+    """The tenant it acts in."""
+    roles: tuple[str, ...] = Field(min_length=1)
+    """The API roles it holds."""
+    permissions: tuple[str, ...] = ()
+    """Tool permissions it holds beside its roles."""
+    name: str = Field(default="", max_length=200)
+    """Who or what holds it, for the record."""
+    expires_at: datetime | None = None
+    """When it stops working; None: never."""
+    by: Actor
+    """Who made it."""
+
+
+class ApiKeyRotated(Payload):
+    """An API key was given a new secret: the old one is refused from now on."""
+
+    TYPE = "api.key.rotated"
+    key_id: ApiKeyId
+    """The key, which keeps its id, tenant and roles."""
+    tenant: TenantId
+    """The tenant it acts in."""
+    expires_at: datetime | None = None
+    """When the new secret stops working; None: never."""
+    by: Actor
+    """Who rotated it."""
+
+
+class ApiKeyRevoked(Payload):
+    """An API key was revoked: every API replica refuses it from now on, for good."""
+
+    TYPE = "api.key.revoked"
+    key_id: ApiKeyId
+    """The key."""
+    tenant: TenantId
+    """The tenant it acted in."""
+    reason: str = Field(default="", max_length=2000)
+    """Why, in the person's words."""
+    by: Actor
+    """Who revoked it."""
+
+
 PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     SessionStarted,
     SessionPauseRequested,
@@ -974,6 +1178,7 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     ContextCompacted,
     LoopDetected,
     ApprovalRequested,
+    PermissionRequested,
     ApprovalDecisionSubmitted,
     ApprovalGranted,
     ApprovalDenied,
@@ -991,6 +1196,7 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     ToolCallAttemptFailed,
     ToolRegistryPublished,
     ToolCircuitChanged,
+    ToolServerHealthChanged,
     SandboxExecutionRequested,
     SandboxLimitApproached,
     SandboxLimitExceeded,
@@ -1006,5 +1212,8 @@ PAYLOAD_CLASSES: tuple[type[Payload], ...] = (
     RollbackCompleted,
     RollbackFailed,
     StreamLimitApproaching,
+    ApiKeyCreated,
+    ApiKeyRotated,
+    ApiKeyRevoked,
 )
 """Every payload of the catalogue, in declaration order."""

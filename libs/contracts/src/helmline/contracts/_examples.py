@@ -7,6 +7,9 @@ from datetime import UTC, datetime
 
 from helmline.contracts._catalogue import (
     Alternative,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    ApiKeyRotated,
     ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
@@ -22,6 +25,8 @@ from helmline.contracts._catalogue import (
     LoopDetected,
     ModelExchangeRecorded,
     Payload,
+    PermissionNeed,
+    PermissionRequested,
     PlanApproved,
     PlanProposed,
     PlanRejected,
@@ -54,6 +59,7 @@ from helmline.contracts._catalogue import (
     ToolCallStarted,
     ToolCircuitChanged,
     ToolRegistryPublished,
+    ToolServerHealthChanged,
     ToolServerStatus,
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
@@ -169,6 +175,27 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         approver_roles=("approver",),
         expires_at=_AT,
     ),
+    PermissionRequested(
+        request_id="permission-fetch.1",
+        scope="step",
+        step_id="fetch",
+        call_id="fetch.1",
+        tool="run_command",
+        arguments={"command": "curl -s https://api.example.com/status"},
+        risk="high",
+        reason="the call needs network host api.example.com, which rule commands-offline "
+        "does not grant",
+        rule="commands-offline",
+        approver_roles=("approver", "admin"),
+        expires_at=_AT,
+        permissions=(
+            PermissionNeed(
+                kind="network",
+                name="api.example.com",
+                reason="rule commands-offline grants no network host",
+            ),
+        ),
+    ),
     ApprovalDecisionSubmitted(
         request_id="count.1", decision="grant", decided_by=_ANA, comment="fine"
     ),
@@ -247,6 +274,16 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         reason="timed out after 10 s",
         retry_at=_AT,
     ),
+    ToolServerHealthChanged(
+        server="git",
+        transport="stdio",
+        health="dead",
+        previous="healthy",
+        reason="its process exited",
+        restarts=1,
+        retry_at=_AT,
+        gateway="gateway-7d9f/41",
+    ),
     SandboxExecutionRequested(**_CALL, arguments={"command": "wc -c notes.txt"}),
     SandboxLimitApproached(
         **{k: v for k, v in _CALL.items() if k != "tool"},
@@ -303,6 +340,27 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         limit_value=10 * 1024**3,
         current_value=0.83 * 10 * 1024**3,
         oldest_at=_AT,
+    ),
+    ApiKeyCreated(
+        key_id="3f9a6c0d2b7e4158",
+        tenant="acme",
+        roles=("operator",),
+        permissions=("repo.write",),
+        name="ci",
+        expires_at=datetime(2026, 6, 1, 9, 30, tzinfo=UTC),
+        by=Actor(id="ana", roles=("admin",)),
+    ),
+    ApiKeyRotated(
+        key_id="3f9a6c0d2b7e4158",
+        tenant="acme",
+        expires_at=datetime(2026, 9, 1, 9, 30, tzinfo=UTC),
+        by=Actor(id="ana", roles=("admin",)),
+    ),
+    ApiKeyRevoked(
+        key_id="3f9a6c0d2b7e4158",
+        tenant="acme",
+        reason="the CI runner's disk was shared",
+        by=Actor(id="ana", roles=("admin",)),
     ),
 )
 """An example payload of every event type, in catalogue order."""

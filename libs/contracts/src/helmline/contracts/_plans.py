@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from helmline.contracts._values import Arguments, Contract, Risk, StepId, ToolName
+from helmline.contracts._taint import CallTaint
+from helmline.contracts._values import Arguments, Contract, Host, Risk, StepId, ToolName
 
 
 class PlanStep(Contract):
@@ -31,6 +32,14 @@ class PlanStep(Contract):
     """Expected duration, shown up front."""
     on_denied: Literal["fail", "continue"] | None = None
     """What happens when policy or a person denies this step; defaults to the plan's."""
+    hosts: tuple[Host, ...] = ()
+    """Network hosts the step's call needs to reach (`api.example.com`): the policy rule that
+    decides the call must grant them (`hosts:`), or a person grants them on request; a call
+    granted hosts runs with a network."""
+    taint: CallTaint | None = None
+    """What untrusted content the model had read when it proposed the step (the planner
+    says; a playbook's steps have none): policy rules match it. None when no untrusted
+    result was in the model's context."""
 
 
 def find_dependency_problem(steps: tuple[PlanStep, ...]) -> str | None:

@@ -21,6 +21,9 @@ from pydantic import JsonValue
 
 from helmline.contracts._catalogue import (
     Alternative,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    ApiKeyRotated,
     ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
@@ -34,9 +37,13 @@ from helmline.contracts._catalogue import (
     CompensationScheduled,
     ContextCompacted,
     ForkOrigin,
+    GrantScope,
     InverseCall,
     LoopDetected,
     ModelExchangeRecorded,
+    PermissionKind,
+    PermissionNeed,
+    PermissionRequested,
     PlanApproved,
     PlanProposed,
     PlanRejected,
@@ -69,6 +76,7 @@ from helmline.contracts._catalogue import (
     ToolCallStarted,
     ToolCircuitChanged,
     ToolRegistryPublished,
+    ToolServerHealthChanged,
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
@@ -76,6 +84,7 @@ from helmline.contracts._catalogue import (
 from helmline.contracts._envelope import Event
 from helmline.contracts._exchanges import CriterionResult
 from helmline.contracts._plans import PlanStep
+from helmline.contracts._taint import CallTaint
 from helmline.contracts._tools import ToolEffect
 from helmline.contracts._values import (
     Actor,
@@ -86,6 +95,9 @@ from helmline.contracts._values import (
     Risk,
     ToolError,
 )
+
+PermissionKey = tuple[PermissionKind, str]
+"""A permission as the policy compares it: its kind and name (`("network", "api.example.com")`)."""
 
 SessionStatus = Literal[
     "pending", "planning", "executing", "waiting", "paused", "completed", "failed", "cancelled"
@@ -108,7 +120,7 @@ StepStatus = Literal[
 IN_FLIGHT_STEPS: frozenset[StepStatus] = frozenset({"scheduled", "authorized", "running"})
 """Statuses of a step whose call may still run (or is still being decided on)."""
 
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 """Bump whenever the fold yields a different state for the same events: folded states stored
 by another version are then ignored (the field layout is checked on its own)."""
 
@@ -144,6 +156,10 @@ class StepState:
     """How long the plan expects the step to take."""
     on_denied: Literal["fail", "continue"] | None = None
     """What the plan said to do if this step is denied; None follows the session default."""
+    hosts: tuple[str, ...] = ()
+    """Network hosts the plan says the step's call reaches."""
+    taint: CallTaint | None = None
+    """What untrusted content the model had read when it proposed the step."""
     status: StepStatus = "pending"
     """Where the step is."""
     attempts: int = 0
@@ -161,6 +177,9 @@ class StepState:
     session called it before with the same arguments), if it did."""
     error: ToolError | None = None
     """The error of the latest failed call."""
+    redacted_by: dict[str, int] = field(default_factory=dict[str, int])
+    """What output safety redacted from the latest call's result or error, by rule (a
+    registered secret's rule is `secret:NAME`): never the values."""
     limit_hit: LimitHit | None = None
     """A resource limit the latest call hit."""
     reason: str | None = None
@@ -200,6 +219,8 @@ class ApprovalState:
     """The tool to be called."""
     arguments: Arguments | None = None
     """The arguments requested."""
+    taint: CallTaint | None = None
+    """What untrusted content the call may owe its arguments to: the sources to show."""
     rule: str | None = None
     """The policy rule that asked."""
     approver_roles: tuple[str, ...] = ()
@@ -227,6 +248,23 @@ class ApprovalState:
     """Conditions on the later calls' arguments that the standing grant is limited to."""
     similar_used: int = 0
     """Later calls authorised under the standing grant so far."""
+    permissions: tuple[PermissionNeed, ...] = ()
+    """For a permission request (`permission.requested`): what the call lacks; empty for
+    other requests."""
+    grant_scope: GrantScope | None = None
+    """For a granted permission request: the step that asked, or the whole session."""
+    grant_until: datetime | None = None
+    """For a granted permission request: when the permissions granted end."""
+
+    def grants(self, step_id: str, at: datetime) -> bool:
+        """Whether this is a permission request whose grant holds at `at` for a call of the
+        step `step_id`: granted, not yet ended, and for the session or for that step."""
+        return (
+            bool(self.permissions)
+            and self.status == "granted"
+            and (self.grant_until is None or at < self.grant_until)
+            and (self.grant_scope == "session" or self.step_id == step_id)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +349,39 @@ class ThoughtState:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelTally:
+    """What a session's calls of one model used."""
+
+    model: str
+    """The model, as named in its requests."""
+    calls: int = 0
+    """Model exchanges recorded with it."""
+    input_tokens: int = 0
+    """Tokens of their prompts."""
+    output_tokens: int = 0
+    """Tokens of their replies."""
+    cost_usd: float = 0.0
+    """What they cost, where a price is configured."""
+
+
+def _tallied(
+    tallies: tuple[ModelTally, ...], exchange: ModelExchangeRecorded
+) -> tuple[ModelTally, ...]:
+    """The tallies with one more exchange counted against its model (a session asks few)."""
+    model, usage = exchange.request.model, exchange.reply.usage
+    index = next((i for i, tally in enumerate(tallies) if tally.model == model), len(tallies))
+    before = tallies[index] if index < len(tallies) else ModelTally(model)
+    after = ModelTally(
+        model,
+        before.calls + 1,
+        before.input_tokens + usage.input_tokens,
+        before.output_tokens + usage.output_tokens,
+        before.cost_usd + (exchange.cost_usd or 0.0),
+    )
+    return (*tallies[:index], after, *tallies[index + 1 :])
+
+
+@dataclass(frozen=True, slots=True)
 class SessionState:
     """Everything known about a session, folded from its events. Never mutate its containers."""
 
@@ -389,6 +460,9 @@ class SessionState:
     """Input and output tokens of every model call."""
     cost_usd: float = 0.0
     """What the model calls cost, where a price is configured."""
+    model_usage: tuple[ModelTally, ...] = ()
+    """Calls, tokens and cost by model (planning, summarising, classifying may differ), in
+    the order the models were first asked."""
     started_at: datetime | None = None
     """When the session started."""
     ended_at: datetime | None = None
@@ -419,6 +493,19 @@ class SessionState:
             and request.tool
             and (step := self.plan_step_of(request)) is not None
             and step.status == "scheduled"
+            # Not a permission grant whose call was judged again and now waits for approval.
+            and step.approval_request_id == request.request_id
+        )
+
+    def granted_permissions(self, step_id: str, at: datetime) -> frozenset[PermissionKey]:
+        """The permissions people granted on request that hold at `at` for a call of the
+        step `step_id` (see `ApprovalState.grants`): what the policy counts as held, besides
+        the requester's own."""
+        return frozenset(
+            (need.kind, need.name)
+            for request in self.approvals.values()
+            if request.grants(step_id, at)
+            for need in request.permissions
         )
 
     def plan_step_of(self, request: ApprovalState) -> StepState | None:
@@ -649,6 +736,7 @@ class SessionFold:
                     output=data.output,
                     cached_from=data.cached_from,
                     error=None,
+                    redacted_by=dict(data.redacted_by),
                     finished_at=event.time,
                     duration_ms=data.duration_ms,
                 )
@@ -658,6 +746,7 @@ class SessionFold:
                     data.step_id,
                     status="failed",
                     error=data.error,
+                    redacted_by=dict(data.redacted_by),
                     finished_at=event.time,
                     duration_ms=data.duration_ms,
                 )
@@ -689,10 +778,12 @@ class SessionFold:
             case ToolCallAttemptFailed():
                 # The call goes on; its final outcome is recorded when it comes.
                 self.update_call(data.call_id, data.step_id, retries=data.attempt)
-            case ToolRegistryPublished() | ToolCircuitChanged():
+            case ToolRegistryPublished() | ToolCircuitChanged() | ToolServerHealthChanged():
                 pass  # Gateway-wide facts on the tools stream, never in a session's log.
             case StreamLimitApproaching():
                 pass  # A stream-wide notice on the ops stream, never in a session's log.
+            case ApiKeyCreated() | ApiKeyRotated() | ApiKeyRevoked():
+                pass  # Credentials' lifecycle, on the keys stream, never in a session's log.
             case SandboxExecutionRequested():
                 pass  # The call is already recorded as authorised; the sandbox takes it from here.
             case SandboxLimitExceeded():
@@ -806,9 +897,11 @@ class SessionFold:
                     call_id=data.call_id,
                     tool=data.tool,
                     arguments=data.arguments,
+                    taint=data.taint,
                     rule=data.rule,
                     approver_roles=data.approver_roles,
                     quorum=data.quorum,
+                    permissions=data.permissions if isinstance(data, PermissionRequested) else (),
                 )
                 if data.step_id is not None and not self._compensates(data.call_id or ""):
                     self.update_step(data.step_id, approval_request_id=data.request_id)
@@ -830,12 +923,14 @@ class SessionFold:
                     data.comment,
                     data.modified_arguments,
                 )
-                if granted and data.similar_limit is not None:
+                if granted and (data.similar_limit is not None or data.grant_scope is not None):
                     self.own("approvals")[data.request_id] = _copy_with(
                         self.approvals[data.request_id],
                         similar_limit=data.similar_limit,
                         similar_until=data.similar_until,
                         similar_where=data.similar_where,
+                        grant_scope=data.grant_scope,
+                        grant_until=data.grant_until,
                     )
             case ApprovalDenied():
                 self._decide(
@@ -847,6 +942,7 @@ class SessionFold:
                 v["model_calls"] += 1
                 v["tokens_used"] += data.reply.usage.input_tokens + data.reply.usage.output_tokens
                 v["cost_usd"] += data.cost_usd or 0.0
+                v["model_usage"] = _tallied(v["model_usage"], data)
             case ContextCompacted() | LoopDetected():
                 pass  # Facts for people and replays; the session's state does not change.
             case ApprovalDecisionRefused() | ApprovalVoteCounted():
@@ -924,6 +1020,8 @@ class SessionFold:
                     risk=step.risk,
                     requires_approval=step.requires_approval,
                     estimated_duration_s=step.estimated_duration_s,
+                    hosts=step.hosts,
+                    taint=step.taint,
                 )
             else:
                 steps[step.id] = StepState(
@@ -936,6 +1034,8 @@ class SessionFold:
                     requires_approval=step.requires_approval,
                     estimated_duration_s=step.estimated_duration_s,
                     on_denied=step.on_denied,
+                    hosts=step.hosts,
+                    taint=step.taint,
                 )
             made.add(step.id)
         for step_id, known in self.steps.items():

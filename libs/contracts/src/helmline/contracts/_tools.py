@@ -63,6 +63,13 @@ ToolAction = Literal["read", "write", "execute", "delete"]
 """What kind of thing a call of a tool does, for policies that grant by kind of action."""
 
 
+Trust = Literal["trusted", "untrusted"]
+"""Whether a tool's results may be taken as coming from the control plane's side
+(`trusted`: the built-in workspace tools) or may carry outside content written by anyone
+(`untrusted`: a fetched page, a mail, an issue), which taints the calls a model proposes
+after reading them."""
+
+
 BUILTIN_SERVER = "builtin"
 """The `server` of the tools Helmline itself provides."""
 
@@ -109,6 +116,9 @@ class ToolSpec(Contract):
     """Whether its result depends on its arguments only, and a call changes nothing: a
     session that calls it again with the same arguments gets the earlier call's result, and
     the tool is not called again."""
+    trust: Trust = "untrusted"
+    """Whether its results are trusted; untrusted unless declared (the built-in tools are
+    trusted, an MCP server's tools only when its configuration says `trust: trusted`)."""
 
 
 _PATH = {
@@ -138,6 +148,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         effect="none",
         pure=True,
         action="read",
+        trust="trusted",
     ),
     ToolSpec(
         name="read_file",
@@ -147,6 +158,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         executor="sandbox",
         effect="none",
         action="read",
+        trust="trusted",
     ),
     ToolSpec(
         name="list_files",
@@ -157,6 +169,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         executor="sandbox",
         effect="none",
         action="read",
+        trust="trusted",
     ),
     ToolSpec(
         name="write_file",
@@ -169,6 +182,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         executor="sandbox",
         effect="workspace",
         action="write",
+        trust="trusted",
     ),
     ToolSpec(
         name="delete_file",
@@ -178,6 +192,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         executor="sandbox",
         effect="workspace",
         action="delete",
+        trust="trusted",
     ),
     ToolSpec(
         name="run_command",
@@ -187,6 +202,15 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
             {
                 "command": {"type": "string", "minLength": 1, "maxLength": 16384},
                 "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+                "env": {
+                    "type": "object",
+                    "description": "Environment variables the command gets besides PATH, "
+                    'HOME, TMPDIR and LANG; a value may be a secret\'s reference, {"secret": '
+                    '"NAME"}, resolved only in the sandbox.',
+                    "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,127}$"},
+                    "additionalProperties": {"type": "string", "maxLength": 65536},
+                    "maxProperties": 64,
+                },
             },
             ["command"],
         ),
@@ -195,6 +219,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
         effect="workspace",
         timeout_s=60.0,
         action="execute",
+        trust="trusted",
     ),
 )
 """Every built-in tool."""

@@ -12,6 +12,9 @@ from typing import Any, NamedTuple
 from pydantic import Field
 
 from helmline.contracts._catalogue import (
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    ApiKeyRotated,
     ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
@@ -27,6 +30,7 @@ from helmline.contracts._catalogue import (
     LoopDetected,
     ModelExchangeRecorded,
     Payload,
+    PermissionRequested,
     PlanApproved,
     PlanProposed,
     PlanRejected,
@@ -59,6 +63,7 @@ from helmline.contracts._catalogue import (
     ToolCallStarted,
     ToolCircuitChanged,
     ToolRegistryPublished,
+    ToolServerHealthChanged,
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
@@ -71,6 +76,7 @@ DELIVER_SUBJECT_PREFIX = "helmline.deliver"
 RETRY_SUBJECT_PREFIX = "helmline.retry"
 TOOLS_SUBJECT_PREFIX = "helmline.tools"
 OPS_SUBJECT_PREFIX = "helmline.ops"
+KEYS_SUBJECT_PREFIX = "helmline.keys"
 
 TOOL_REGISTRY_SUBJECT = f"{TOOLS_SUBJECT_PREFIX}.registry"
 """Where gateways publish `tool.registry.published`; the newest message is the registry."""
@@ -90,6 +96,20 @@ OPS_SESSION = "retention"
 session and live on the ops stream, not in the events stream."""
 
 
+KEYS_SESSION = "api-keys"
+"""Session named in the envelopes of API key events (whose tenant is the key's), which
+belong to no session and live on the keys stream, not in the events stream."""
+
+
+def api_key_subject(tenant: str, key_id: str) -> str:
+    """Where one key's `api.key.*` events are published."""
+    return f"{KEYS_SUBJECT_PREFIX}.{tenant}.{key_id}"
+
+
+ALL_API_KEYS = f"{KEYS_SUBJECT_PREFIX}.>"
+"""Every key's events, of every tenant: what each API replica follows."""
+
+
 def circuit_subject(server: str) -> str:
     """Where a server's `tool.circuit.changed` events are published."""
     return f"{TOOLS_SUBJECT_PREFIX}.circuit.{server}"
@@ -97,6 +117,15 @@ def circuit_subject(server: str) -> str:
 
 ALL_CIRCUITS = f"{TOOLS_SUBJECT_PREFIX}.circuit.*"
 """Every server's circuit changes."""
+
+
+def server_health_subject(server: str) -> str:
+    """Where a server's `tool.server.health_changed` events are published."""
+    return f"{TOOLS_SUBJECT_PREFIX}.health.{server}"
+
+
+ALL_SERVER_HEALTH = f"{TOOLS_SUBJECT_PREFIX}.health.*"
+"""Every server's health changes."""
 
 
 class EventSubject(NamedTuple):
@@ -166,6 +195,9 @@ class Headers:
     TRACEPARENT = "traceparent"
     EVENT_TYPE = "ce-type"
     DEAD_LETTER_REASON = "Helmline-Dead-Letter-Reason"
+    BATCH_ID = "Nats-Batch-Id"
+    BATCH_SEQUENCE = "Nats-Batch-Sequence"
+    BATCH_COMMIT = "Nats-Batch-Commit"
 
 
 class StreamSpec(Contract):
@@ -187,6 +219,13 @@ class StreamSpec(Contract):
     """Largest message accepted, in bytes."""
     append_only: bool = True
     """Deny deleting messages and purging: the log is never rewritten."""
+    atomic_batches: bool = False
+    """Accept batches of messages stored all together or not at all (up to
+    `ATOMIC_BATCH_LIMIT` each), which readers never see in part."""
+
+
+ATOMIC_BATCH_LIMIT = 1000
+"""Most messages nats-server takes in one atomic batch."""
 
 
 class ConsumerSpec(Contract):
@@ -200,10 +239,11 @@ class ConsumerSpec(Contract):
     """Subjects delivered to the service."""
     description: str
     """What the service does with them."""
-    ack_wait_s: float = 10.0
+    ack_wait_s: float = 2.0
     """Seconds before an unacknowledged message is delivered again: how long the work a
-    killed replica held waits before it is taken up again. Handlers still running mark
-    their messages in progress every third of it."""
+    killed replica held waits before another replica takes it up. Handlers still running
+    (and messages waiting for their session's earlier ones) are marked in progress every
+    third of it, so only a replica silent for two thirds of it loses its messages."""
     max_deliver: int = Field(default=5, ge=1)
     """Deliveries before a message is dead-lettered."""
     max_ack_pending: int = Field(default=1000, ge=1)
@@ -219,6 +259,16 @@ class ConsumerSpec(Contract):
     """Whether the service's metrics count the sessions this consumer hears start: only
     for the consumer of the service that also ends them, so that each session is counted
     once, and ended where it was counted, across all services."""
+    decides: bool = True
+    """Whether the service decides on these events (appends, runs tools): then an event is
+    handed over only while the log holds neither the service's decision on it nor the
+    session's end after it, so that history (an import, a mirror, a consumer reset) is
+    never acted on. False for a projection, which applies every event, history or not."""
+    decides_after_end: bool = False
+    """Whether the service still decides on events from before a session's end once the
+    session has ended: it records what happened (checkpoints are made behind the steps,
+    some after the end) rather than starting work, which no service does for a session
+    that has ended."""
 
 
 class KeyValueSpec(Contract):
@@ -247,6 +297,7 @@ EVENTS_STREAM = StreamSpec(
     name="HELMLINE_EVENTS",
     subjects=(ALL_EVENTS,),
     description="Every session's events: the append-only log all state is derived from.",
+    atomic_batches=True,
 )
 
 DEAD_LETTER_STREAM = StreamSpec(
@@ -261,8 +312,8 @@ DEAD_LETTER_STREAM = StreamSpec(
 TOOLS_STREAM = StreamSpec(
     name="HELMLINE_TOOLS",
     subjects=(f"{TOOLS_SUBJECT_PREFIX}.>",),
-    description="The tool registry as gateways publish it, and circuit breaker changes; kept "
-    "for 30 days (the newest registry message is the registry).",
+    description="The tool registry as gateways publish it, circuit breaker and MCP server "
+    "health changes; kept for 30 days (the newest registry message is the registry).",
     max_age_s=30 * 24 * 3600.0,
     max_msg_size=8 * 1024 * 1024,
     append_only=False,
@@ -276,7 +327,20 @@ OPS_STREAM = StreamSpec(
     append_only=False,
 )
 
-STREAMS: tuple[StreamSpec, ...] = (EVENTS_STREAM, DEAD_LETTER_STREAM, TOOLS_STREAM, OPS_STREAM)
+KEYS_STREAM = StreamSpec(
+    name="HELMLINE_KEYS",
+    subjects=(ALL_API_KEYS,),
+    description="API keys made, rotated and revoked (never a secret): what every API replica "
+    "follows to refuse a revoked key at once, and the credentials' audit trail, kept for ever.",
+)
+
+STREAMS: tuple[StreamSpec, ...] = (
+    EVENTS_STREAM,
+    DEAD_LETTER_STREAM,
+    TOOLS_STREAM,
+    OPS_STREAM,
+    KEYS_STREAM,
+)
 
 RATE_LIMITS_BUCKET = KeyValueSpec(
     bucket="helmline_rate_limits",
@@ -315,11 +379,20 @@ TOOL_RESULTS_BUCKET = KeyValueSpec(
     ttl_s=24 * 3600.0,
 )
 
+SECRETS_BUCKET = KeyValueSpec(
+    bucket="helmline_secrets",
+    description="Secrets by tenant and name (`<tenant>.<name>`), each value sealed with a key "
+    "that is never in NATS, beside who set or removed it and when; its history of 64 "
+    "revisions a secret is the audit trail of setting and removing it.",
+    history=64,
+)
+
 KEY_VALUE_BUCKETS: tuple[KeyValueSpec, ...] = (
     RATE_LIMITS_BUCKET,
     TOOL_RESULTS_BUCKET,
     API_KEYS_BUCKET,
     SESSION_STATES_BUCKET,
+    SECRETS_BUCKET,
 )
 OBJECT_STORES: tuple[ObjectStoreSpec, ...] = (WORKSPACES_BUCKET, TOOL_OUTPUTS_BUCKET)
 
@@ -365,6 +438,7 @@ APPROVAL_CONSUMER = consumer_for(
         PlanProposed,
         StepScheduled,
         ApprovalRequested,
+        PermissionRequested,
         ApprovalDecisionSubmitted,
         # A grant while the session is paused lets its call run only once it resumes.
         SessionPaused,
@@ -419,6 +493,7 @@ STATE_CONSUMER = consumer_for(
     # Checkpoints are off the steps' path: made 20 ms late but many at once, they leave
     # the processor to the services on it. Rollback events are handled at once.
     gather_s=0.02,
+    decides_after_end=True,
 )
 
 READ_MODEL_CONSUMER = ConsumerSpec(
@@ -426,6 +501,7 @@ READ_MODEL_CONSUMER = ConsumerSpec(
     stream=EVENTS_STREAM.name,
     filter_subjects=(ALL_EVENTS,),
     description="Projects every session into the PostgreSQL read model.",
+    decides=False,
     # PostgreSQL may be down for a while: keep redelivering (with backoff) until it is back,
     # since the log, not the read model, is the source.
     max_deliver=100_000,
@@ -481,6 +557,7 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     PlanApproved: (APPROVAL,),
     PlanRejected: (APPROVAL,),
     ApprovalRequested: (APPROVAL,),
+    PermissionRequested: (APPROVAL,),
     ApprovalGranted: (APPROVAL,),
     ApprovalDenied: (APPROVAL,),
     ApprovalExpired: (APPROVAL,),
@@ -497,6 +574,7 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     # Gateway-wide events, on the tools stream (see SUBJECT_PUBLISHERS).
     ToolRegistryPublished: (TOOL_GATEWAY,),
     ToolCircuitChanged: (TOOL_GATEWAY,),
+    ToolServerHealthChanged: (TOOL_GATEWAY,),
     ToolCallStarted: (TOOL_GATEWAY, SANDBOX),
     SandboxLimitExceeded: (SANDBOX,),
     SandboxLimitApproached: (SANDBOX,),
@@ -512,6 +590,11 @@ EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
     CompensationFailed: (STATE, SANDBOX),
     RollbackCompleted: (STATE,),
     RollbackFailed: (STATE,),
+    # Credentials' lifecycle, on the keys stream (see SUBJECT_PUBLISHERS); the CLI makes
+    # keys as NATS admin.
+    ApiKeyCreated: (API,),
+    ApiKeyRotated: (API,),
+    ApiKeyRevoked: (API,),
 }
 """The services that append each event type: each service's NATS user may publish only
 these types' subjects. Every event type needs a line here (a test fails without one)."""
@@ -519,7 +602,9 @@ these types' subjects. Every event type needs a line here (a test fails without 
 SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {
     TOOL_REGISTRY_SUBJECT: (TOOL_GATEWAY,),
     ALL_CIRCUITS: (TOOL_GATEWAY,),
+    ALL_SERVER_HEALTH: (TOOL_GATEWAY,),
     RETENTION_SUBJECT: (STATE,),
+    ALL_API_KEYS: (API,),
 }
 """Subjects outside the events stream and who publishes on them."""
 
@@ -530,9 +615,12 @@ BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
     WORKSPACES_BUCKET.bucket: (SANDBOX,),
     TOOL_OUTPUTS_BUCKET.bucket: (TOOL_GATEWAY,),
     SESSION_STATES_BUCKET.bucket: (STATE,),
+    # Set and removed by people with the CLI, as NATS admin; services only read it.
+    SECRETS_BUCKET.bucket: (),
 }
 """The services that write each key-value bucket and object store (every service may read
-them). Every bucket needs a line here (a test fails without one)."""
+them); none: only NATS admins (people, with the CLI). Every bucket needs a line here (a test
+fails without one)."""
 
 SERVICE_CONSUMER_NAMES: dict[str, tuple[str, ...]] = {
     PLANNER: (PLANNER_CONSUMER.durable,),
@@ -556,6 +644,18 @@ class NatsPermissions(Contract):
 def published_by(service: str) -> tuple[type[Payload], ...]:
     """The event types `service` appends."""
     return tuple(payload for payload, owners in EVENT_PUBLISHERS.items() if service in owners)
+
+
+def source_of(service: str) -> str:
+    """The CloudEvents `source` of the events `service` appends."""
+    return f"helmline/{service}"
+
+
+SESSION_ENDINGS: frozenset[str] = frozenset(
+    payload.TYPE for payload in (SessionCompleted, SessionFailed, SessionCancelled)
+)
+"""The types of the events that end a session: what comes before one is settled history
+(whatever follows, say a rollback, comes after it)."""
 
 
 def jetstream_streams() -> tuple[str, ...]:

@@ -26,6 +26,28 @@ Traceparent = Annotated[
     str, StringConstraints(pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 ]
 
+_HOST_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+_HOST = re.compile(_HOST_PATTERN)
+
+
+def _host_name(value: object) -> object:
+    # Before the pattern is checked: its own error would not say what a host looks like.
+    if not isinstance(value, str):
+        return value
+    host = value.strip().lower()
+    if len(host) > 253 or _HOST.match(host) is None:
+        raise ValueError(
+            f"{value[:200]!r} is not a host name such as api.example.com "
+            "(no scheme, port, path or wildcard)"
+        )
+    return host
+
+
+Host = Annotated[
+    str, BeforeValidator(_host_name), StringConstraints(max_length=253, pattern=_HOST_PATTERN)
+]
+"""A network host by name (`api.example.com`), as plans declare what a step reaches."""
+
 Risk = Literal["low", "medium", "high", "critical"]
 """How much harm a tool call could do; policy decides what each level needs."""
 

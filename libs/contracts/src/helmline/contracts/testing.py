@@ -114,7 +114,10 @@ def _strings(metadata: list[Any], name: str) -> st.SearchStrategy[str]:
     if name in RECORD_IDS:
         return st.sampled_from(RECORD_IDS[name])
     if pattern:
-        return st.from_regex(pattern, fullmatch=True)
+        longest = next((n for m in metadata if (n := getattr(m, "max_length", None))), None)
+        matching = st.from_regex(pattern, fullmatch=True)
+        # A pattern says nothing of length (a host name's 253 characters, say).
+        return matching if longest is None else matching.filter(lambda s: len(s) <= longest)
     low = next((m.min_length for m in metadata if isinstance(m, annotated_types.MinLen)), 0)
     return st.text(min_size=low, max_size=max(low, 16))
 

@@ -18,6 +18,14 @@ from helmline.runtime._consumer import (
     consumer_config,
 )
 from helmline.runtime._deadletters import DeadLetterBox, ParkedLetter, RetryOutcome
+from helmline.runtime._durability import (
+    RELAXED_RISK,
+    Durability,
+    DurabilityFindings,
+    DurabilityRefused,
+    jetstream_config,
+)
+from helmline.runtime._elections import through_elections
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._errors import (
     ConcurrencyConflict,
@@ -28,8 +36,10 @@ from helmline.runtime._errors import (
     RetryableError,
 )
 from helmline.runtime._folded_states import FoldedStates
+from helmline.runtime._history import History
 from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
 from helmline.runtime._metrics import ServiceMetrics
+from helmline.runtime._nats_client import NatsClient, connect_nats
 from helmline.runtime._object_meta import (
     ObjectMeta,
     change_object_meta,
@@ -37,10 +47,44 @@ from helmline.runtime._object_meta import (
     delete_object_if,
     live_objects,
 )
+from helmline.runtime._output_safety import (
+    ERROR_MAX_BYTES,
+    NEUTRALISED,
+    REDACTED,
+    RegisteredSecrets,
+    SafeOutput,
+    make_error_safe,
+    make_safe,
+    make_text_safe,
+    register_secrets,
+    registered_secrets,
+)
 from helmline.runtime._provision import ensure_topology, provision, stream_config
 from helmline.runtime._retry_after import retry_after_s
+from helmline.runtime._sealing import (
+    SEALING_KEY_FILE,
+    BrokenSeal,
+    NoSealingKey,
+    SealingError,
+    SealingKey,
+    WrongSealingKey,
+    sealing_key,
+)
+from helmline.runtime._secrets import (
+    SECRETS_KEY_FILE,
+    SecretRecord,
+    SecretsError,
+    SecretsKeyError,
+    SecretStore,
+    UnknownSecret,
+    check_name,
+    has_references,
+    load_secrets_key,
+    references_shown,
+    resolved_arguments,
+)
 from helmline.runtime._service import HttpServer, ServiceHost, Setup, run_service
-from helmline.runtime._settings import RuntimeSettings
+from helmline.runtime._settings import RuntimeSettings, nats_servers
 from helmline.runtime._store import (
     Appended,
     EventsOfType,
@@ -52,14 +96,25 @@ from helmline.runtime._store import (
 from helmline.runtime._sweeps import Sweep, sessions_gone
 from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry, tools_of
 from helmline.runtime._tracing import TracingSettings, traceparent_for
+from helmline.runtime._urls import without_credentials
 
 __all__ = [
+    "ERROR_MAX_BYTES",
+    "NEUTRALISED",
+    "REDACTED",
+    "RELAXED_RISK",
+    "SEALING_KEY_FILE",
+    "SECRETS_KEY_FILE",
     "Appended",
     "ArgumentChecker",
+    "BrokenSeal",
     "ConcurrencyConflict",
     "DeadLetterBox",
     "Deferred",
     "Delivery",
+    "Durability",
+    "DurabilityFindings",
+    "DurabilityRefused",
     "EventConsumer",
     "EventStore",
     "EventTooLarge",
@@ -68,14 +123,25 @@ __all__ = [
     "GatheringHandler",
     "Handler",
     "HelmlineRuntimeError",
+    "History",
     "HttpServer",
     "JsonFormatter",
+    "NatsClient",
+    "NoSealingKey",
     "ObjectMeta",
     "ParkedLetter",
     "PermanentError",
+    "RegisteredSecrets",
     "RetryOutcome",
     "RetryableError",
     "RuntimeSettings",
+    "SafeOutput",
+    "SealingError",
+    "SealingKey",
+    "SecretRecord",
+    "SecretStore",
+    "SecretsError",
+    "SecretsKeyError",
     "ServiceHost",
     "ServiceMetrics",
     "SessionCache",
@@ -86,24 +152,42 @@ __all__ = [
     "Sweep",
     "ToolCatalogue",
     "TracingSettings",
+    "UnknownSecret",
+    "WrongSealingKey",
     "bulk_allocation",
     "change_object_meta",
+    "check_name",
     "configure_logging",
+    "connect_nats",
     "consumer_config",
     "delete_object",
     "delete_object_if",
     "ensure_topology",
+    "has_references",
+    "jetstream_config",
     "latest_tool_registry",
     "live_objects",
+    "load_secrets_key",
     "log_context",
+    "make_error_safe",
+    "make_safe",
+    "make_text_safe",
     "nats_server_binary",
+    "nats_servers",
     "playbook_problems",
     "provision",
+    "references_shown",
+    "register_secrets",
+    "registered_secrets",
+    "resolved_arguments",
     "retry_after_s",
     "run_service",
+    "sealing_key",
     "sessions_gone",
     "stream_config",
+    "through_elections",
     "tools_of",
     "traceparent_for",
     "unknown_arguments",
+    "without_credentials",
 ]

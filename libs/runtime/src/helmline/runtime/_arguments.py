@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
+from jsonschema import ValidationError as JsonSchemaError
 
-from helmline.contracts import Playbook, ToolError, ToolSpec
+from helmline.contracts import Playbook, ToolError, ToolSpec, bounded_message, quoted
+from helmline.runtime._secrets import has_references, references_shown
 
 
 class ArgumentChecker:
@@ -21,7 +23,10 @@ class ArgumentChecker:
         self._compiled: dict[str, _Validators] = {}
 
     def problem(self, tool: ToolSpec, arguments: Mapping[str, object]) -> ToolError | None:
-        """The first schema violation of a call's arguments, naming the field, or None."""
+        """The first schema violation of a call's arguments, naming the field, or None. A
+        reference to a secret stands for a text: it is checked as `[secret:NAME]`."""
+        if has_references(arguments):
+            arguments = _shown(arguments)
         validators = self._compiled.get(tool.name)
         if validators is None or validators.tool is not tool:
             validators = _Validators(tool)
@@ -37,7 +42,7 @@ class ArgumentChecker:
         path = "/" + "/".join(str(part) for part in error.absolute_path)
         return ToolError(
             kind="validation",
-            message=f"argument {path} of {tool.name}: {error.message}",
+            message=f"argument {path} of {tool.name}: {_said(error)}",
             field=path,
             suggestion="fix the argument to match the tool's schema",
         )
@@ -68,11 +73,13 @@ def playbook_problems(playbook: Playbook, tools: Mapping[str, ToolSpec]) -> list
             known = ", ".join(sorted(tools))
             problems.append(
                 StepProblem(
-                    ("steps", index, "tool"), f"unknown tool {step.tool!r} (known tools: {known})"
+                    ("steps", index, "tool"),
+                    f"unknown tool {quoted(step.tool)} (known tools: {known})",
                 )
             )
             continue
-        for failure in Draft202012Validator(spec.parameters).iter_errors(step.arguments):
+        arguments = _shown(step.arguments) if has_references(step.arguments) else step.arguments
+        for failure in Draft202012Validator(spec.parameters).iter_errors(arguments):
             location = ("steps", index, "arguments", *failure.absolute_path)
             if failure.validator == "additionalProperties" and isinstance(failure.instance, dict):
                 # Point at the first unexpected key rather than at the whole mapping.
@@ -82,8 +89,19 @@ def playbook_problems(playbook: Playbook, tools: Mapping[str, ToolSpec]) -> list
                 extra = next((key for key in failure.instance if key not in allowed), None)
                 if extra is not None:
                     location = (*location, extra)
-            problems.append(StepProblem(location, f"{failure.message} (arguments of {step.tool})"))
+            problems.append(StepProblem(location, f"{_said(failure)} (arguments of {step.tool})"))
     return problems
+
+
+def _shown(arguments: Mapping[str, object]) -> Mapping[str, object]:
+    shown = references_shown(dict(arguments))  # type: ignore[arg-type]
+    assert isinstance(shown, dict)
+    return shown
+
+
+def _said(error: JsonSchemaError) -> str:
+    """What the schema refused, quoting at most the start of the value it refused."""
+    return bounded_message(error.message, error.instance)
 
 
 @dataclass

@@ -71,21 +71,27 @@ class SessionCache:
         first, last = deliveries[0].event, deliveries[-1]
         key = (first.tenant, first.session_id)
         entry = self._held(key)
-        if any(delivery.deliveries > 1 for delivery in deliveries):
-            entry = await self._load(first, up_to_seq=None)
+        if any(delivery.maybe_handled for delivery in deliveries):
+            entry = await self._load(first, up_to_seq=None, known_seq=last.seq)
         elif entry is None and isinstance(first.data, SessionStarted):
             # Met at its start, the session has nothing before it to read (a session starts
             # expecting an empty log). Reading cost a direct get of every event it has by
             # now: in a backlog of sessions that ran together, its whole span of the log.
-            events = [delivery.event for delivery in deliveries]
-            entry = _Entry(fold(events), last.seq)
+            # What was delivered with the start is caught up on below, as any later
+            # delivery: another replica may have been handed the events in between.
+            entry = _Entry(fold([first]), deliveries[0].seq)
         elif entry is None:
-            entry = await self._load(first, up_to_seq=last.seq)
-        elif last.seq > entry.seen:
+            entry = await self._load(first, up_to_seq=last.seq, known_seq=last.seq)
+        if last.seq > entry.seen:
             met: Iterable[Delivery | StoredEvent] = deliveries
             if any(delivery.shared for delivery in deliveries):
+                # Whichever replica of the stream answers must hold what was delivered.
                 met = await self._states.store.read_all(
-                    first.tenant, first.session_id, after_seq=entry.seen, up_to_seq=last.seq
+                    first.tenant,
+                    first.session_id,
+                    after_seq=entry.seen,
+                    up_to_seq=last.seq,
+                    known_seq=last.seq,
                 )
             events = []
             for item in met:
@@ -97,9 +103,9 @@ class SessionCache:
         self._remember(key, entry)
         return entry.state
 
-    async def _load(self, event: Event, up_to_seq: int | None) -> _Entry:
+    async def _load(self, event: Event, up_to_seq: int | None, known_seq: int) -> _Entry:
         snapshot = await self._states.load(
-            event.tenant, event.session_id, up_to_seq=up_to_seq, log_first=True
+            event.tenant, event.session_id, up_to_seq=up_to_seq, log_first=True, known_seq=known_seq
         )
         if self._on_load is not None:
             self._on_load(event.tenant, event.session_id, snapshot)

@@ -73,14 +73,29 @@ class Delivery:
     seq: int
     """Its stream sequence."""
     deliveries: int
-    """1 on first delivery, more after redeliveries."""
+    """1 on first delivery, more after redeliveries, as the server counts them."""
     shared: bool = True
     """Whether another replica may have been handed some of the consumer's messages since
     this one started: then a cached session may lack events that replica handled or
     appended (see `SessionCache`). True unless the consumer knows it has been alone."""
+    stored_before_connect: bool = False
+    """The event was stored before the consumer last (re)connected to NATS, so an earlier
+    process may have been handed it although the server counts this delivery as the first:
+    a power loss can cost a server its record of deliveries (a consumer's state is not
+    fsynced with each one), never an event it acknowledged (tests/e2e/test_power_loss.py)."""
+
+    @property
+    def maybe_handled(self) -> bool:
+        """Whether the event may have been handled before (a redelivery, or stored before the
+        consumer last connected): a handler with side effects reads the log before acting."""
+        return self.deliveries > 1 or self.stored_before_connect
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
+
+Admission = Callable[[Delivery], Awaitable[Delivery | None]]
+"""Decides what of a delivery reaches the handler: it as it is, changed, or nothing (see
+`History`)."""
 
 
 @runtime_checkable
@@ -127,7 +142,11 @@ class EventConsumer:
         *,
         metrics: ServiceMetrics | None = None,
         tracer: Tracer | None = None,
+        admit: Admission | None = None,
     ) -> None:
+        """`admit` decides, before the handler runs, whether (and how) it sees each event:
+        an event it holds back is acknowledged, handled."""
+        self._admit = admit
         self._nc = nc
         self._js = js
         self._spec = spec
@@ -152,14 +171,25 @@ class EventConsumer:
         # this replica never saw went to another one. Once that happened, it stays shared.
         self._last_consumer_seq: int | None = None
         self._shared = False
+        self._fresh_after_ns = time.time_ns()
 
     @property
     def running(self) -> bool:
         """Whether messages are being received."""
         return self._subscription is not None
 
+    def reconnected(self) -> None:
+        """The connection to NATS was lost and made again: the server may have restarted, and
+        what was stored before now may have been handed out already (see `Delivery`)."""
+        self._fresh_after_ns = time.time_ns()
+
+    def _delivery(self, event: Event, position: AckPosition) -> Delivery:
+        before = position.stored_ns < self._fresh_after_ns
+        return Delivery(event, position.seq, position.deliveries, self._shared, before)
+
     async def start(self) -> None:
         """Create or update the durable consumer and start receiving."""
+        self._fresh_after_ns = time.time_ns()
         # Without an explicit action JetStream creates the consumer or updates it in place.
         await self._js.add_consumer(self._spec.stream, consumer_config(self._spec))
         self._subscription = await self._nc.subscribe(
@@ -283,12 +313,14 @@ class EventConsumer:
         deliveries = []
         for message, event in gathered:
             position = ack_position(message.reply)
-            deliveries.append(Delivery(event, position.seq, position.deliveries, self._shared))
+            deliveries.append(self._delivery(event, position))
         traced = [(event, await self._trace_of(event)) for _, event in gathered]
         began = time.perf_counter()
         try:
+            admitted = await self._admitted(deliveries)
             with gathered_spans(self._tracer, self._spec.durable, traced):
-                await self._gatherer.handle_gathered(deliveries)
+                if admitted:
+                    await self._gatherer.handle_gathered(admitted)
         except asyncio.CancelledError:
             raise
         except Exception:  # Each is handled alone, which decides its redelivery.
@@ -314,17 +346,17 @@ class EventConsumer:
 
     async def _handle(self, message: Msg, event: Event | None = None) -> None:
         """Handle a message (`event`: its body, when it was decoded already)."""
-        seq, deliveries, _, _ = ack_position(message.reply)
+        position = ack_position(message.reply)
         if event is None:
             try:
                 event = decode_event(message.data, self._upcasters)
             except UndecodableEvent as error:
                 reason = f"undecodable: {error}"
-                await self._dead_letter(message, "undecodable", reason, deliveries)
+                await self._dead_letter(message, "undecodable", reason, position.deliveries)
                 return
         began = time.perf_counter()
         with self._context_of(event, await self._trace_of(event)) as span:
-            outcome = await self._settle(message, Delivery(event, seq, deliveries, self._shared))
+            outcome = await self._settle(message, self._delivery(event, position))
             seconds = time.perf_counter() - began
             if outcome not in SETTLED:
                 span.set_status(Status(StatusCode.ERROR, outcome))
@@ -371,7 +403,9 @@ class EventConsumer:
         """Run the handler and ack, nak or dead-letter the message; say which."""
         deliveries = delivery.deliveries
         try:
-            await self._handler(delivery)
+            admitted = await self._admitted([delivery])
+            if admitted:
+                await self._handler(admitted[0])
         except PermanentError as error:
             await self._dead_letter(message, "permanent", f"permanent error: {error}", deliveries)
             return "dead_letter"
@@ -403,6 +437,15 @@ class EventConsumer:
             return "retry"
         await message.ack()
         return "ok"
+
+    async def _admitted(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+        if self._admit is None:
+            return list(deliveries)
+        return [
+            admitted
+            for delivery in deliveries
+            if (admitted := await self._admit(delivery)) is not None
+        ]
 
     async def _dead_letter(self, message: Msg, kind: str, reason: str, deliveries: int) -> None:
         metadata = message.metadata
@@ -478,6 +521,8 @@ class AckPosition(NamedTuple):
     """Messages the consumer still has to deliver after it."""
     consumer_seq: int
     """The consumer's count of deliveries (to any replica), this one included."""
+    stored_ns: int
+    """When the server stored the message (its clock, nanoseconds since the epoch)."""
 
 
 def ack_position(ack_subject: str) -> AckPosition:
@@ -490,8 +535,12 @@ def ack_position(ack_subject: str) -> AckPosition:
     """
     tokens = ack_subject.split(".")
     if len(tokens) == V1_ACK_TOKENS:
-        return AckPosition(int(tokens[5]), int(tokens[4]), int(tokens[8]), int(tokens[6]))
-    return AckPosition(int(tokens[7]), int(tokens[6]), int(tokens[10]), int(tokens[8]))
+        return AckPosition(
+            int(tokens[5]), int(tokens[4]), int(tokens[8]), int(tokens[6]), int(tokens[7])
+        )
+    return AckPosition(
+        int(tokens[7]), int(tokens[6]), int(tokens[10]), int(tokens[8]), int(tokens[9])
+    )
 
 
 def _ordering_key(subject: str) -> str:

@@ -125,6 +125,7 @@ class FoldedStates:
         *,
         up_to_seq: int | None = None,
         log_first: bool = False,
+        known_seq: int = 0,
     ) -> SessionSnapshot:
         """The session's state after `up_to_seq` (or now): the same as folding its log, from
         the nearest stored state on (or from the log when stored states cannot be read now).
@@ -133,6 +134,7 @@ class FoldedStates:
         only when the session is longer than that read: one request for a short session,
         one wasted read for a long one. For a service meeting sessions (most are short);
         time travel, often into long sessions, asks for the stored states first.
+        `known_seq`: a sequence known to be stored (see `EventStore.read_all`).
         """
         if log_first:
             return await self._store.load(
@@ -140,9 +142,12 @@ class FoldedStates:
                 session_id,
                 up_to_seq=up_to_seq,
                 nearest_stored=lambda: self._nearest_stored(tenant, session_id, up_to_seq),
+                known_seq=known_seq,
             )
         nearest = await self._nearest_stored(tenant, session_id, up_to_seq)
-        return await self._store.load(tenant, session_id, up_to_seq=up_to_seq, start=nearest)
+        return await self._store.load(
+            tenant, session_id, up_to_seq=up_to_seq, start=nearest, known_seq=known_seq
+        )
 
     async def _nearest_stored(
         self, tenant: str, session_id: str, up_to_seq: int | None

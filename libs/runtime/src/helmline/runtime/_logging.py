@@ -17,6 +17,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Literal
 
+from helmline.runtime._output_safety import registered_secrets
 from helmline.runtime._tracing import current_trace_ids
 
 LogFormat = Literal["json", "text"]
@@ -48,7 +49,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": self._service,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _redacted(record.getMessage()),
             "tenant": None,
             "session_id": None,
             "trace_id": trace_id,
@@ -56,8 +57,21 @@ class JsonFormatter(logging.Formatter):
             **(_context.get() or {}),
         }
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            line["exception"] = _redacted(self.formatException(record.exc_info))
         return json.dumps(line, default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    """Lines for people, with the same redaction."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _redacted(super().format(record))
+
+
+def _redacted(text: str) -> str:
+    # A line may quote what a tool or server said (an error, a notice): a registered
+    # secret's value never reaches a log line either.
+    return registered_secrets().redact(text, {})
 
 
 CHATTY_HTTP_CLIENTS = ("httpx", "httpx2")
@@ -72,7 +86,7 @@ def configure_logging(service: str, level: str, log_format: LogFormat) -> None:
         handler.setFormatter(JsonFormatter(service))
     else:
         handler.setFormatter(
-            logging.Formatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
+            _TextFormatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
         )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # The HTTP clients log a line per request at INFO: every MCP call over HTTP, every

@@ -35,6 +35,7 @@ from helmline.contracts import (
     LoopDetected,
     ModelExchangeRecorded,
     Payload,
+    PermissionRequested,
     PlanProposed,
     ResourceUsage,
     RollbackCompleted,
@@ -54,6 +55,7 @@ from helmline.contracts import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCircuitChanged,
+    ToolServerHealthChanged,
     WorkspaceSnapshotted,
     event_type_filter,
 )
@@ -166,6 +168,17 @@ class ServiceMetrics:
         )
         self.breaker_changes = counter(
             "circuit_breaker_changes", "Circuit breaker state changes.", ("server", "state")
+        )
+        self.mcp_server_health = gauge(
+            "mcp_server_health",
+            "Health of an MCP server in this gateway: 0 healthy, 1 degraded, 2 unresponsive, "
+            "3 dead.",
+            ("server",),
+        )
+        self.mcp_server_health_changes = counter(
+            "mcp_server_health_changes",
+            "Moves of an MCP server's health, by the health it moved to.",
+            ("server", "health"),
         )
         self.rate_limited = counter(
             "rate_limit_rejections", "Tool calls refused by a rate limit.", ("tool",)
@@ -339,6 +352,12 @@ class ServiceMetrics:
         self.breaker_state.labels(event.data.server).set(state)
         self.breaker_changes.labels(event.data.server, event.data.state).inc()
 
+    def _server_health_changed(self, event: Event) -> None:
+        assert isinstance(event.data, ToolServerHealthChanged)
+        change = event.data
+        self.mcp_server_health.labels(change.server).set(_HEALTH_LEVELS[change.health])
+        self.mcp_server_health_changes.labels(change.server, change.health).inc()
+
     def _model_exchange(self, event: Event) -> None:
         assert isinstance(event.data, ModelExchangeRecorded)
         exchange = event.data
@@ -398,6 +417,9 @@ class ServiceMetrics:
 
 Observer = Callable[[ServiceMetrics, Event], None]
 
+_HEALTH_LEVELS = {"healthy": 0, "degraded": 1, "unresponsive": 2, "dead": 3}
+
+
 _ON_APPEND: dict[type[Payload], Observer] = {
     SessionCompleted: ServiceMetrics._session_ended,
     SessionFailed: ServiceMetrics._session_ended,
@@ -410,6 +432,7 @@ _ON_APPEND: dict[type[Payload], Observer] = {
     ToolCallFailed: ServiceMetrics._tool_call_ended,
     ToolCallDenied: ServiceMetrics._tool_call_denied,
     ApprovalRequested: ServiceMetrics._approval_requested,
+    PermissionRequested: ServiceMetrics._approval_requested,
     ApprovalGranted: ServiceMetrics._approval_decided,
     ApprovalDenied: ServiceMetrics._approval_decided,
     ApprovalExpired: ServiceMetrics._approval_decided,
@@ -417,6 +440,7 @@ _ON_APPEND: dict[type[Payload], Observer] = {
     SandboxLimitApproached: ServiceMetrics._sandbox_limit_approached,
     ToolCallAttemptFailed: ServiceMetrics._tool_call_retried,
     ToolCircuitChanged: ServiceMetrics._circuit_changed,
+    ToolServerHealthChanged: ServiceMetrics._server_health_changed,
     ModelExchangeRecorded: ServiceMetrics._model_exchange,
     LoopDetected: ServiceMetrics._loop_detected,
     CheckpointCreated: ServiceMetrics._checkpoint,

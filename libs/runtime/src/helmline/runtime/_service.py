@@ -23,13 +23,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from helmline.contracts import ConsumerSpec
+from helmline.contracts import ConsumerSpec, source_of
 from helmline.runtime._consumer import EventConsumer, Handler
 from helmline.runtime._folded_states import FoldedStates
+from helmline.runtime._history import History
 from helmline.runtime._logging import configure_logging
 from helmline.runtime._metrics import ServiceMetrics
+from helmline.runtime._nats_client import connect_nats
 from helmline.runtime._provision import ensure_topology
-from helmline.runtime._settings import RuntimeSettings
+from helmline.runtime._secrets import SecretStore, load_secrets_key
+from helmline.runtime._settings import RuntimeSettings, nats_servers
 from helmline.runtime._store import EventStore
 from helmline.runtime._sweeps import Sweep, sweep_every
 from helmline.runtime._tracing import TracingSettings, service_tracer
@@ -61,7 +64,11 @@ class ServiceHost:
         self._serving = False
         self.metrics = ServiceMetrics(name)
         """This service's Prometheus metrics, served on `/metrics`."""
+        self.about: dict[str, str] = {}
+        """What an operator should know of how this process runs (which sandbox confines
+        commands, say), answered by `/readyz` and shown by `helmline status`."""
         self._tracer, self._tracer_provider = service_tracer(name, TracingSettings())
+        self._secrets: SecretStore | None = None
 
     @property
     def nc(self) -> NATS:
@@ -86,6 +93,12 @@ class ServiceHost:
         return FoldedStates(self.js, self.store)
 
     @property
+    def secrets(self) -> SecretStore:
+        """The tenants' secrets, which this process redacts from what it records."""
+        assert self._secrets is not None, "the service host is not started"
+        return self._secrets
+
+    @property
     def ready(self) -> bool:
         """Set up and serving, connected, and every consumer receiving."""
         return (
@@ -96,29 +109,74 @@ class ServiceHost:
             and not self._stop.is_set()
         )
 
+    async def _reconnected(self) -> None:
+        for consumer in self._consumers:
+            consumer.reconnected()
+
     async def refresh_lag(self) -> None:
         """Read every consumer's lag from JetStream into the metrics (before a scrape)."""
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             await asyncio.gather(*(consumer.refresh_lag() for consumer in self._consumers))
 
     async def __aenter__(self) -> ServiceHost:
-        self._nc = await nats.connect(
-            self.settings.nats_url.split(","),
+        self._nc = await connect_nats(
+            nats_servers(self.settings.nats_url),
             name=f"helmline-{self.name}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            reconnected_cb=self._reconnected,
         )
-        await ensure_topology(
-            self.js,
-            events_max_age_s=self.settings.events_max_age_s,
-            events_max_bytes=self.settings.events_max_bytes,
-        )
-        self._health = HttpServer(
-            _health_app(self), self.settings.health_host, self.settings.health_port
-        )
-        await self._health.start()
+        try:
+            await ensure_topology(
+                self.js,
+                events_max_age_s=self.settings.events_max_age_s,
+                events_max_bytes=self.settings.events_max_bytes,
+                replicas=self.settings.stream_replicas,
+            )
+            await self._follow_secrets()
+            self._health = HttpServer(
+                _health_app(self), self.settings.health_host, self.settings.health_port
+            )
+            await self._health.start()
+        except BaseException:
+            # Not started, so no `async with` exit will run: let go of the connection here.
+            await self.shutdown()
+            raise
         logger.info("%s started (health on port %d)", self.name, self._health.port)
         return self
+
+    async def _follow_secrets(self) -> None:
+        """Redact every secret's value from what this service records, from its first event
+        on: the values set before it started are loaded before it consumes anything."""
+        secret = self.settings.secrets_key
+        key = load_secrets_key(
+            secret.get_secret_value() if secret is not None else None,
+            self.settings.secrets_key_file,
+        )
+        folder = self.settings.secrets_dir
+        self._secrets = await SecretStore.open(self.js, key, folder)
+        if key is None and await self._secrets.records():
+            logger.warning(
+                "secrets are set but this process has no secrets key (HELMLINE_SECRETS_KEY "
+                "or HELMLINE_SECRETS_KEY_FILE): it cannot redact their values nor resolve "
+                "references to them"
+            )
+        if key is None and folder is None:
+            return
+        loaded = asyncio.Event()
+        secrets = self._secrets
+
+        async def follow() -> None:
+            try:
+                await secrets.follow(loaded)
+            except Exception:
+                # Going on would leave secrets set from now on unredacted: stop, and let the
+                # supervisor (or Kubernetes) start the service again.
+                logger.exception("%s stopped following the secrets; stopping", self.name)
+                self.request_stop()
+
+        self.run_in_background(follow())
+        await asyncio.wait_for(loaded.wait(), timeout=30.0)
 
     async def __aexit__(
         self,
@@ -129,9 +187,17 @@ class ServiceHost:
         await self.shutdown()
 
     async def consume(self, spec: ConsumerSpec, handler: Handler) -> None:
-        """Start feeding a durable consumer's events to `handler`."""
+        """Start feeding a durable consumer's events to `handler`: those that are not
+        history, when the consumer decides (see `History`)."""
+        history = History(self.store, spec, source_of(self.name)) if spec.decides else None
         consumer = EventConsumer(
-            self.nc, self.js, spec, handler, metrics=self.metrics, tracer=self._tracer
+            self.nc,
+            self.js,
+            spec,
+            handler,
+            metrics=self.metrics,
+            tracer=self._tracer,
+            admit=history.admit if history is not None else None,
         )
         await consumer.start()
         self._consumers.append(consumer)
@@ -265,7 +331,11 @@ def _health_app(host: ServiceHost) -> Starlette:
     async def readyz(request: Request) -> JSONResponse:
         ready = host.ready
         return JSONResponse(
-            {"service": host.name, "status": "ready" if ready else "not ready"},
+            {
+                "service": host.name,
+                "status": "ready" if ready else "not ready",
+                "about": host.about,
+            },
             status_code=200 if ready else 503,
         )
 

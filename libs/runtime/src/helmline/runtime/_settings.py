@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from helmline.runtime._logging import LogFormat
+
+
+def nats_servers(url: str) -> list[str]:
+    """The servers of a NATS URL setting, which names a cluster's comma separated."""
+    return [server.strip() for server in url.split(",") if server.strip()]
 
 
 class RuntimeSettings(BaseSettings):
@@ -28,8 +35,23 @@ class RuntimeSettings(BaseSettings):
     the same on every process: each applies it to the stream when it starts."""
     events_max_bytes: int | None = Field(default=None, gt=0)
     """How many bytes the events stream may hold (the oldest go first); unset: no limit."""
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    """On how many servers of a NATS cluster each stream and bucket is kept: 3 in production
+    (docs/durability.md), 1 on a single server. Set the same on every process: each applies
+    it when it starts."""
     sweep_interval_s: float = Field(default=3600.0, gt=0)
     """With either limit set, how often each service sweeps what it keeps beside the log
     (stored states, tool outputs, workspace snapshots) for sessions the log no longer holds."""
     log_format: LogFormat = "json"
     """`json`: one object per line with session, tenant and trace ids; `text`: for people."""
+    secrets_key: SecretStr | None = None
+    """The key that seals and opens secrets (`helmline secrets`), 32 bytes in
+    base64; it is never in NATS nor in the log. Every service needs it: those that run calls
+    resolve secrets with it, and all of them redact the values from what they record."""
+    secrets_key_file: Path | None = None
+    """A file holding that key instead (the embedded stack's is `secrets.key` in its data
+    folder, readable by its owner only)."""
+    secrets_dir: Path | None = None
+    """A folder of secrets' values, a file `<tenant>.<NAME>` each (a Kubernetes Secret
+    mounted, the chart's `secretValues`): resolved and redacted like those `helmline secrets
+    set` keeps in the bucket (a folder's value wins), and read again as it changes."""

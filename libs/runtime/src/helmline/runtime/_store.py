@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from helmline.contracts import (
     ALL_EVENTS,
+    ATOMIC_BATCH_LIMIT,
     EVENTS_STREAM,
     Event,
     Headers,
@@ -31,6 +33,7 @@ from helmline.contracts import (
     session_filter,
 )
 from helmline.runtime._consumer import ack_position
+from helmline.runtime._elections import through_elections
 from helmline.runtime._errors import ConcurrencyConflict, EventTooLarge
 from helmline.runtime._tracing import record_appended, traceparent_for
 
@@ -41,6 +44,8 @@ DIRECT_BATCH = 256
 """Events of a session read by one batched direct get; the rest stream through a consumer."""
 END_OF_BATCH, NOT_FOUND = "204", "404"
 """Statuses that end a batched direct get's answer: all sent, or nothing matched."""
+_BEHIND_FIRST_PAUSE_S = 0.002
+_BEHIND_MAX_PAUSE_S = 0.05
 STORED_SEQUENCE = "Nats-Sequence"
 """Header of a directly got message: its stream sequence."""
 PENDING_AFTER_BATCH = "Nats-Num-Pending"
@@ -148,6 +153,14 @@ class EventStore:
         self._stream = EVENTS_STREAM.name
         self._timeout_s = timeout_s
         self._on_append = on_append
+        # Reads of a replicated stream may be answered by a replica that is behind (direct
+        # gets go to any of them): a read that must reach an event asks again until it does.
+        self._replicated: bool | None = None
+
+    @property
+    def js(self) -> JetStreamContext:
+        """The JetStream context the store reads and appends through."""
+        return self._js
 
     async def append(
         self,
@@ -169,9 +182,7 @@ class EventStore:
             raise ValueError("expect the session's last event or its last of a type, not both")
         outgoing = _Outgoing.of(event, expected_last_seq, expected_last_of_type)
         try:
-            ack = await self._js.publish(
-                outgoing.subject, outgoing.body, timeout=self._timeout_s, headers=outgoing.headers
-            )
+            ack = await self._publish(outgoing.subject, outgoing.body, outgoing.headers)
         except APIError as error:
             if error.err_code == WRONG_LAST_SEQUENCE:
                 if expected_last_seq is not None:
@@ -206,6 +217,13 @@ class EventStore:
             acks = await asyncio.gather(*pending)
         return [self._appended(item, ack) for item, ack in zip(outgoing, acks, strict=True)]
 
+    async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> PubAck:
+        """Publish, riding out a stream without a leader: sending again is safe, as the
+        message id de-duplicates it should the first one have been stored after all."""
+        return await through_elections(
+            lambda: self._js.publish(subject, body, timeout=self._timeout_s, headers=headers)
+        )
+
     def _appended(self, outgoing: _Outgoing, ack: PubAck) -> Appended:
         duplicate = bool(ack.duplicate)
         record_appended(outgoing.event, len(outgoing.body), duplicate)
@@ -213,14 +231,52 @@ class EventStore:
             self._on_append(outgoing.event, duplicate)
         return Appended(seq=ack.seq, duplicate=duplicate)
 
+    async def append_atomically(self, events: Sequence[Event]) -> list[Appended]:
+        """Append events in the order given as one atomic batch (at most
+        `ATOMIC_BATCH_LIMIT`): stored all together, so no reader ever sees some of them
+        without the others (a consumer handed the first finds the rest in the log), or
+        none of them, raising `APIError` (one of them is stored already, say)."""
+        if len(events) > ATOMIC_BATCH_LIMIT:
+            raise ValueError(f"{len(events)} events are more than one atomic batch holds")
+        if not events:
+            return []
+        outgoing = [_Outgoing.of(event, None) for event in events]
+        batch = uuid.uuid4().hex
+        nc = self._js._nc  # nats-py offers atomic batches on no public API yet
+        for position, item in enumerate(outgoing, start=1):
+            headers = {
+                **item.headers,
+                Headers.BATCH_ID: batch,
+                Headers.BATCH_SEQUENCE: str(position),
+            }
+            if position < len(outgoing):
+                await nc.publish(item.subject, item.body, headers=headers)
+                continue
+            headers[Headers.BATCH_COMMIT] = "1"
+            reply = await nc.request(
+                item.subject, item.body, timeout=self._timeout_s, headers=headers
+            )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            error = answer["error"]
+            raise APIError(
+                code=error.get("code"),
+                err_code=error.get("err_code"),
+                description=error.get("description"),
+            )
+        # The batch's messages take consecutive sequences, ending at the commit's.
+        first = int(answer["seq"]) - len(outgoing) + 1
+        return [
+            self._appended(item, PubAck(stream=answer["stream"], seq=first + index))
+            for index, item in enumerate(outgoing)
+        ]
+
     async def publish(self, subject: str, event: Event) -> Appended:
         """Store an event that belongs to no session's log (the tool registry, a breaker's
         change, a stream warning) on its own subject, de-duplicated by its id; `on_append` is
         told of it like of an appended one."""
         body = encode_event(event)
-        ack = await self._js.publish(
-            subject, body, timeout=self._timeout_s, headers={Headers.MSG_ID: str(event.id)}
-        )
+        ack = await self._publish(subject, body, {Headers.MSG_ID: str(event.id)})
         duplicate = bool(ack.duplicate)
         if self._on_append is not None:
             self._on_append(event, duplicate)
@@ -271,16 +327,36 @@ class EventStore:
         *,
         after_seq: int = 0,
         up_to_seq: int | None = None,
+        known_seq: int = 0,
     ) -> list[StoredEvent]:
-        """Like `read`, as one list."""
+        """Like `read`, as one list. `known_seq`: the sequence of an event of the session
+        known to be stored (one delivered): the read reaches it, whichever replica of a
+        clustered stream answers."""
         stored: list[StoredEvent] = []
+        subject_filter = session_filter(tenant, session_id)
         await self._read_session(
-            session_filter(tenant, session_id),
+            subject_filter,
             after_seq=after_seq,
             up_to_seq=up_to_seq,
             receive=stored.append,
+            reach=await self._must_reach(subject_filter, up_to_seq, known_seq),
         )
         return stored
+
+    async def _must_reach(self, subject_filter: str, up_to_seq: int | None, known_seq: int) -> int:
+        """The sequence a session's read must reach: the one the caller knows is stored; and
+        for a read to the session's end on a replicated stream, its last event as the
+        stream's leader knows it, so that a decision recorded by a process that died is seen
+        (one more request; none on a single server, whose answer is always current)."""
+        if up_to_seq is None and await self._is_replicated():
+            return max(known_seq, await self._last_seq_matching(subject_filter))
+        return known_seq
+
+    async def _is_replicated(self) -> bool:
+        if self._replicated is None:
+            info = await through_elections(lambda: self._js.stream_info(self._stream))
+            self._replicated = (info.config.num_replicas or 1) > 1
+        return self._replicated
 
     async def read_at(self, tenant: str, session_id: str, seq: int) -> StoredEvent | None:
         """The session's event stored at `seq`; None when the log holds none of the
@@ -306,6 +382,7 @@ class EventStore:
         up_to_seq: int | None = None,
         start: SessionSnapshot | None = None,
         nearest_stored: Callable[[], Awaitable[SessionSnapshot | None]] | None = None,
+        known_seq: int = 0,
     ) -> SessionSnapshot:
         """The session's state folded from its whole log (or up to a sequence); from `start`,
         the state at an earlier sequence, only the events after it are read.
@@ -313,10 +390,12 @@ class EventStore:
         `nearest_stored` is asked only when the events to fold are more than one read
         brings: it may offer a state stored further on (see `FoldedStates`), and then only
         the events after that one are read. A short session is thus read in one request.
+        `known_seq` is as for `read_all`.
         """
         subject_filter = session_filter(tenant, session_id)
         after_seq = start.last_seq if start is not None else 0
-        batch = await self._direct_batch(subject_filter, after_seq + 1)
+        reach = await self._must_reach(subject_filter, up_to_seq, known_seq)
+        batch = await self._direct_batch(subject_filter, after_seq + 1, reach=reach)
         first: _Batch | None = batch
         if nearest_stored is not None and _reaches_past(batch, up_to_seq):
             nearer = await nearest_stored()
@@ -380,7 +459,9 @@ class EventStore:
 
     async def _last_seq_matching(self, subject_filter: str) -> int:
         try:
-            message = await self._js.get_last_msg(self._stream, subject_filter)
+            message = await through_elections(
+                lambda: self._js.get_last_msg(self._stream, subject_filter)
+            )
         except NotFoundError:
             return 0
         return message.seq or 0
@@ -393,10 +474,11 @@ class EventStore:
         up_to_seq: int | None,
         receive: Callable[[StoredEvent], None],
         first: _Batch | None = None,
+        reach: int = 0,
     ) -> None:
         """Hand one session's events after `after_seq`, up to `up_to_seq` or its last event
         when reading ends, to `receive`, in order (`first`: the batch from `after_seq` on,
-        when already read).
+        when already read; `reach`: see `_direct_batch`).
 
         Most sessions are short: their events come in one batched direct get, which costs
         a few times less than creating and deleting the consumer a replay streams through
@@ -405,7 +487,9 @@ class EventStore:
         """
         position = after_seq
         with bulk_allocation():
-            batch, more = first or await self._direct_batch(subject_filter, after_seq + 1)
+            batch, more = first or await self._direct_batch(
+                subject_filter, after_seq + 1, reach=reach
+            )
             for seq, data in batch:
                 if up_to_seq is not None and seq > up_to_seq:
                     return
@@ -417,11 +501,35 @@ class EventStore:
             )
 
     async def _direct_batch(
-        self, subject_filter: str, from_seq: int, *, since: datetime | None = None
+        self,
+        subject_filter: str,
+        from_seq: int,
+        *,
+        since: datetime | None = None,
+        reach: int = 0,
     ) -> _Batch:
         """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on (or
         from the first stored at or after `since`), with their sequences; and whether more
-        were stored after them."""
+        were stored after them. The answer holds `reach`, a sequence known to be stored on
+        the subjects (or goes past it): a replica behind it answered without it, and the
+        request is sent again (to whichever replica takes it) until one is current."""
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        pause = _BEHIND_FIRST_PAUSE_S
+        while True:
+            batch, more = await self._direct_batch_once(subject_filter, from_seq, since)
+            behind = reach >= from_seq and not more and (not batch or batch[-1][0] < reach)
+            if not behind:
+                return batch, more
+            if asyncio.get_running_loop().time() + pause > deadline:
+                raise TimeoutError(f"no replica of {self._stream} answered up to {reach}")
+            # Nothing to wait on: the replica catches up by itself, in milliseconds.
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _BEHIND_MAX_PAUSE_S)
+
+    async def _direct_batch_once(
+        self, subject_filter: str, from_seq: int, since: datetime | None
+    ) -> _Batch:
+        """One batched direct get."""
         nc = self._js._nc  # nats-py offers batched direct gets on no public API yet
         inbox = nc.new_inbox()
         batch: list[tuple[int, bytes]] = []
@@ -476,7 +584,7 @@ class EventStore:
         async def deliver(message: Msg) -> None:
             if finished.done():
                 return
-            seq, _, pending, _ = ack_position(message.reply)
+            seq, _, pending, _, _ = ack_position(message.reply)
             if seq <= end:
                 _deliver_stored(seq, message.data, message.subject, receive)
             if seq >= end or pending == 0:
@@ -490,13 +598,15 @@ class EventStore:
                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
                 )
             )
-            subscription = await self._js.subscribe(
-                subject_filter,
-                ordered_consumer=True,
-                config=start,
-                cb=deliver,
-                pending_msgs_limit=1_000_000,
-                pending_bytes_limit=1 << 30,
+            subscription = await through_elections(
+                lambda: self._js.subscribe(
+                    subject_filter,
+                    ordered_consumer=True,
+                    config=start,
+                    cb=deliver,
+                    pending_msgs_limit=1_000_000,
+                    pending_bytes_limit=1 << 30,
+                )
             )
             if since is not None and not finished.done():
                 info = await subscription.consumer_info()

@@ -206,6 +206,7 @@ def record_appended(event: Event, size_bytes: int, duplicate: bool) -> None:
         attributes |= {
             "gen_ai.system": event.data.provider,
             "gen_ai.request.model": event.data.request.model,
+            "helmline.model_purpose": event.data.purpose,
             "gen_ai.usage.input_tokens": usage.input_tokens,
             "gen_ai.usage.output_tokens": usage.output_tokens,
             "helmline.cost_usd": event.data.cost_usd or 0.0,

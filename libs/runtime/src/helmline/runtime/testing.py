@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ from nats.js.api import ObjectInfo
 from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
 from helmline.contracts import (
+    EVENTS_STREAM,
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalRequested,
@@ -39,6 +41,7 @@ from helmline.contracts import (
     event_type_filter,
     new_event,
 )
+from helmline.runtime._durability import Durability, jetstream_config
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._object_meta import chunks_subject, meta_subject
 from helmline.runtime._store import EventStore
@@ -55,13 +58,23 @@ class NatsServer:
     """A nats-server with JetStream on a free port, storing under `store_dir`, for tests."""
 
     def __init__(
-        self, store_dir: Path, port: int | None = None, config: Path | None = None
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        config: Path | None = None,
+        *,
+        durability: Durability = "durable",
+        monitor_port: int | None = None,
     ) -> None:
         """With `config`, the server runs from that configuration file (which must listen on
-        127.0.0.1 at `port` and store under `store_dir`)."""
+        127.0.0.1 at `port` and store under `store_dir`); without, from one written into
+        `store_dir` that fsyncs every append before acknowledging it unless `durability` is
+        relaxed, as `helmline up` runs it, and serves `/varz` on `monitor_port` if given."""
         self.store_dir = store_dir
         self.port = port or free_port()
         self.config = config
+        self.durability = durability
+        self.monitor_port = monitor_port
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -69,16 +82,17 @@ class NatsServer:
         """Where clients connect."""
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id."""
+        return self._process.pid if self._process is not None else None
+
     def start(self, timeout_s: float = 10.0) -> None:
         """Start the server and wait until it accepts connections."""
+        config = self.config or self._write_config()
         with (self.store_dir / "nats-server.log").open("ab") as log:
-            options = (
-                ["-c", str(self.config)]
-                if self.config is not None
-                else ["-js", "-sd", str(self.store_dir), "-a", "127.0.0.1", "-p", str(self.port)]
-            )
             self._process = subprocess.Popen(
-                [str(nats_server_binary()), *options],
+                [str(nats_server_binary()), "-c", str(config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -93,6 +107,24 @@ class NatsServer:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL: what it had not written to the page cache is lost, nothing else."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+
+    def _write_config(self) -> Path:
+        config: dict[str, Any] = {
+            "listen": f"127.0.0.1:{self.port}",
+            "jetstream": jetstream_config(self.store_dir, self.durability),
+        }
+        if self.monitor_port is not None:
+            config["http"] = f"127.0.0.1:{self.monitor_port}"
+        path = self.store_dir / "nats-server.conf"
+        # The server's configuration format reads JSON.
+        path.write_text(json.dumps(config, indent=2))
+        return path
 
     def stop(self) -> None:
         """Stop the server."""
@@ -204,6 +236,17 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not hold within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+async def stored_log(js: JetStreamContext) -> bytes:
+    """Every message of the events stream as stored, headers and body, every tenant's: to
+    look for what must never be in the log, whatever event or header it would be in."""
+    last = (await js.stream_info(EVENTS_STREAM.name)).state.last_seq
+    raw = bytearray()
+    for seq in range(1, last + 1):
+        message = await js.get_msg(EVENTS_STREAM.name, seq)
+        raw += json.dumps(message.headers or {}).encode() + (message.data or b"")
+    return bytes(raw)
 
 
 def session_started(tenant: str, session_id: str | None = None) -> Event:

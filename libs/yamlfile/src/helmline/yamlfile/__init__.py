@@ -2,6 +2,7 @@
 the data, however late, is reported at the line and field a person must fix."""
 
 from helmline.yamlfile._document import (
+    MAX_BYTES,
     Location,
     Problem,
     YamlDocument,
@@ -10,10 +11,13 @@ from helmline.yamlfile._document import (
     field_of,
     line_of,
     node_at,
+    read_bounded,
+    read_text,
     validation_problems,
 )
 
 __all__ = [
+    "MAX_BYTES",
     "Location",
     "Problem",
     "YamlDocument",
@@ -22,5 +26,7 @@ __all__ = [
     "field_of",
     "line_of",
     "node_at",
+    "read_bounded",
+    "read_text",
     "validation_problems",
 ]

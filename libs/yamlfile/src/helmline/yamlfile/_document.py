@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -36,6 +37,36 @@ class YamlFileError(Exception):
             for p in self.problems
         ]
         super().__init__(f"invalid {what}\n" + "\n".join(lines))
+
+
+MAX_BYTES = 1024 * 1024
+"""The largest file a person writes that is read (playbook, policy, MCP servers file): a
+playbook must fit in one event, which holds at most 1 MiB, and the others are smaller."""
+
+
+def read_bounded(path: Path, *, what: str = "file", max_bytes: int = MAX_BYTES) -> bytes:
+    """The file's bytes; a file larger than `max_bytes` is refused having read no more of
+    it than that, and so is one that cannot be read, each as a `YamlFileError`."""
+    source = str(path)
+    try:
+        with path.open("rb") as handle:
+            content = handle.read(max_bytes + 1)
+    except OSError as error:
+        raise YamlFileError(source, [Problem(1, "", f"cannot read: {error}")], what) from error
+    if len(content) > max_bytes:
+        size = f"{path.stat().st_size} bytes" if path.is_file() else "more"
+        too_large = f"this {what} is larger than the {max_bytes} bytes read of one ({size})"
+        raise YamlFileError(source, [Problem(1, "", too_large)], what)
+    return content
+
+
+def read_text(path: Path, *, what: str = "file", max_bytes: int = MAX_BYTES) -> str:
+    """`read_bounded`, decoded from UTF-8 (a file that is not UTF-8 is a `YamlFileError`)."""
+    try:
+        return read_bounded(path, what=what, max_bytes=max_bytes).decode("utf-8")
+    except UnicodeDecodeError as error:
+        problem = Problem(1, "", f"not UTF-8 text: {error}")
+        raise YamlFileError(str(path), [problem], what) from error
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,10 @@ def setup_api(settings: ApiSettings) -> Setup:
     async def setup(host: ServiceHost) -> None:
         app = create_app(host, settings)
         host.on_shutdown(app.state.lister.close)
+        # Follow key changes before serving: no request is checked against a key this
+        # replica could miss the revocation of.
+        await app.state.authenticator.keys.follow()
+        host.on_shutdown(app.state.authenticator.keys.close)
         await host.serve_http(app, settings.api_host, settings.api_port)
         # Cleanups run last added first: open event streams end before uvicorn waits for
         # their connections to close.

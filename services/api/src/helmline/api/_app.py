@@ -7,9 +7,10 @@ from pathlib import Path
 from fastapi import FastAPI, Response
 from fastapi.staticfiles import StaticFiles
 
-from helmline.api import _events, _routes
+from helmline.api import _events, _key_routes, _routes
 from helmline.api._auth import Authenticator
 from helmline.api._fanout import FanOut
+from helmline.api._limits import BodyLimit
 from helmline.api._problems import install_problem_handlers, not_found
 from helmline.api._reads import SessionLister
 from helmline.api._settings import ApiSettings
@@ -34,6 +35,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     app.state.lister = SessionLister(host.store, settings.database_url)
     app.state.fan_out = FanOut(host.js)
     install_problem_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -50,6 +52,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
 
     app.include_router(_routes.router)
     app.include_router(_events.router)
+    app.include_router(_key_routes.router)
     console = settings.console_dir or CONSOLE_BUILD
     if (console / "index.html").is_file():
         app.mount("/", StaticFiles(directory=console, html=True), name="console")

@@ -7,19 +7,47 @@ only its own tenant, so another tenant's session is simply not found.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import jwt
+import nats.errors
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
 from pydantic import TypeAdapter, ValidationError
 
-from helmline.api._keys import ROLES, Role, find_api_key, secret_matches, split_api_key
+from helmline.api._keys import (
+    KEY_SHAPE,
+    LAST_USED_EVERY,
+    ROLES,
+    UNKNOWN_KEY,
+    ApiKeyRecord,
+    Role,
+    find_api_key,
+    looks_like_api_key,
+    record_use,
+    split_api_key,
+)
 from helmline.api._problems import Problem, forbidden
 from helmline.api._settings import ApiSettings
-from helmline.contracts import Actor, TenantId
+from helmline.contracts import (
+    ALL_API_KEYS,
+    Actor,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    ApiKeyRotated,
+    TenantId,
+    UndecodableEvent,
+    decode_event,
+)
+
+logger = logging.getLogger(__name__)
 
 _TENANT = TypeAdapter[str](TenantId)
 
@@ -49,12 +77,85 @@ class Principal:
         return Actor(id=self.id, kind="user", roles=tuple(sorted(held)))
 
 
+class KeyCache:
+    """The key records this replica has read, each kept for up to `keep_s`, and forgotten
+    as soon as the keys stream says its key was rotated or revoked: a revoked key is
+    refused by every replica within the time an event takes to reach it."""
+
+    def __init__(self, js: JetStreamContext, *, keep_s: float = 30.0) -> None:
+        self._js = js
+        self._keep_s = keep_s
+        self._records: dict[str, tuple[ApiKeyRecord, float]] = {}
+        # Bumped on every event of a key: a read that began before one is not cached.
+        self._changes: dict[str, int] = {}
+        self._used: dict[str, datetime] = {}
+        self._writes: set[asyncio.Task[None]] = set()
+        self._subscription: JetStreamContext.PushSubscription | None = None
+
+    async def follow(self) -> None:
+        """Hear every key event from now on (an ordered consumer resumes after a gap)."""
+
+        async def changed(message: Msg) -> None:
+            try:
+                event = decode_event(message.data)
+            except UndecodableEvent as error:
+                logger.warning("ignoring an undecodable key event: %s", error)
+                return
+            if isinstance(event.data, ApiKeyCreated | ApiKeyRotated | ApiKeyRevoked):
+                self.forget(event.data.key_id)
+
+        self._subscription = await self._js.subscribe(
+            ALL_API_KEYS,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+            cb=changed,
+        )
+
+    def forget(self, key_id: str) -> None:
+        self._records.pop(key_id, None)
+        self._changes[key_id] = self._changes.get(key_id, 0) + 1
+
+    async def get(self, key_id: str) -> ApiKeyRecord | None:
+        cached = self._records.get(key_id)
+        if cached is not None and time.monotonic() - cached[1] < self._keep_s:
+            return cached[0]
+        changes = self._changes.get(key_id, 0)
+        record = await find_api_key(self._js, key_id)
+        if record is not None and self._changes.get(key_id, 0) == changes:
+            self._records[key_id] = (record, time.monotonic())
+        return record
+
+    def used(self, record: ApiKeyRecord, at: datetime) -> None:
+        """Record the key's use, at most once every `LAST_USED_EVERY`, off the request."""
+        last = self._used.get(record.key_id)
+        if last is not None and at - last < LAST_USED_EVERY:
+            return
+        self._used[record.key_id] = at
+        task = asyncio.create_task(self._record_use(record, at))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _record_use(self, record: ApiKeyRecord, at: datetime) -> None:
+        try:
+            await record_use(self._js, record, at)
+        except (nats.errors.Error, TimeoutError) as error:
+            logger.warning("could not record the use of API key %s: %r", record.key_id, error)
+
+    async def close(self) -> None:
+        """Stop following; let last-used writes under way finish."""
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
+        if self._writes:
+            await asyncio.wait(self._writes, timeout=2.0)
+
+
 class Authenticator:
     """Checks API keys against the key bucket and bearer tokens against the JWKS."""
 
     def __init__(self, settings: ApiSettings, js: JetStreamContext) -> None:
         self._settings = settings
-        self._js = js
+        self.keys = KeyCache(js)
         self._jwks = (
             jwt.PyJWKClient(settings.jwks_url, cache_keys=True, lifespan=300)
             if settings.jwks_url
@@ -62,17 +163,23 @@ class Authenticator:
         )
 
     async def principal(self, credential: str) -> Principal:
-        if split_api_key(credential) is not None:
+        if looks_like_api_key(credential):
             return await self._from_key(credential)
         return await self._from_token(credential)
 
     async def _from_key(self, key: str) -> Principal:
         parts = split_api_key(key)
-        assert parts is not None
+        if parts is None:
+            raise unauthorized(
+                f"the API key is malformed: a key reads {KEY_SHAPE}; check it was copied whole"
+            )
         key_id, secret = parts
-        record = await find_api_key(self._js, key_id)
-        if record is None or not secret_matches(record, secret):
-            raise unauthorized("the API key is not known (or was mistyped)")
+        record = await self.keys.get(key_id)
+        now = datetime.now(UTC)
+        refusal = UNKNOWN_KEY if record is None else record.refusal(secret, now)
+        if refusal is not None or record is None:
+            raise unauthorized(refusal or UNKNOWN_KEY)
+        self.keys.used(record, now)
         # Permissions travel with the roles into the sessions the key starts, where the
         # approval service checks tools' required permissions; they grant no API right.
         held = frozenset(record.roles) | frozenset(record.permissions)
@@ -146,3 +253,4 @@ def requires(role: Role) -> Any:
 Viewer = Annotated[Principal, requires("viewer")]
 Operator = Annotated[Principal, requires("operator")]
 Approver = Annotated[Principal, requires("approver")]
+Admin = Annotated[Principal, requires("admin")]

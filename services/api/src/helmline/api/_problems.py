@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from helmline.contracts import QUOTED_BYTES, bounded_message, cut
 from helmline.runtime import EventTooLarge
 
 logger = logging.getLogger(__name__)
@@ -74,9 +75,17 @@ def forbidden(detail: str) -> Problem:
     return Problem(403, "Forbidden", detail)
 
 
+MESSAGE_BYTES = 4 * QUOTED_BYTES
+"""Longest message about one field: past it a message is cut, whatever it quotes."""
+
+
 def invalid(problems: list[FieldProblem]) -> Problem:
     """A request that does not validate, each field at fault named (the first few also in
-    the detail)."""
+    the detail), no message longer than `MESSAGE_BYTES`."""
+    problems = [
+        FieldProblem(field=cut(p.field, MESSAGE_BYTES), message=cut(p.message, MESSAGE_BYTES))
+        for p in problems
+    ]
     summary = "; ".join(f"{p.field}: {p.message}" for p in problems[:5])
     return Problem(422, "Invalid Request", summary, errors=problems)
 
@@ -97,7 +106,11 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (401, "No valid API key or bearer token"),
         (403, "The principal lacks the role"),
-        (413, "The request would make an event larger than the log takes"),
+        (
+            413,
+            "The body is larger than HELMLINE_API_MAX_BODY_BYTES (1 MiB by default), or "
+            "would make an event larger than the log takes",
+        ),
         (422, "The request does not validate"),
     )
 }
@@ -126,7 +139,10 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = [
-            FieldProblem(field=".".join(str(part) for part in e["loc"]), message=e["msg"])
+            FieldProblem(
+                field=".".join(str(part) for part in e["loc"]),
+                message=bounded_message(e["msg"], e.get("input")),
+            )
             for e in error.errors()
         ]
         return await on_problem(request, invalid(problems))

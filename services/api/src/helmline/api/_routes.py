@@ -23,11 +23,13 @@ from helmline.api._problems import (
 from helmline.api._reads import SessionFilter, SessionLister, SessionSummary, load_session
 from helmline.contracts import (
     ApprovalDecisionSubmitted,
+    ApprovalState,
     ArgumentCondition,
     Arguments,
     CheckpointState,
     Event,
     ForkOrigin,
+    GrantScope,
     Payload,
     Playbook,
     RollbackRequested,
@@ -39,8 +41,10 @@ from helmline.contracts import (
     SessionState,
     SessionStatus,
     ToolSpec,
+    cut,
     fold,
     new_event,
+    quoted,
 )
 from helmline.runtime import (
     ArgumentChecker,
@@ -128,13 +132,27 @@ class Decision(BaseModel):
     similar_where: dict[str, ArgumentCondition] | None = None
     """With `similar_limit`: conditions on the later calls' arguments, by name, that each
     must meet to run under the grant (as a policy rule's `arguments`)."""
+    grant_scope: GrantScope | None = None
+    """A permission request: grant it for the step that asked or for the session (every
+    later call needing it); the step when not given."""
+    grant_until: AwareDatetime | None = None
+    """A permission request: when the grant ends (the policy's `grant_expires_in` from now
+    when not given; at most its `grant_at_most`)."""
 
     @model_validator(mode="after")
     def _modifications_only_with_grant(self) -> Decision:
         if self.decision == "deny" and (
-            self.modified_arguments is not None or self.similar_limit is not None
+            self.modified_arguments is not None
+            or self.similar_limit is not None
+            or self.grant_scope is not None
+            or self.grant_until is not None
         ):
-            raise ValueError("modified_arguments and similar_limit only go with a grant")
+            raise ValueError(
+                "modified_arguments, similar_limit, grant_scope and grant_until only go with "
+                "a grant"
+            )
+        if self.grant_until is not None and self.grant_until <= datetime.now(UTC):
+            raise ValueError("grant_until is not in the future")
         if self.similar_limit is None and (
             self.similar_until is not None or self.similar_where is not None
         ):
@@ -297,7 +315,7 @@ async def decide(
     state = (await load_session(_states(request), principal.tenant, session_id)).state
     approval = state.approvals.get(request_id)
     if approval is None:
-        raise not_found(f"session {session_id} has no approval request {request_id}")
+        raise not_found(f"session {session_id} has no approval request {cut(request_id)}")
     if approval.status != "pending":
         raise conflict(f"approval request {request_id} is already {approval.status}")
     actor = principal.actor()
@@ -306,6 +324,9 @@ async def decide(
             f"approval request {request_id} may be decided by "
             f"{', '.join(approval.approver_roles)} only"
         )
+    kind_problems = _kind_problems(body, approval)
+    if kind_problems:
+        raise invalid(kind_problems)
     if approval.tool is not None and (body.modified_arguments is not None or body.similar_where):
         # The approval service judges them too (and the policy); what the tool's schema
         # refuses is named at once.
@@ -322,8 +343,33 @@ async def decide(
         similar_limit=body.similar_limit,
         similar_until=body.similar_until,
         similar_where=body.similar_where,
+        grant_scope=body.grant_scope,
+        grant_until=body.grant_until,
     )
     return await _accepted(request, principal, session_id, payload)
+
+
+def _kind_problems(decision: Decision, approval: ApprovalState) -> list[FieldProblem]:
+    """What does not fit the kind of request decided: a permission request is granted as
+    asked, for the step or the session; a call or a plan is approved without a grant scope."""
+    given: tuple[tuple[str, object], ...]
+    if approval.permissions:
+        given = (
+            ("modified_arguments", decision.modified_arguments),
+            ("similar_limit", decision.similar_limit),
+            ("similar_where", decision.similar_where),
+        )
+        why = "a permission request is granted as asked: use grant_scope and grant_until"
+    else:
+        given = (("grant_scope", decision.grant_scope), ("grant_until", decision.grant_until))
+        why = f"only for permission requests; {approval.request_id} asks to approve a " + (
+            "call" if approval.tool else "plan"
+        )
+    return [
+        FieldProblem(field=f"body.{name}", message=why)
+        for name, value in given
+        if value is not None
+    ]
 
 
 def _argument_problems(decision: Decision, tool: ToolSpec) -> list[FieldProblem]:
@@ -337,8 +383,8 @@ def _argument_problems(decision: Decision, tool: ToolSpec) -> list[FieldProblem]
             field = ".".join(("body", "modified_arguments", *path))
             problems.append(FieldProblem(field=field, message=wrong.message))
     for name in unknown_arguments(tool, decision.similar_where or {}):
-        message = f"{tool.name} has no argument {name!r} to limit to"
-        problems.append(FieldProblem(field=f"body.similar_where.{name}", message=message))
+        message = f"{tool.name} has no argument {quoted(name)} to limit to"
+        problems.append(FieldProblem(field=f"body.similar_where.{cut(name)}", message=message))
     return problems
 
 

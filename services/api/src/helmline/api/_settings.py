@@ -31,5 +31,8 @@ class ApiSettings(RuntimeSettings):
     """The claim listing the principal's roles (a list, or a space-separated string)."""
     jwt_algorithms: tuple[str, ...] = ("RS256", "ES256", "EdDSA")
     """Signature algorithms accepted; never `none` or a shared-secret one."""
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body accepted, in bytes; a larger one is answered 413 without being
+    read whole (an event cannot hold more than 1 MiB anyway)."""
     console_dir: Path | None = None
     """The built web console to serve at `/`; by default the build inside the source tree."""

@@ -14,6 +14,7 @@ from helmline.contracts import (
     APPROVAL_CONSUMER,
     ApprovalRequested,
     ConsumerSpec,
+    PermissionRequested,
     UndecodableEvent,
     decode_event,
     event_type_filter,
@@ -53,7 +54,8 @@ def setup_approval(
             with contextlib.suppress(UndecodableEvent):
                 handler.arm_timers(decode_event(message.data))
 
-        await host.nc.subscribe(event_type_filter(ApprovalRequested.TYPE), cb=asked)
+        for kind in (ApprovalRequested, PermissionRequested):
+            await host.nc.subscribe(event_type_filter(kind.TYPE), cb=asked)
 
     return setup
 

@@ -13,7 +13,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from helmline.contracts import ArgumentCondition, Patterns, Risk, ToolAction, one_or_many
+from helmline.contracts import (
+    ArgumentCondition,
+    Patterns,
+    Risk,
+    TaintKind,
+    ToolAction,
+    ToolEffect,
+    one_or_many,
+)
 
 DEFAULT_APPROVAL_EXPIRY = timedelta(minutes=10)
 DEFAULT_APPROVER_ROLES = ("approver", "admin")
@@ -39,6 +47,8 @@ Duration = Annotated[timedelta, BeforeValidator(_duration)]
 Names = Patterns
 Risks = Annotated[tuple[Risk, ...], BeforeValidator(one_or_many), Field(min_length=1)]
 Actions = Annotated[tuple[ToolAction, ...], BeforeValidator(one_or_many), Field(min_length=1)]
+ToolEffects = Annotated[tuple[ToolEffect, ...], BeforeValidator(one_or_many), Field(min_length=1)]
+TaintKinds = Annotated[tuple[TaintKind, ...], BeforeValidator(one_or_many), Field(min_length=1)]
 Effect = Literal["allow", "deny", "require_approval"]
 MAX_COUNTED_SPAN = timedelta(days=30)
 """The longest span an `at_most` condition counts calls in: how far back the approval service
@@ -173,6 +183,39 @@ class ApprovalTerms(_Strict):
         return self
 
 
+DEFAULT_GRANT_EXPIRY = timedelta(hours=1)
+DEFAULT_GRANT_LIMIT = timedelta(days=1)
+
+
+class PermissionTerms(_Strict):
+    """Who may grant a permission a call lacks, and for how long, when calls ask for it
+    (`permission.requested`) instead of being denied."""
+
+    roles: Names = DEFAULT_APPROVER_ROLES
+    """Roles whose holders may grant or deny (any one of them)."""
+    quorum: int = Field(default=1, ge=1, le=20)
+    """How many distinct people holding one of the roles must grant."""
+    expires_in: Duration = DEFAULT_APPROVAL_EXPIRY
+    """How long a request waits before it becomes a denial of the call."""
+    grant_expires_in: Duration = DEFAULT_GRANT_EXPIRY
+    """How long a grant holds when the person granting gives no end."""
+    grant_at_most: Duration = DEFAULT_GRANT_LIMIT
+    """The longest a grant may hold: a person cannot grant for longer."""
+
+    @field_validator("expires_in", "grant_expires_in", "grant_at_most")
+    @classmethod
+    def _positive(cls, duration: timedelta) -> timedelta:
+        if duration <= timedelta(0):
+            raise ValueError("a duration must be longer than zero")
+        return duration
+
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> PermissionTerms:
+        if self.grant_expires_in > self.grant_at_most:
+            raise ValueError("grant_expires_in must not be longer than grant_at_most")
+        return self
+
+
 UNKNOWN_TOOL_RULE = "unknown-tool"
 """The rule named by the refusal of a call of a tool nobody describes."""
 MISSING_PERMISSION_RULE = "required-permission"
@@ -214,6 +257,15 @@ class RuleDocument(_Strict):
     action: Actions | None = None
     """Kinds of action of the tool (read, write, execute, delete), as the tool or its
     server's configuration declares it; a tool that declares none does not match."""
+    tool_effect: ToolEffects | None = None
+    """What the tool's calls change, as it declares it (`none`, `workspace`, `external`:
+    an MCP tool changes something outside unless its configuration says otherwise)."""
+    taint: TaintKinds | None = None
+    """Facts of taint the call carries, any of which makes the rule apply:
+    `influenced_by_untrusted` (the model had read an untrusted tool's result when it proposed
+    the call), `after_injection_suspected` (it had read a result flagged as a suspected
+    injection), `arguments_from_untrusted` (an argument repeats text of untrusted output that
+    neither the goal nor a person wrote). A playbook's calls carry none."""
     arguments: dict[str, ArgumentCondition] = Field(default_factory=dict)
     """Conditions on arguments by name; a call without the argument does not match."""
     during: TimeWindow | None = None
@@ -232,7 +284,16 @@ class RuleDocument(_Strict):
     sandbox_profile: str | None = None
     """Sandbox profile the call runs under, when it runs."""
     network: bool = False
-    """Whether the call may use the network, when it runs."""
+    """Whether the call may use the network, when it runs (any host: see `hosts` to grant
+    only some)."""
+    hosts: Patterns | None = None
+    """Globs of the network hosts a matching call may reach (`api.example.com`,
+    `*.internal`): a call whose step declares only such hosts runs with a network; one that
+    declares others asks for them (see `permission_requests`) or is denied."""
+    paths: Patterns | None = None
+    """Globs of the workspace paths a matching call's `path` argument may name (`src/**`):
+    a call naming another path asks for it (see `permission_requests`) or is denied. Unset:
+    any path (unlike `arguments: {path: ...}`, which makes other calls fall to later rules)."""
 
     @field_validator("permission")
     @classmethod
@@ -246,8 +307,15 @@ class RuleDocument(_Strict):
     def _fits_its_effect(self) -> RuleDocument:
         if self.approval is not None and self.effect != "require_approval":
             raise ValueError(f"`approval` only applies to require_approval, not {self.effect}")
-        if self.effect == "deny" and (self.sandbox_profile is not None or self.network):
-            raise ValueError("a deny rule grants nothing: drop sandbox_profile and network")
+        if self.effect == "deny" and (
+            self.sandbox_profile is not None
+            or self.network
+            or self.hosts is not None
+            or self.paths is not None
+        ):
+            raise ValueError(
+                "a deny rule grants nothing: drop sandbox_profile, network, hosts and paths"
+            )
         if self.effect == "deny" and self.at_most is not None:
             raise ValueError("a deny rule lets no call run, so at_most would count none: drop it")
         return self
@@ -284,6 +352,12 @@ class PolicyDocument(_Strict):
     """The rules, in the order they are tried."""
     webhooks: tuple[WebhookDocument, ...] = ()
     """Webhooks told about every new approval request of their tenants."""
+    permission_requests: PermissionTerms | None = None
+    """When set, a call that lacks a permission (its tool's required permission, which the
+    requester does not hold; a network host its rule does not grant) asks people for it
+    (`permission.requested`) instead of being denied, if the rules would let it run (or ask
+    about it) with the permission held; a path its rule's `paths` do not grant likewise.
+    Unset: such calls are denied."""
     plan_approval: ApprovalTerms | None = None
     """When set, a plan with steps that would need approval is approved once, as a whole,
     with those steps listed; its calls then run without asking again (unless their arguments

@@ -22,6 +22,7 @@ from helmline.approval._policy import (
     judge_step,
     judge_vote,
     judge_vote_again,
+    permission_request_id,
     requests_to_watch,
     uses_by_rule,
 )
@@ -37,6 +38,7 @@ from helmline.contracts import (
     ApprovalRequested,
     ApprovalState,
     Event,
+    PermissionRequested,
     PlanProposed,
     SessionCancelled,
     SessionCompleted,
@@ -49,6 +51,7 @@ from helmline.contracts import (
     ToolCallDenied,
     event_type_filter,
     fold,
+    source_of,
 )
 from helmline.runtime import (
     ConcurrencyConflict,
@@ -62,7 +65,7 @@ from helmline.runtime import (
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "helmline/approval"
+SOURCE = source_of("approval")
 REQUESTER_CACHE_LIMIT = 10_000
 RECOUNTS = 5
 """Times a scheduled call is judged again when another replica authorised a call of the
@@ -114,7 +117,7 @@ class ApprovalHandler:
                 )
                 await self._append(event, decisions)
             case StepScheduled():
-                if delivery.deliveries > 1 and await self._already_judged(event, data):
+                if delivery.maybe_handled and await self._already_judged(event, data):
                     return
                 for _ in range(RECOUNTS):
                     with contextlib.suppress(ConcurrencyConflict):
@@ -127,7 +130,7 @@ class ApprovalHandler:
                 self._escalate_later(event, data)
                 if delivery.deliveries == 1:
                     self._notifier.announce(event, policy.document.webhooks)
-            case ApprovalDecisionSubmitted() if delivery.deliveries > 1:
+            case ApprovalDecisionSubmitted() if delivery.maybe_handled:
                 decisions = await self._release_again(event, data, policy)
                 self._settle_timers(event, data, decisions)
             case ApprovalDecisionSubmitted():
@@ -178,9 +181,11 @@ class ApprovalHandler:
         """Re-arm the timers of requests made before a restart and still open (expired ones
         fire now); those decided or withdrawn since need none."""
         since = datetime.now(UTC) - lookback
-        asked = await self._store.read_matching(
-            event_type_filter(ApprovalRequested.TYPE), since=since
-        )
+        asked = [
+            stored
+            for kind in (ApprovalRequested, PermissionRequested)
+            for stored in await self._store.read_matching(event_type_filter(kind.TYPE), since=since)
+        ]
         settling = [
             stored
             for kind in SETTLING
@@ -349,7 +354,8 @@ class ApprovalHandler:
         return step is not None and (
             step.call_id != scheduled.call_id
             or step.status != "scheduled"
-            or step.approval_request_id == scheduled.call_id
+            or step.approval_request_id
+            in (scheduled.call_id, permission_request_id(scheduled.call_id))
         )
 
     def _arm(self, event: Event, name: str, due: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -378,7 +384,9 @@ class ApprovalHandler:
     def _escalate_later(self, event: Event, request: ApprovalRequested) -> None:
         terms = self._policies.current.approval_terms(request.rule)
         if (
-            terms is None
+            # The permission terms name no one to escalate to: such requests only expire.
+            isinstance(request, PermissionRequested)
+            or terms is None
             or terms.escalate_after is None
             or request.approver_roles == terms.escalate_to
         ):

@@ -5,12 +5,26 @@ Every decision event records the rule that made it and the hash of the policy in
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from helmline.approval._document import DEFAULT_APPROVER_ROLES, PLAN_APPROVAL_RULE
-from helmline.approval._rules import NO_USES, RISK_ORDER, Policy, Verdict, arguments_meet
+from helmline.approval._document import (
+    DEFAULT_APPROVER_ROLES,
+    MISSING_PERMISSION_RULE,
+    PLAN_APPROVAL_RULE,
+    PermissionTerms,
+)
+from helmline.approval._rules import (
+    NO_USES,
+    RISK_ORDER,
+    Policy,
+    Verdict,
+    arguments_meet,
+    described,
+    spoken,
+)
 from helmline.contracts import (
     Actor,
     ApprovalDecisionRefused,
@@ -22,8 +36,11 @@ from helmline.contracts import (
     ApprovalState,
     ApprovalVoteCounted,
     Arguments,
+    CallTaint,
     Event,
     Payload,
+    PermissionKey,
+    PermissionRequested,
     PlanApproved,
     PlanProposed,
     PlanRejected,
@@ -36,10 +53,14 @@ from helmline.contracts import (
 from helmline.runtime import ArgumentChecker, StoredEvent, unknown_arguments
 
 POLICY = Actor(id="policy", kind="policy")
+NONE: frozenset[PermissionKey] = frozenset()
+"""No permission granted on request."""
 PLAN_STANDS_ALONE = (
     "the plan's approval stands for no later calls: drop similar_limit and similar_where"
 )
 """Why a plan's approval cannot also approve similar calls."""
+REQUEST_ID_LIMIT = 128
+"""The longest request id the contracts take."""
 SIMILAR_GRANT_DEFAULT = timedelta(hours=1)
 """How long an "approve similar calls" grant holds when the approver gives no end."""
 
@@ -55,6 +76,14 @@ class Decision:
 def plan_request_id(revision: int) -> str:
     """The id of the request that asks for a plan revision to be approved."""
     return f"plan-{revision}"
+
+
+def permission_request_id(call_id: str) -> str:
+    """The id of the request that asks for the permissions a call lacks."""
+    request_id = f"permission-{call_id}"
+    if len(request_id) <= REQUEST_ID_LIMIT:
+        return request_id
+    return f"permission-{uuid.uuid5(uuid.NAMESPACE_URL, call_id).hex}"
 
 
 def _planned_revision(request: ApprovalState) -> int | None:
@@ -96,6 +125,7 @@ def judge_plan(
             declared_risk=step.risk,
             requester=requester,
             at=now,
+            taint=step.taint,
         )
         if step.requires_approval:
             verdict = as_the_plan_asks(verdict, policy)
@@ -152,7 +182,11 @@ def judge_step(
 
     Given the session, a call that would be sent to approval runs at once under a standing
     "approve similar calls" grant of the same rule and tool that has uses and time left, or
-    when a person approved the plan (`approved_plan`) and the call is its step unchanged.
+    when a person approved the plan (`approved_plan`) and the call is its step unchanged;
+    and the permissions people granted the session on request count as held.
+
+    A call that lacks a permission the policy lets people grant (`permission_requests`) asks
+    for it (`permission.requested`), whatever the rules would then decide (but deny).
     """
     identity = f"judged/{scheduled.call_id}"
     spec = policy.tools.get(scheduled.tool)
@@ -171,7 +205,16 @@ def judge_step(
         requester=requester,
         at=now,
         rule_uses=rule_uses,
+        hosts=scheduled.hosts,
+        granted=(
+            session.granted_permissions(scheduled.step_id, now) if session is not None else NONE
+        ),
+        taint=scheduled.taint,
     )
+    terms = policy.document.permission_requests
+    if verdict.missing and terms is not None:
+        asked = _permission_request(scheduled, verdict, policy.hash, terms, now, session)
+        return [Decision(asked, identity)]
     if scheduled.requires_approval:
         verdict = as_the_plan_asks(verdict, policy)
     payload: Payload
@@ -202,15 +245,54 @@ def judge_step(
                 tool=scheduled.tool,
                 arguments=scheduled.arguments,
                 risk=verdict.risk,
-                reason=verdict.reason,
+                reason=_with_sources(verdict.reason, scheduled.taint),
                 rule=verdict.rule,
                 policy_hash=policy.hash,
                 approver_roles=verdict.approval.roles,
                 quorum=verdict.approval.quorum,
                 expires_at=now + verdict.approval.expires_in,
                 agent_reason=_stated_reason(session, scheduled.step_id),
+                taint=scheduled.taint,
             )
     return [Decision(payload, identity)]
+
+
+def _permission_request(
+    scheduled: StepScheduled,
+    verdict: Verdict,
+    policy_hash: str,
+    terms: PermissionTerms,
+    now: datetime,
+    session: SessionState | None,
+) -> PermissionRequested:
+    tool_permission = any(need.kind == "tool" for need in verdict.missing)
+    return PermissionRequested(
+        request_id=permission_request_id(scheduled.call_id),
+        scope="step",
+        step_id=scheduled.step_id,
+        call_id=scheduled.call_id,
+        tool=scheduled.tool,
+        arguments=scheduled.arguments,
+        risk=verdict.risk,
+        reason=f"the call needs {described(verdict.missing)}",
+        # Why it asks: the tool's permission, else the rule that would decide the call.
+        rule=MISSING_PERMISSION_RULE if tool_permission else verdict.rule,
+        policy_hash=policy_hash,
+        approver_roles=terms.roles,
+        quorum=terms.quorum,
+        expires_at=now + terms.expires_in,
+        agent_reason=_stated_reason(session, scheduled.step_id),
+        permissions=verdict.missing,
+        taint=scheduled.taint,
+    )
+
+
+def _with_sources(reason: str, taint: CallTaint | None) -> str:
+    """The reason a call waits, and the untrusted results its arguments came from or that
+    were flagged as suspected injections: what an approver must read first."""
+    if taint is None or not taint.sources:
+        return reason
+    return f"{reason}. {taint.described()}"
 
 
 def as_the_plan_asks(verdict: Verdict, policy: Policy) -> Verdict:
@@ -327,6 +409,14 @@ def judge_vote(
             *_deny_call(request, reason, policy.hash),
             *_reject_plan(request, reason, voter, policy.hash),
         ]
+    if request.permissions:
+        return _grant_permissions(state, request, vote, policy, now, rule_uses, roles)
+    if vote.grant_scope is not None or vote.grant_until is not None:
+        return _refuse(
+            vote,
+            f"grant_scope and grant_until are for permission requests; {request.request_id} "
+            "asks to approve a call: grant it without them",
+        )
     scope_problem = _similar_scope_problem(request, vote, policy)
     if scope_problem is not None:
         return _refuse(vote, scope_problem)
@@ -380,6 +470,117 @@ def judge_vote(
     return decisions
 
 
+def _grant_permissions(
+    state: SessionState,
+    request: ApprovalState,
+    vote: ApprovalDecisionSubmitted,
+    policy: Policy,
+    now: datetime,
+    rule_uses: Mapping[str, Sequence[datetime]],
+    roles: tuple[str, ...],
+) -> list[Decision]:
+    """A person's grant of a permission request: counted towards its quorum, then recorded
+    with what it stands for (the step or the session) and until when; the call is judged
+    again with the permissions held (unless its session is paused: `judge_release` judges
+    it when the session resumes)."""
+    terms = policy.document.permission_requests
+    if terms is None:
+        return _refuse(
+            vote, "the policy in force lets nobody grant permissions on request any more; deny it"
+        )
+    if (
+        vote.modified_arguments is not None
+        or vote.similar_limit is not None
+        or vote.similar_where is not None
+    ):
+        return _refuse(
+            vote,
+            "a permission request is granted as asked, for the step or the session: "
+            "drop modified arguments and similar calls",
+        )
+    until = vote.grant_until or now + terms.grant_expires_in
+    if until <= now:
+        return _refuse(vote, f"grant_until {until.isoformat()} is not in the future")
+    if until > now + terms.grant_at_most:
+        return _refuse(
+            vote,
+            f"the policy lets a permission be granted for at most {spoken(terms.grant_at_most)}: "
+            "give an earlier grant_until",
+        )
+    granters = _granters(request, vote, roles)
+    if len(granters) < request.quorum:
+        counted = ApprovalVoteCounted(
+            request_id=request.request_id,
+            decided_by=vote.decided_by,
+            grants=len(granters),
+            quorum=request.quorum,
+        )
+        return [Decision(counted)]
+    scope = vote.grant_scope or "step"
+    granted = ApprovalGranted(
+        request_id=request.request_id,
+        decided_by=granters,
+        comment=vote.comment,
+        grant_scope=scope,
+        grant_until=until,
+    )
+    decisions = [Decision(granted, f"decided/{request.request_id}")]
+    held = replace(
+        request,
+        status="granted",
+        decided_by=granters,
+        decided_at=now,
+        grant_scope=scope,
+        grant_until=until,
+    )
+    after = replace(state, approvals={**state.approvals, request.request_id: held})
+    if not (after.status == "paused" and after.plan_step_of(held)):
+        decisions += _judged_again(after, held, policy, now, rule_uses)
+    return decisions
+
+
+def _judged_again(
+    state: SessionState,
+    request: ApprovalState,
+    policy: Policy,
+    now: datetime,
+    rule_uses: Mapping[str, Sequence[datetime]],
+) -> list[Decision]:
+    """The call of a granted permission request, judged again now that the session holds
+    the permissions granted: the rules decide it (allow, ask a person, deny). A call that
+    still lacks one (the policy changed, or the grant ended) is denied, not asked about
+    again."""
+    # Callers pass requests for a call only.
+    assert request.call_id is not None
+    assert request.step_id is not None
+    assert request.tool
+    step = state.plan_step_of(request)
+    scheduled = StepScheduled(
+        step_id=request.step_id,
+        call_id=request.call_id,
+        tool=request.tool,
+        arguments=request.arguments or {},
+        risk=request.risk,
+        requires_approval=step.requires_approval if step is not None else False,
+        hosts=step.hosts if step is not None else (),
+        taint=step.taint if step is not None else None,
+    )
+    (judged,) = judge_step(
+        scheduled,
+        policy,
+        tenant=state.tenant,
+        requester=state.requested_by,
+        now=now,
+        session=state,
+        rule_uses=rule_uses,
+    )
+    if isinstance(judged.payload, PermissionRequested):
+        lacking = ", ".join(f"{need.kind} {need.name}" for need in judged.payload.permissions)
+        reason = f"the permissions were granted, but the call still lacks {lacking}"
+        return _deny_call(request, reason, policy.hash)
+    return [Decision(judged.payload, f"outcome/{request.request_id}")]
+
+
 def _granted_call(
     state: SessionState,
     request: ApprovalState,
@@ -403,6 +604,9 @@ def _granted_call(
         requester=state.requested_by,
         at=now,
         rule_uses=rule_uses,
+        # Judged as it was asked about: without its taint, a tainted call of a high-risk
+        # tool would fall to another rule than the one that asked, and the grant be refused.
+        taint=request.taint,
     )
     if verdict.effect == "deny" or (
         verdict.effect == "require_approval" and verdict.rule != request.rule
@@ -438,6 +642,8 @@ def judge_release(
     session had been running; denied if the policy in force no longer lets it run."""
     if state.status == "paused" or request not in state.held_grants:
         return []
+    if request.permissions:
+        return _judged_again(state, request, policy, now, rule_uses)
     arguments = request.modified_arguments
     if arguments is None:
         arguments = request.arguments or {}
@@ -498,6 +704,8 @@ def _granters(
             and earlier.modified_arguments == vote.modified_arguments
             and (earlier.similar_limit, earlier.similar_until, earlier.similar_where)
             == (vote.similar_limit, vote.similar_until, vote.similar_where)
+            # Grants of a permission count together whatever end each gave: the last decides.
+            and earlier.grant_scope == vote.grant_scope
             and _may_decide(earlier.decided_by, roles)
         ):
             granters.setdefault(earlier.decided_by.id, earlier.decided_by)
@@ -572,9 +780,10 @@ def judge_expiry(
     request = state.approvals.get(request_id)
     if request is None or request.status != "pending" or request.expires_at > now:
         return []
+    asked = "permission" if request.permissions else "approval"
     return [
         Decision(ApprovalExpired(request_id=request_id), f"decided/{request_id}"),
-        *_deny_call(request, "nobody decided before the approval request expired", policy.hash),
+        *_deny_call(request, f"nobody decided before the {asked} request expired", policy.hash),
         *_reject_plan(
             request, "nobody approved the plan before the request expired", POLICY, policy.hash
         ),

@@ -23,6 +23,7 @@ from helmline.yamlfile import (
     Problem,
     YamlFileError,
     compose,
+    read_bounded,
     validation_problems,
 )
 
@@ -51,9 +52,9 @@ def policy_hash(content: bytes) -> str:
 def load_policy(path: Path, tools: Mapping[str, ToolSpec] = BUILTIN_TOOLS_BY_NAME) -> Policy:
     """The policy in `path`, or `PolicyFileError` naming each problem."""
     try:
-        content = path.read_bytes()
-    except OSError as error:
-        raise PolicyFileError(str(path), [Problem(1, "", f"cannot read: {error}")]) from error
+        content = read_bounded(path, what="policy")
+    except YamlFileError as error:
+        raise PolicyFileError(str(path), error.problems) from error
     return parse_policy(content, source=str(path), tools=tools)
 
 

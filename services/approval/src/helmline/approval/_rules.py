@@ -12,7 +12,7 @@ import itertools
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from types import MappingProxyType
 from typing import Protocol
@@ -37,8 +37,14 @@ from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
     Actor,
     ArgumentCondition,
+    CallTaint,
+    PermissionKey,
+    PermissionKind,
+    PermissionNeed,
     Risk,
+    TaintKind,
     ToolAction,
+    ToolEffect,
     ToolSpec,
 )
 
@@ -48,6 +54,8 @@ _SCREENED_BLOCK_MIN = 4
 """Fewer consecutive rules than this are cheaper to test one by one than to screen."""
 NO_USES: Mapping[str, Sequence[datetime]] = MappingProxyType({})
 """No call of the session ran under any rule yet."""
+PATH_ARGUMENT = "path"
+"""The argument a rule's `paths` judge (the built-in file tools' argument)."""
 _UNJOINABLE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(|^\(\?[aiLmsux]+\)")
 """Backreferences and global flags change meaning (or fail) inside a joined pattern."""
 
@@ -74,6 +82,16 @@ class CallFacts:
     """When the session's earlier calls were authorised, oldest first, by the rule that
     let them run (`uses_by_rule`): what `at_most` conditions count. Only the span the policy's
     longest `at_most` counts in need be given."""
+    hosts: tuple[str, ...] = ()
+    """Network hosts the call's step declares it reaches."""
+    granted: frozenset[PermissionKey] = frozenset()
+    """Permissions people granted the session on request that hold for this call (see
+    `SessionState.granted_permissions`): held as if the requester held them."""
+    tool_effect: ToolEffect = "external"
+    """What the tool's calls change, as declared."""
+    taint: CallTaint | None = None
+    """What untrusted content the model had read when it proposed the call; None when none
+    (or no model proposed it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +116,9 @@ class Verdict:
     approval: Approval | None = None
     sandbox_profile: str | None = None
     network: bool = False
+    missing: tuple[PermissionNeed, ...] = ()
+    """Permissions the call lacks, which people may grant on request: the verdict is what
+    the rules decide once they are held (never a denial)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +247,36 @@ class _ActionIs:
 
 
 @dataclass(frozen=True, slots=True)
+class _ToolEffectIs:
+    effects: frozenset[str]
+
+    def holds(self, facts: CallFacts) -> bool:
+        return facts.tool_effect in self.effects
+
+    def describe(self) -> str:
+        return f"the tool's effect is {' or '.join(sorted(self.effects))}"
+
+
+_TAINT_SAID: Mapping[TaintKind, str] = {
+    "influenced_by_untrusted": "the model had read untrusted output",
+    "after_injection_suspected": "the model had read a result flagged as a suspected injection",
+    "arguments_from_untrusted": "arguments come from untrusted output",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Tainted:
+    kinds: tuple[TaintKind, ...]
+
+    def holds(self, facts: CallFacts) -> bool:
+        taint = facts.taint
+        return taint is not None and any(taint.holds(kind) for kind in self.kinds)
+
+    def describe(self) -> str:
+        return " or ".join(_TAINT_SAID[kind] for kind in self.kinds)
+
+
+@dataclass(frozen=True, slots=True)
 class _RiskIs:
     risks: frozenset[str]
 
@@ -345,11 +396,11 @@ class _FewerCallsThan:
     def describe(self) -> str:
         return (
             f"fewer than {self.limit.calls} calls of the session ran under this rule in the "
-            f"last {_spoken(self.limit.per)}"
+            f"last {spoken(self.limit.per)}"
         )
 
 
-def _spoken(span: timedelta) -> str:
+def spoken(span: timedelta) -> str:
     """A span as a policy writes it: 90s, 10m, 2h, 1d."""
     seconds = span.total_seconds()
     for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -363,6 +414,10 @@ class _Rule:
     name: str
     verdict_template: RuleDocument
     approval: Approval | None
+    hosts: re.Pattern[str] | None
+    """The hosts the rule grants, compiled; None when it names none."""
+    paths: re.Pattern[str] | None
+    """The paths the rule grants, compiled; None when it names none (any path)."""
     static: tuple[_Condition, ...]
     """Conditions on tenant, tool and server: the same for every call of one tool."""
     dynamic: tuple[_Condition, ...]
@@ -388,6 +443,9 @@ class _Rule:
 
     def verdict(self, facts: CallFacts) -> Verdict:
         rule = self.verdict_template
+        hosts = () if rule.effect == "deny" else self.ungranted_hosts(facts)
+        path = () if rule.effect == "deny" else self.ungranted_path(facts)
+        missing = (*hosts, *path) if path else hosts
         return Verdict(
             effect=rule.effect,
             rule=self.name,
@@ -395,7 +453,42 @@ class _Rule:
             risk=facts.risk,
             approval=self.approval,
             sandbox_profile=rule.sandbox_profile,
-            network=rule.network,
+            # A call whose declared hosts are all granted needs a network to reach them.
+            network=rule.network or (bool(facts.hosts) and not hosts),
+            missing=missing,
+        )
+
+    def ungranted_path(self, facts: CallFacts) -> tuple[PermissionNeed, ...]:
+        """The call's `path` argument, when this rule names the paths it grants, the path is
+        not among them, and no grant lets the call reach it."""
+        if self.paths is None:
+            return ()
+        value = facts.arguments.get(PATH_ARGUMENT)
+        if not isinstance(value, str):
+            return ()
+        # Normalised, as path conditions judge it: `src/../etc` is the `etc` it reaches.
+        path = posixpath.normpath(value)
+        if self.paths.match(path) is not None or ("path", path) in facts.granted:
+            return ()
+        paths = self.verdict_template.paths or ()
+        reason = f"rule {self.name} grants only paths matching {_quoted(paths)}"
+        return (PermissionNeed(kind="path", name=path, reason=reason),)
+
+    def ungranted_hosts(self, facts: CallFacts) -> tuple[PermissionNeed, ...]:
+        """The hosts the call declares that neither this rule nor a grant lets it reach."""
+        rule = self.verdict_template
+        if not facts.hosts or (rule.network and self.hosts is None):
+            return ()  # `network: true` alone grants any host.
+        granted = (
+            f"grants only hosts matching {_quoted(rule.hosts)}"
+            if rule.hosts is not None
+            else "grants no network host"
+        )
+        return tuple(
+            PermissionNeed(kind="network", name=host, reason=f"rule {self.name} {granted}")
+            for host in facts.hosts
+            if not (self.hosts is not None and self.hosts.match(host))
+            and ("network", host) not in facts.granted
         )
 
 
@@ -448,6 +541,11 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
         static.append(_ToolIs(rule.tool, _glob_regex(rule.tool)))
     if rule.server is not None:
         static.append(_ServerIs(rule.server, _glob_regex(rule.server)))
+    if rule.taint is not None:
+        # First: most calls carry no taint, and this is the cheapest test that rules them out.
+        dynamic.append(_Tainted(rule.taint))
+    if rule.tool_effect is not None:
+        dynamic.append(_ToolEffectIs(frozenset(rule.tool_effect)))
     if rule.risk is not None:
         dynamic.append(_RiskIs(frozenset(rule.risk)))
     if rule.action is not None:
@@ -464,7 +562,9 @@ def _compile_rule(rule: RuleDocument, defaults: ApprovalTerms) -> _Rule:
     if rule.at_most is not None:
         dynamic.append(_FewerCallsThan(rule.name, rule.at_most))
     approval = _approval(rule.approval or defaults) if rule.effect == "require_approval" else None
-    return _Rule(rule.name, rule, approval, tuple(static), tuple(dynamic))
+    hosts = _glob_regex(tuple(h.lower() for h in rule.hosts)) if rule.hosts is not None else None
+    paths = _path_glob_regex(rule.paths) if rule.paths is not None else None
+    return _Rule(rule.name, rule, approval, hosts, paths, tuple(static), tuple(dynamic))
 
 
 class Policy:
@@ -562,9 +662,13 @@ class Policy:
         requester: Actor | None,
         at: datetime,
         rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
+        hosts: tuple[str, ...] = (),
+        granted: frozenset[PermissionKey] = frozenset(),
+        taint: CallTaint | None = None,
     ) -> CallFacts | None:
         """The facts of a call judged at `at`, after the session's earlier calls ran as
-        `rule_uses` says; or None for a tool the catalogue does not know."""
+        `rule_uses` says, reaching `hosts`, with the permissions `granted` on request and the
+        `taint` its proposal carries; or None for a tool the catalogue does not know."""
         spec = self.tools.get(tool)
         if spec is None:
             return None
@@ -581,6 +685,10 @@ class Policy:
             permission=spec.required_permission,
             action=spec.action,
             rule_uses=rule_uses,
+            hosts=hosts,
+            granted=granted,
+            tool_effect=spec.effect,
+            taint=taint,
         )
 
     def judge(
@@ -593,6 +701,9 @@ class Policy:
         declared_risk: Risk | None = None,
         requester: Actor | None = None,
         rule_uses: Mapping[str, Sequence[datetime]] = NO_USES,
+        hosts: tuple[str, ...] = (),
+        granted: frozenset[PermissionKey] = frozenset(),
+        taint: CallTaint | None = None,
     ) -> Verdict:
         """The verdict on a call judged at `at` (see `facts`): unknown tools are denied,
         then the first matching rule."""
@@ -604,16 +715,49 @@ class Policy:
             requester=requester,
             at=at,
             rule_uses=rule_uses,
+            hosts=hosts,
+            granted=granted,
+            taint=taint,
         )
         if facts is None:
             return unknown_tool_verdict(tool, declared_risk)
         return self.evaluate(facts)
 
     def evaluate(self, facts: CallFacts) -> Verdict:
-        """The first matching rule's verdict; a call no rule matches is denied, and so is a
-        call whose requester lacks the tool's permission, before any rule is tried."""
-        if facts.permission is not None and not _holds_permission(facts):
+        """The first matching rule's verdict; a call no rule matches is denied.
+
+        A call that lacks a permission (the tool's, which the requester does not hold nor
+        was granted; a declared host its rule does not grant) is denied, unless the policy
+        takes `permission_requests`: then the verdict is the rules' as if it were held, with
+        what it lacks in `missing` (a call the rules deny is denied: asking would not help).
+        """
+        lacks_permission = facts.permission is not None and not _holds_permission(facts)
+        asks = self.document.permission_requests is not None
+        if lacks_permission and not asks:
             return _missing_permission_verdict(facts)
+        verdict = self._first_match(facts)
+        if verdict.effect == "deny":
+            return verdict
+        missing = verdict.missing
+        if lacks_permission:
+            need = PermissionNeed(
+                kind="tool", name=facts.permission or "", reason=_missing_permission_reason(facts)
+            )
+            missing = (need, *missing)
+        if not missing:
+            return verdict
+        if asks:
+            return replace(verdict, missing=missing)
+        return replace(
+            verdict,
+            effect="deny",
+            reason=f"the call needs what its rule does not grant: {described(missing)}",
+            approval=None,
+            network=False,
+            missing=(),
+        )
+
+    def _first_match(self, facts: CallFacts) -> Verdict:
         for block in self._candidates_for(facts):
             rule = block.first_match(facts)
             if rule is not None:
@@ -627,8 +771,13 @@ class Policy:
 
     def explain(self, facts: CallFacts) -> tuple[tuple[RuleCheck, ...], Verdict]:
         """Every rule tried, in order, up to the one that matched; and the verdict (no rule
-        is tried for a requester who lacks the tool's permission)."""
-        if facts.permission is not None and not _holds_permission(facts):
+        is tried for a requester who lacks the tool's permission, unless the policy takes
+        permission requests)."""
+        if (
+            facts.permission is not None
+            and not _holds_permission(facts)
+            and self.document.permission_requests is None
+        ):
             return (), _missing_permission_verdict(facts)
         checks = []
         for rule in self._rules:
@@ -730,23 +879,46 @@ def _blocks(rules: tuple[_Rule, ...]) -> tuple[_Block, ...]:
     return tuple(blocks)
 
 
+_NEED_KINDS: Mapping[PermissionKind, str] = MappingProxyType(
+    {"tool": "the permission", "network": "network host", "path": "path"}
+)
+
+
+def described(needs: Sequence[PermissionNeed]) -> str:
+    """What a call lacks, in words: each permission, host or path, and why it is needed."""
+    return "; ".join(f"{_NEED_KINDS[need.kind]} {need.name} ({need.reason})" for need in needs)
+
+
 def _holds_permission(facts: CallFacts) -> bool:
-    # A permission is held as a role of the same name by the person who started the session.
+    # A permission is held as a role of the same name by the person who started the session,
+    # or granted to the session by people on request.
+    if facts.permission is None:
+        return True
+    if ("tool", facts.permission) in facts.granted:
+        return True
     return facts.requester is not None and facts.permission in facts.requester.roles
 
 
-def _missing_permission_verdict(facts: CallFacts) -> Verdict:
-    """Least privilege: a tool that requires a permission runs only for a requester holding
-    it, whatever the rules say (no rule and no person can grant what the requester lacks)."""
+def _missing_permission_reason(facts: CallFacts) -> str:
     requester = facts.requester
     needed = f"tool {facts.tool!r} requires the permission {facts.permission!r}"
-    reason = (
+    return (
         f"{needed}, which the requester {requester.id} (roles: "
         f"{', '.join(requester.roles) or 'none'}) does not hold"
         if requester is not None
         else f"{needed}, and who started the session is unknown"
     )
-    return Verdict(effect="deny", rule=MISSING_PERMISSION_RULE, reason=reason, risk=facts.risk)
+
+
+def _missing_permission_verdict(facts: CallFacts) -> Verdict:
+    """Least privilege: a tool that requires a permission runs only for a requester holding
+    it, whatever the rules say (unless the policy lets people grant it on request)."""
+    return Verdict(
+        effect="deny",
+        rule=MISSING_PERMISSION_RULE,
+        reason=_missing_permission_reason(facts),
+        risk=facts.risk,
+    )
 
 
 def unknown_tool_verdict(tool: str, declared_risk: Risk | None) -> Verdict:

@@ -183,6 +183,8 @@ def _schedule(step: StepState, attempt: int) -> Decision:
         arguments=step.arguments,
         risk=step.risk,
         requires_approval=step.requires_approval,
+        hosts=step.hosts,
+        taint=step.taint,
     )
     return Decision(scheduled, f"step/{step.id}/{attempt}")
 

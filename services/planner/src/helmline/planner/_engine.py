@@ -20,15 +20,30 @@ from helmline.contracts import (
     SessionState,
     ToolSpec,
     fold,
+    source_of,
 )
 from helmline.planner._domain import Decision
-from helmline.planner._goal import Purpose, interpret, limit_reached, prepare, react
+from helmline.planner._goal import (
+    Aside,
+    Purpose,
+    aside,
+    classify_request,
+    intent_thought,
+    interpret,
+    is_turn,
+    limit_reached,
+    prepare,
+    react,
+    session_marker,
+)
 from helmline.planner._providers import ModelCall, ModelError, cost_usd
 from helmline.planner._settings import PlannerSettings
+from helmline.planner._spotlight import Spotlight, new_marker
+from helmline.runtime import ERROR_MAX_BYTES, make_text_safe
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "helmline/planner"
+SOURCE = source_of("planner")
 
 Append = Callable[[Event], Awaitable[None]]
 
@@ -53,11 +68,15 @@ class GoalEngine:
         registry: Callable[[], Sequence[ToolSpec]],
         *,
         source: str = SOURCE,
+        marker: Callable[[], str] = new_marker,
     ) -> None:
+        """`marker` gives the spotlighting marker of a session whose log holds none yet:
+        random, except in a shadow replay, which uses the recorded session's."""
         self._settings = settings
         self._model = model
         self._registry = registry
         self._source = source
+        self._marker = marker
 
     async def handle(self, trigger: Event, log: list[Event], append: Append) -> None:
         """React to `trigger`. `log` is the session's whole log as read (it includes `trigger`,
@@ -71,12 +90,7 @@ class GoalEngine:
             return  # A later event already led to a model call that saw this one.
         while ask is not None and not fold(log).is_terminal:
             exchange = next(
-                (
-                    e
-                    for e in log
-                    if e.causation_id == cause.id and isinstance(e.data, ModelExchangeRecorded)
-                ),
-                None,
+                (e for e in log if e.causation_id == cause.id and is_turn(e)), None
             ) or await self._ask(ask, cause, log, append)
             if exchange is None:
                 return
@@ -94,28 +108,111 @@ class GoalEngine:
         if stop is not None:
             await self._append(cause, [Decision(stop, "end")], log, append)
             return None
-        prepared = prepare(state, log, self._registry(), self._settings)
+        registry = self._registry()
+        classify = classify_request(state, log, registry, self._settings)
+        if classify is not None:
+            classification = await self._aside(
+                "classify", classify, state, cause, log, append, spotlight=None
+            )
+            if classification is None:
+                return None
+            assert isinstance(classification.data, ModelExchangeRecorded)
+            await self._append(classification, intent_thought(classification.data), log, append)
+            state = fold(log)
+        spotlight = Spotlight(session_marker(log) or self._marker())
+        prepared = prepare(state, log, registry, self._settings, spotlight)
+        if prepared.summarise is not None:
+            summary = await self._aside(
+                "summarise", prepared.summarise, state, cause, log, append, spotlight=spotlight
+            )
+            if summary is None:
+                return None
+            assert isinstance(summary.data, ModelExchangeRecorded)
+            state = fold(log)
+            prepared = prepare(state, log, registry, self._settings, spotlight, summary.data)
         if prepared.compaction is not None:
             identity = f"compact/{prepared.compaction.turn}"
             await self._append(cause, [Decision(prepared.compaction, identity)], log, append)
+        return await self._exchange(
+            purpose,
+            prepared.request,
+            prepared.tools,
+            state,
+            cause,
+            log,
+            append,
+            key="model",
+            spotlight=spotlight,
+            spotlight_flagged=prepared.spotlight_flagged,
+            untrusted_read=prepared.untrusted_read,
+        )
+
+    async def _aside(
+        self,
+        purpose: Aside,
+        request: ModelRequestRecord,
+        state: SessionState,
+        cause: Event,
+        log: list[Event],
+        append: Append,
+        *,
+        spotlight: Spotlight | None,
+    ) -> Event | None:
+        """The answer of another model than the planning one, asked once per cause;
+        `spotlight` delimits the tool results its request shows, if it shows any."""
+        recorded = aside(log, purpose, cause.id)
+        if recorded is not None:
+            return recorded
+        return await self._exchange(
+            purpose, request, (), state, cause, log, append, key=purpose, spotlight=spotlight
+        )
+
+    async def _exchange(
+        self,
+        purpose: Purpose | Aside,
+        request: ModelRequestRecord,
+        tools: Sequence[ToolSpec],
+        state: SessionState,
+        cause: Event,
+        log: list[Event],
+        append: Append,
+        *,
+        key: str,
+        spotlight: Spotlight | None,
+        spotlight_flagged: tuple[str, ...] = (),
+        untrusted_read: tuple[str, ...] = (),
+    ) -> Event | None:
+        """Ask, and record the answer; None when the model could not be asked (the session
+        has failed, saying why). `state` is the session's as the log holds it now;
+        `spotlight` delimited the request's tool results, if it shows any, and
+        `spotlight_flagged` names the new ones that held a forged delimiter, `untrusted_read`
+        the new ones from untrusted tools."""
         try:
-            call = await self._model.complete(prepared.request, prepared.tools)
+            call = await self._model.complete(request, tools)
         except ModelError as error:
-            logger.warning("session %s: %s", cause.session_id, error)
-            failed = SessionFailed(reason=f"the model could not be asked: {error}")
-            await self._append(cause, [Decision(failed, "end")], log, append)
+            # The message may quote what a provider sent back: as unsafe as any output.
+            reason, _ = make_text_safe(
+                f"the model could not be asked: {error}", max_bytes=ERROR_MAX_BYTES
+            )
+            logger.warning("session %s: %s", cause.session_id, reason)
+            await self._append(cause, [Decision(SessionFailed(reason=reason), "end")], log, append)
             return None
         recorded = ModelExchangeRecorded(
             turn=state.model_calls + 1,
             purpose=purpose,
             provider=self._model.provider,
-            request=prepared.request,
+            request=request,
             reply=call.reply,
-            cost_usd=cost_usd(self._settings, prepared.request.model, call.reply.usage),
+            cost_usd=cost_usd(self._settings, request.model, call.reply.usage),
             duration_ms=call.duration_ms,
             attempts=call.attempts,
+            redacted_by=dict(call.redacted_by),
+            neutralised_by=dict(call.neutralised_by),
+            spotlight_marker=spotlight.marker if spotlight is not None else None,
+            spotlight_flagged=spotlight_flagged,
+            untrusted_read=untrusted_read,
         )
-        exchange = cause.derive(recorded, source=self._source, key="model")
+        exchange = cause.derive(recorded, source=self._source, key=key)
         await append(exchange)
         log.append(exchange)
         return exchange

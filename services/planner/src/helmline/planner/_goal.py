@@ -14,7 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
+from uuid import UUID
 
 import json_repair
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
@@ -52,9 +53,11 @@ from helmline.contracts import (
 from helmline.planner._context import (
     CHARS_PER_TOKEN,
     compact,
+    compaction_cut,
     estimate_tokens,
     schema_tokens,
     select_tools,
+    transcript,
     truncate,
 )
 from helmline.planner._domain import Decision, decide
@@ -63,13 +66,26 @@ from helmline.planner._prompts import (
     CREATE_PLAN,
     FINISH,
     GIVE_UP,
+    SYSTEM_CLASSIFY,
     control_tools,
     goal_message,
+    summarise_prompt,
     system_prompt,
 )
 from helmline.planner._settings import PlannerSettings
+from helmline.planner._spotlight import Spotlight
+from helmline.planner._taint import Reading, reading, taint_of
 
 Purpose = Literal["plan", "replan", "act", "verify", "repair"]
+"""Why the planning model is asked: the turns of the session's conversation."""
+Aside = Literal["summarise", "classify"]
+"""Why another model is asked, for the conversation's sake: a compaction's account of the
+turns it drops (the summarising model), the goal's intent and tools (the classifying one)."""
+CONVERSATION: frozenset[str] = frozenset(get_args(Purpose))
+CLASSIFY_DESCRIPTION_CHARS = 160
+"""Longest description of a tool the classifying model reads."""
+CLASSIFY_MAX_TOKENS = 1024
+"""Largest answer asked of the classifying model: an intent and a list of tool names."""
 PROBLEMS = frozenset({"failed", "denied"})
 THOUGHT_CHARS = 2000
 FACT_CHARS = 160
@@ -128,7 +144,7 @@ def _carry_on(
         return Reaction(decisions)
     problems = _new_problems(state, log)
     if problems:
-        seen = "; ".join(_outcome(state, step.id, 300)[2:] for step in problems)
+        seen = "; ".join(_outcome(state, step.id, 300, None)[2:] for step in problems)
         decisions.append(_thought("observation", seen))
     if state.mode == "act":
         return Reaction(decisions, "act")
@@ -147,14 +163,48 @@ def _new_problems(state: SessionState, log: Sequence[Event]) -> list[StepState]:
 
 def _after_last_exchange(log: Sequence[Event]) -> int:
     for index in range(len(log) - 1, -1, -1):
-        if isinstance(log[index].data, ModelExchangeRecorded):
+        if is_turn(log[index]):
             return index + 1
     return 0
 
 
+def is_turn(event: Event) -> bool:
+    """Whether the event records a turn of the conversation (not a summary or a
+    classification asked on the side)."""
+    data = event.data
+    return isinstance(data, ModelExchangeRecorded) and data.purpose in CONVERSATION
+
+
 def exchanges(log: Sequence[Event]) -> list[Event]:
-    """The session's model exchanges, in order."""
-    return [e for e in log if isinstance(e.data, ModelExchangeRecorded)]
+    """The turns of the session's conversation with the planning model, in order."""
+    return [e for e in log if is_turn(e)]
+
+
+def session_marker(log: Sequence[Event]) -> str | None:
+    """The spotlighting marker the session's requests use, once its first turn chose one."""
+    return next(
+        (
+            e.data.spotlight_marker
+            for e in log
+            if isinstance(e.data, ModelExchangeRecorded) and e.data.spotlight_marker is not None
+        ),
+        None,
+    )
+
+
+def aside(log: Sequence[Event], purpose: Aside, cause_id: UUID | None) -> Event | None:
+    """The recorded exchange of that purpose the event `cause_id` led to (with None, the
+    session's first of that purpose)."""
+    return next(
+        (
+            e
+            for e in log
+            if isinstance(e.data, ModelExchangeRecorded)
+            and e.data.purpose == purpose
+            and (cause_id is None or e.causation_id == cause_id)
+        ),
+        None,
+    )
 
 
 # --- limits -------------------------------------------------------------------------------
@@ -196,6 +246,12 @@ class Prepared:
     request: ModelRequestRecord
     tools: list[ToolSpec]
     compaction: ContextCompacted | None
+    spotlight_flagged: tuple[str, ...] = ()
+    """Steps whose result, new in this request, holds a forged delimiter or the marker."""
+    untrusted_read: tuple[str, ...] = ()
+    """Calls whose result, new in this request, came from an untrusted tool."""
+    summarise: ModelRequestRecord | None = None
+    """The summarising model's request, when the compaction waits for its account."""
 
 
 def prepare(
@@ -203,11 +259,14 @@ def prepare(
     log: Sequence[Event],
     registry: Sequence[ToolSpec],
     settings: PlannerSettings,
+    spotlight: Spotlight,
+    account: ModelExchangeRecorded | None = None,
 ) -> Prepared:
-    """The next request of the session, within its context budget."""
-    previous = exchanges(log)
-    turn = len(previous) + 1
-    messages = _conversation(state, log, previous, settings)
+    """The next request of the session, within its context budget, each tool result in it
+    delimited by `spotlight`. When it needs a compaction and no `account` of the dropped
+    turns is given (the summarising model's recorded answer), `summarise` is the request
+    that asks for one: prepare again with it."""
+    messages = _conversation(state, log, exchanges(log), settings, spotlight)
     used = [s.tool for s in state.steps.values()]
     context = [state.goal, *(m.content for m in messages[-3:])]
     budget = settings.prompt_budget()
@@ -215,26 +274,33 @@ def prepare(
     schema_room = int(budget * settings.planner_tool_schema_share) - sum(
         schema_tokens(tool) for tool in controls
     )
-    tools = [
-        *select_tools(registry, context, used, settings.planner_max_tools, schema_room),
-        *controls,
-    ]
-    system = system_prompt(state.mode, settings.planner_system_prompt)
+    picked = classified(log)
+    chosen = select_tools(registry, context, used, settings.planner_max_tools, schema_room, picked)
+    tools = [*chosen, *controls]
+    system = system_prompt(state.mode, settings.planner_system_prompt, spotlight)
     size = estimate_tokens(system, messages, tools)
-    compaction = None
-    if size > settings.planner_compact_at * budget:
-        summary_chars = budget * SUMMARY_SHARE * CHARS_PER_TOKEN
-        compacted = compact(messages, _facts(state, int(summary_chars)))
-        if compacted is not None:
-            messages = list(compacted.messages)
-            compaction = ContextCompacted(
-                turn=turn,
-                budget_tokens=budget,
-                tokens_before=size,
-                tokens_after=estimate_tokens(system, messages, tools),
-                dropped_messages=compacted.dropped,
-                kept=compacted.kept,
+    compaction = summarise = None
+    cut = compaction_cut(messages) if size > settings.planner_compact_at * budget else None
+    if cut is not None:
+        # Half the summary's room for the log's facts, half for the model's account.
+        summary_chars = int(budget * SUMMARY_SHARE * CHARS_PER_TOKEN) // 2
+        if account is None:
+            summarise = _summarise_request(
+                state, messages[1:cut], summary_chars, settings, spotlight
             )
+        words = truncate(account.reply.content, summary_chars) if account is not None else ""
+        compacted = compact(messages, _facts(state, summary_chars, spotlight), words)
+        assert compacted is not None  # `compaction_cut` found turns to drop.
+        messages = list(compacted.messages)
+        compaction = ContextCompacted(
+            turn=state.model_calls + 1,
+            budget_tokens=budget,
+            tokens_before=size,
+            tokens_after=estimate_tokens(system, messages, tools),
+            dropped_messages=compacted.dropped,
+            kept=compacted.kept,
+            summarised_by=account.request.model if account is not None else None,
+        )
     request = ModelRequestRecord(
         model=settings.model_for("planning"),
         system=system,
@@ -242,11 +308,140 @@ def prepare(
         tools=tuple(tool.name for tool in tools),
         max_tokens=settings.llm_max_output_tokens,
     )
-    return Prepared(request=request, tools=tools, compaction=compaction)
+    return Prepared(
+        request=request,
+        tools=tools,
+        compaction=compaction,
+        spotlight_flagged=_forged_delimiters(log, spotlight),
+        untrusted_read=_untrusted_results(log),
+        summarise=summarise,
+    )
+
+
+def _forged_delimiters(log: Sequence[Event], spotlight: Spotlight) -> tuple[str, ...]:
+    """Steps whose result arrived since the model last spoke (so is new in the next
+    request) and holds the session's marker or a tag of the delimiters' form."""
+    return tuple(
+        e.data.step_id
+        for e in log[_after_last_exchange(log) :]
+        if isinstance(e.data, ToolCallCompleted | ToolCallFailed)
+        and spotlight.holds_delimiter(_tool_text(e.data))
+    )
+
+
+def _untrusted_results(log: Sequence[Event]) -> tuple[str, ...]:
+    """Calls whose result arrived since the model last spoke (so is new in the next
+    request) from a tool not declared trusted."""
+    return tuple(
+        e.data.call_id
+        for e in log[_after_last_exchange(log) :]
+        if isinstance(e.data, ToolCallCompleted) and e.data.untrusted
+    )
+
+
+def _tool_text(result: ToolCallCompleted | ToolCallFailed) -> str:
+    """What a tool wrote of a result or failure, as `_outcome` shows it to the model."""
+    if isinstance(result, ToolCallFailed):
+        return result.error.message
+    return json.dumps(result.output)
+
+
+def _summarise_request(
+    state: SessionState,
+    dropped: Sequence[ModelMessage],
+    summary_chars: int,
+    settings: PlannerSettings,
+    spotlight: Spotlight,
+) -> ModelRequestRecord:
+    """What the summarising model is asked about the turns a compaction drops. The turns
+    are cut to what the prompt's budget holds: they came from a request over it."""
+    room = int(settings.prompt_budget() * settings.planner_compact_at) * CHARS_PER_TOKEN
+    system = summarise_prompt(spotlight)
+    turns = transcript(dropped, room - len(state.goal) - len(system))
+    content = f"{goal_message(state.goal)}\n\nThe turns to summarise:\n{turns}"
+    return ModelRequestRecord(
+        model=settings.model_for("summarising"),
+        system=system,
+        messages=(ModelMessage(role="user", content=content),),
+        max_tokens=max(1, min(settings.llm_max_output_tokens, summary_chars // CHARS_PER_TOKEN)),
+    )
+
+
+def classify_request(
+    state: SessionState,
+    log: Sequence[Event],
+    registry: Sequence[ToolSpec],
+    settings: PlannerSettings,
+) -> ModelRequestRecord | None:
+    """What the classifying model is asked before the session's first turn: the goal's
+    intent and the tools relevant to it, among more than a request can offer. None once
+    asked, once the conversation has begun, or when every tool fits in a request."""
+    if state.model_calls:
+        return None  # Classified already, or the conversation has begun.
+    budget = settings.prompt_budget()
+    room = int(budget * settings.planner_tool_schema_share) - sum(
+        schema_tokens(tool) for tool in control_tools(state.mode)
+    )
+    fits = select_tools(registry, [state.goal], (), settings.planner_max_tools, room)
+    if len(fits) == len(registry):
+        return None
+    lines: list[str] = []
+    left = int(budget * settings.planner_compact_at) * CHARS_PER_TOKEN - len(state.goal)
+    for tool in registry:
+        description = truncate(tool.description, CLASSIFY_DESCRIPTION_CHARS).split("\n")[0]
+        line = f"- {tool.name}: {description}"
+        left -= len(line) + 1
+        if left < 0:
+            break
+        lines.append(line)
+    content = f"{goal_message(state.goal)}\n\nThe tools:\n" + "\n".join(lines)
+    return ModelRequestRecord(
+        model=settings.model_for("classifying"),
+        system=SYSTEM_CLASSIFY,
+        messages=(ModelMessage(role="user", content=content),),
+        max_tokens=min(settings.llm_max_output_tokens, CLASSIFY_MAX_TOKENS),
+    )
+
+
+class _Classification(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    intent: str = ""
+    tools: list[str] = Field(default_factory=list)
+
+
+def _classification(exchange: ModelExchangeRecorded) -> _Classification:
+    """The classifying model's answer, read leniently: an answer that is not the asked-for
+    JSON picks no tool (selection then goes by the words of the goal)."""
+    try:
+        return _Classification.model_validate(json_repair.loads(exchange.reply.content))
+    except ValidationError:
+        return _Classification()
+
+
+def classified(log: Sequence[Event]) -> tuple[str, ...]:
+    """The tools the classifying model picked for the session's goal, most relevant first."""
+    event = aside(log, "classify", None)
+    if event is None:
+        return ()
+    assert isinstance(event.data, ModelExchangeRecorded)
+    return tuple(_classification(event.data).tools)
+
+
+def intent_thought(exchange: ModelExchangeRecorded) -> list[Decision]:
+    """What the classification says, as a thought for people watching the session."""
+    answer = _classification(exchange)
+    if not answer.intent and not answer.tools:
+        return [_thought("observation", "the classifying model named no intent and no tool")]
+    tools = ", ".join(answer.tools) or "none"
+    return [_thought("observation", f"intent: {answer.intent or '?'}; tools picked: {tools}")]
 
 
 def _conversation(
-    state: SessionState, log: Sequence[Event], previous: list[Event], settings: PlannerSettings
+    state: SessionState,
+    log: Sequence[Event],
+    previous: list[Event],
+    settings: PlannerSettings,
+    spotlight: Spotlight,
 ) -> list[ModelMessage]:
     if not previous:
         return [ModelMessage(role="user", content=goal_message(state.goal))]
@@ -262,7 +457,9 @@ def _conversation(
         return [*messages, ModelMessage(role="user", content=note)]
     caused = [e for e in log if e.causation_id == last.id]
     for call in reply.tool_calls:
-        answer = _answer(call, last.data, log, caused, state, settings.planner_max_result_chars)
+        answer = _answer(
+            call, last.data, log, caused, state, settings.planner_max_result_chars, spotlight
+        )
         messages.append(ModelMessage(role="tool", tool_call_id=call.id, content=answer))
     return messages
 
@@ -274,6 +471,7 @@ def _answer(
     caused: list[Event],
     state: SessionState,
     limit: int,
+    spotlight: Spotlight,
 ) -> str:
     """What the planner tells the model about one of its calls, once acted on."""
     parsed = parse_call(call, exchange)
@@ -299,7 +497,7 @@ def _answer(
         return f"Plan revision {plan.revision} was rejected by policy: {rejection[0]}"
     if parsed.name == CREATE_PLAN:
         lines = [f"Plan revision {plan.revision}:"]
-        lines += [_outcome(state, step.id, limit) for step in plan.steps]
+        lines += [_outcome(state, step.id, limit, spotlight) for step in plan.steps]
         if any(state.steps[s.id].status in PROBLEMS for s in plan.steps if s.id in state.steps):
             lines.append(
                 "Some steps did not succeed. Call create_plan with a new plan for what remains "
@@ -314,20 +512,31 @@ def _answer(
     step_id = _step_id(
         exchange, exchange.reply.tool_calls.index(call), len(exchange.reply.tool_calls)
     )
-    return _outcome(state, step_id, limit)
+    return _outcome(state, step_id, limit, spotlight)
 
 
-def _outcome(state: SessionState, step_id: str, limit: int) -> str:
+def _outcome(state: SessionState, step_id: str, limit: int, spotlight: Spotlight | None) -> str:
+    """A step's outcome in a line: for the model, what its tool wrote is delimited by the
+    session's `spotlight`; None writes it plain, for people (a thought).
+
+    Every tool's text is delimited, the built-in tools' too: they read a workspace that may
+    have been filled from outside (a cloned repository, a download, a command's network
+    output), and no tool result is ever a source of instructions to the planner, so
+    treating a trusted one as data costs its delimiters' few tokens and nothing else."""
     step = state.steps.get(step_id)
     if step is None:
         return f"- {step_id}: unknown"
     head = f"- {step.id} ({step.tool})"
+
+    def shown(text: str) -> str:
+        return text if spotlight is None else spotlight.enclose(text)
+
     match step.status:
         case "succeeded":
-            return f"{head}: succeeded: {truncate(json.dumps(step.output), limit)}"
+            return f"{head}: succeeded: {shown(truncate(json.dumps(step.output), limit))}"
         case "failed" if step.error is not None:
             hint = f" Suggestion: {step.error.suggestion}" if step.error.suggestion else ""
-            return f"{head}: failed ({step.error.kind}): {step.error.message}.{hint}"
+            return f"{head}: failed ({step.error.kind}): {shown(step.error.message)}.{hint}"
         case "denied":
             return f"{head}: denied by policy: {step.reason}"
         case "skipped":
@@ -336,7 +545,7 @@ def _outcome(state: SessionState, step_id: str, limit: int) -> str:
             return f"{head}: {step.status}"
 
 
-def _facts(state: SessionState, budget_chars: int) -> list[str]:
+def _facts(state: SessionState, budget_chars: int, spotlight: Spotlight) -> list[str]:
     """What a compaction keeps, from the log's facts rather than a paraphrase: the goal's
     criteria, the plan in force and each step's outcome, newest kept when space runs out."""
     facts = []
@@ -345,7 +554,7 @@ def _facts(state: SessionState, budget_chars: int) -> list[str]:
         facts.append(f"completion criteria{required}: " + "; ".join(state.completion_criteria))
     # In the order steps were first scheduled (a replan lays its new steps out first).
     ordered = dict.fromkeys([*state.calls.values(), *state.steps])
-    steps = [_outcome(state, step_id, FACT_CHARS)[2:] for step_id in ordered]
+    steps = [_outcome(state, step_id, FACT_CHARS, spotlight)[2:] for step_id in ordered]
     kept: list[str] = []
     room = budget_chars - sum(len(fact) for fact in facts)
     for fact in reversed(steps):
@@ -492,6 +701,13 @@ def interpret(
     assert isinstance(exchange, ModelExchangeRecorded)
     reply = exchange.reply
     decisions: list[Decision] = []
+    if exchange.spotlight_flagged:
+        steps = ", ".join(exchange.spotlight_flagged)
+        seen = (
+            f"the results of {steps} held a data delimiter or the session's marker, trying "
+            "to end their data early (or the marker leaked); escaped before the model read them"
+        )
+        decisions.append(_thought("observation", seen))
     if reply.content.strip():
         decisions.append(_thought("reasoning", reply.content))
     parsed = [parse_call(call, exchange) for call in reply.tool_calls]
@@ -516,12 +732,12 @@ def interpret(
         return Reaction([*decisions, *end.decisions], end.ask)
     plan = next((p for p in usable if p.name == CREATE_PLAN), None)
     if plan is not None:
-        return Reaction([*decisions, *_propose(state, plan)])
+        return Reaction([*decisions, *_propose(state, plan, reading(log))])
     calls = [p for p in usable if p.name not in CONTROL_TOOLS]
     loop = _loop(log, calls, settings.planner_loop_repeats)
     if loop is not None:
         return Reaction([*decisions, *loop])
-    return Reaction([*decisions, *_act(state, exchange, calls)])
+    return Reaction([*decisions, *_act(state, exchange, calls, reading(log))])
 
 
 def _thought(
@@ -633,9 +849,11 @@ def _step_id(exchange: ModelExchangeRecorded, index: int, count: int) -> str:
     return f"t{exchange.turn}" if count == 1 else f"t{exchange.turn}.{index + 1}"
 
 
-def _propose(state: SessionState, plan: Parsed) -> list[Decision]:
+def _propose(state: SessionState, plan: Parsed, read: Reading) -> list[Decision]:
     draft = _Draft.model_validate(plan.arguments)
-    steps = plan.steps
+    steps = tuple(
+        step.model_copy(update={"taint": taint_of(read, step.arguments)}) for step in plan.steps
+    )
     revision = state.plan_revision + 1
     proposed = PlanProposed(
         revision=revision,
@@ -670,7 +888,7 @@ def _supersede(state: SessionState, revision: int) -> list[Decision]:
 
 
 def _act(
-    state: SessionState, exchange: ModelExchangeRecorded, calls: list[Parsed]
+    state: SessionState, exchange: ModelExchangeRecorded, calls: list[Parsed], read: Reading
 ) -> list[Decision]:
     count = len(exchange.reply.tool_calls)
     steps = tuple(
@@ -678,6 +896,7 @@ def _act(
             id=_step_id(exchange, exchange.reply.tool_calls.index(p.call), count),
             tool=p.name,
             arguments=p.arguments,
+            taint=taint_of(read, p.arguments),
         )
         for p in calls
     )

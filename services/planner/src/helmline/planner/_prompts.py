@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from helmline.contracts import ToolSpec
+from helmline.planner._spotlight import Spotlight
 
 CREATE_PLAN = "create_plan"
 FINISH = "finish"
@@ -26,6 +27,19 @@ SYSTEM_PLAN = (
     "completion criterion against the results and call finish, reporting each criterion as "
     "met or not with its evidence; the session ends when enough of them are met. Never answer "
     "with free text alone."
+)
+SYSTEM_CLASSIFY = (
+    "You classify a goal given to an agent that acts with tools. Say in a few words what "
+    "the goal asks for, and name the listed tools that could help reach it, the most "
+    'relevant first. Answer with one JSON object and nothing else: {"intent": "...", '
+    '"tools": ["tool name", ...]}.'
+)
+
+SYSTEM_SUMMARISE = (
+    "You summarise the earlier turns of an agent's work on a goal, for the agent itself to "
+    "carry on from: what was tried, what was learnt, what is left to do. Keep names, paths, "
+    "numbers and error messages exact; add nothing that the turns do not say. Answer with "
+    "the summary alone, in short plain sentences."
 )
 
 SYSTEM_ACT = (
@@ -120,11 +134,17 @@ def control_tools(mode: str) -> list[ToolSpec]:
     return [CONTROL_TOOLS[name] for name in names]
 
 
-def system_prompt(mode: str, override: str | None) -> str:
-    """The system prompt of a session: the configured one, else the mode's own."""
-    if override:
-        return override
-    return SYSTEM_ACT if mode == "act" else SYSTEM_PLAN
+def system_prompt(mode: str, override: str | None, spotlight: Spotlight) -> str:
+    """The system prompt of a session's turns: the configured one, else the mode's own,
+    then spotlighting's standing instruction (a configured prompt gets it too: it is a
+    defence, not a matter of style)."""
+    base = override or (SYSTEM_ACT if mode == "act" else SYSTEM_PLAN)
+    return f"{base}\n\n{spotlight.instruction()}"
+
+
+def summarise_prompt(spotlight: Spotlight) -> str:
+    """The summarising model's system prompt: the turns it reads hold tool results too."""
+    return f"{SYSTEM_SUMMARISE}\n\n{spotlight.instruction()}"
 
 
 def goal_message(goal: str) -> str:

@@ -16,11 +16,12 @@ import random
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import JsonValue
 
 from helmline.contracts import (
     ModelMessage,
@@ -31,7 +32,7 @@ from helmline.contracts import (
     ToolSpec,
 )
 from helmline.planner._settings import PlannerSettings
-from helmline.runtime import retry_after_s
+from helmline.runtime import SafeOutput, make_safe, make_text_safe, retry_after_s
 
 RETRIED_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 ANTHROPIC_VERSION = "2023-06-01"
@@ -55,8 +56,13 @@ class ModelCall:
     """A model's answer and what it took to get it."""
 
     reply: ModelReply
+    """The answer, made safe: what the log may record and the planner act on."""
     attempts: int
     duration_ms: float
+    redacted_by: Mapping[str, int] = field(default_factory=dict[str, int])
+    """How many values each output-safety rule redacted from the answer, by rule name."""
+    neutralised_by: Mapping[str, int] = field(default_factory=dict[str, int])
+    """How many places of the answer each injection rule neutralised, by rule name."""
 
 
 @dataclass(slots=True)
@@ -120,7 +126,7 @@ class ModelClient(ABC):
                 await asyncio.sleep(self._wait(retry.after_s, attempts))
                 continue
             elapsed_ms = (time.monotonic() - started) * 1000
-            return ModelCall(reply=reply, attempts=attempts, duration_ms=elapsed_ms)
+            return made_safe(reply, attempts, elapsed_ms, self._settings.llm_max_reply_bytes)
 
     def _wait(self, after_s: float | None, attempts: int) -> float:
         cap = self._settings.llm_max_retry_wait_s
@@ -174,6 +180,44 @@ class ModelClient(ABC):
         self, events: AsyncIterator[tuple[str, dict[str, Any]]], names: _ToolNames
     ) -> ModelReply:
         """The reply assembled from a streamed answer's server-sent events."""
+
+
+def made_safe(reply: ModelReply, attempts: int, duration_ms: float, max_bytes: int) -> ModelCall:
+    """The call with its answer passed through output safety, as every output that reaches
+    the log is: the text (plans, thoughts and final answers are made of it) and the
+    arguments of each call (a secret the model repeats must not reach a tool's event)."""
+    redacted: dict[str, int] = {}
+    neutralised: dict[str, int] = {}
+
+    def count(safe: SafeOutput) -> None:
+        for counts, fired in ((redacted, safe.redacted_by), (neutralised, safe.neutralised_by)):
+            for name, times in fired.items():
+                counts[name] = counts.get(name, 0) + times
+
+    content, safe = make_text_safe(reply.content, max_bytes=max_bytes)
+    count(safe)
+    calls: list[ModelToolCall] = []
+    for call in reply.tool_calls:
+        arguments, safe = _safe_arguments(call.arguments, max_bytes)
+        count(safe)
+        changed = arguments is not call.arguments
+        calls.append(call.model_copy(update={"arguments": arguments}) if changed else call)
+    safe_reply = reply.model_copy(update={"content": content, "tool_calls": tuple(calls)})
+    return ModelCall(safe_reply, attempts, duration_ms, redacted, neutralised)
+
+
+def _safe_arguments(arguments: str, max_bytes: int) -> tuple[str, SafeOutput]:
+    """Arguments made safe value by value, so that they stay the JSON they were; arguments
+    that are not JSON are made safe as text (the planner asks the model to repair them).
+    Instructions in them are counted, not marked: they are what the tool is to do."""
+    try:
+        parsed: JsonValue = json.loads(arguments)
+    except ValueError:
+        return make_text_safe(arguments, max_bytes=max_bytes)
+    safe = make_safe(parsed, max_bytes=max_bytes, mark_instructions=False)
+    if not (safe.redacted_by or safe.truncated):
+        return arguments, safe
+    return json.dumps(safe.output, ensure_ascii=False), safe
 
 
 class _Retry(Exception):

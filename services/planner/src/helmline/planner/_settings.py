@@ -55,6 +55,9 @@ class PlannerSettings(RuntimeSettings):
     """Ask for server-sent events and assemble the answer as it streams."""
     llm_max_output_tokens: int = Field(default=4096, ge=1)
     """Largest reply asked for."""
+    llm_max_reply_bytes: int = Field(default=262_144, ge=1024)
+    """Longest text of a reply (its answer, and each call's arguments) recorded; the rest
+    is cut with a marker, as output safety cuts every output that reaches the log."""
     llm_prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
     """USD per million input and output tokens, by model (JSON); cost is unknown without."""
 

@@ -31,8 +31,10 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.planner._engine import GoalEngine
+from helmline.planner._goal import session_marker
 from helmline.planner._providers import ModelCall, ModelError
 from helmline.planner._settings import PlannerSettings
+from helmline.planner._spotlight import new_marker
 
 SOURCE = "helmline/shadow"
 PLANNER_INPUTS = (
@@ -159,8 +161,16 @@ async def shadow_replay(
         shadow_session_id=shadow_id,
         recorded_status=fold(recording).status,
     )
+    # The recorded session's spotlighting marker, so the shadow's requests delimit tool
+    # results alike; a session recorded before spotlighting has none, and its replay names
+    # the new system prompt as the first divergence, which it is.
+    recorded_marker = session_marker(recording)
     engine = GoalEngine(
-        settings, RecordedModel(recording, report), lambda: registry, source="helmline/planner"
+        settings,
+        RecordedModel(recording, report),
+        lambda: registry,
+        source="helmline/planner",
+        marker=new_marker if recorded_marker is None else lambda: recorded_marker,
     )
     started = new_event(original.data, tenant=original.tenant, session_id=shadow_id, source=SOURCE)
     log: list[Event] = [started]

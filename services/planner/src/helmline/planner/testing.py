@@ -34,9 +34,12 @@ from helmline.contracts import (
     SessionStarted,
     StepScheduled,
     ToolCallCompleted,
+    ToolCallFailed,
+    ToolError,
     new_event,
 )
 from helmline.planner._engine import GoalEngine
+from helmline.planner._prompts import SYSTEM_CLASSIFY, SYSTEM_SUMMARISE
 
 Protocol = Literal["openai", "anthropic"]
 
@@ -93,6 +96,19 @@ class Received:
         return [tool["name"] for tool in tools]
 
     @property
+    def model(self) -> str:
+        """The model asked."""
+        return str(self.body.get("model", ""))
+
+    @property
+    def purpose(self) -> Literal["summarise", "classify", "turn"]:
+        """What the planner asked for, told by the system prompt: an account of compacted
+        turns, a classification of the goal, or a turn of the conversation."""
+        if self.system.startswith(SYSTEM_SUMMARISE):
+            return "summarise"
+        return "classify" if self.system == SYSTEM_CLASSIFY else "turn"
+
+    @property
     def system(self) -> str:
         """The system prompt."""
         if self.protocol == "anthropic":
@@ -121,6 +137,41 @@ class Received:
 
 
 Responder = Callable[[Received], Reply]
+
+
+def with_asides(
+    turns: Sequence[Reply] | Responder,
+    *,
+    summary: str = "Earlier turns went as planned.",
+    intent: str = "",
+    tools: Sequence[str] = (),
+) -> Responder:
+    """A script whose turns of the conversation come from `turns`, and whose summaries and
+    classifications (asked on the side) are answered with `summary`, and `intent` and
+    `tools` as the classifying model's JSON."""
+    replies = turns if callable(turns) else _queue(turns)
+
+    def respond(received: Received) -> Reply:
+        match received.purpose:
+            case "summarise":
+                return Reply(text=summary)
+            case "classify":
+                return Reply(text=json.dumps({"intent": intent, "tools": list(tools)}))
+            case "turn":
+                return replies(received)
+
+    return respond
+
+
+def _queue(replies: Sequence[Reply]) -> Responder:
+    queue = list(replies)
+
+    def responder(_: Received) -> Reply:
+        if not queue:
+            return Reply(status=500, text="the script has no more replies")
+        return queue.pop(0)
+
+    return responder
 
 
 @dataclass(slots=True)
@@ -169,16 +220,7 @@ class ScriptedModel:
 
     def script(self, key: str, replies: Sequence[Reply] | Responder) -> None:
         """Answer conversations whose first user message contains `key`."""
-        if callable(replies):
-            responder = replies
-        else:
-            queue = list(replies)
-
-            def responder(_: Received) -> Reply:
-                if not queue:
-                    return Reply(status=500, text="the script has no more replies")
-                return queue.pop(0)
-
+        responder = replies if callable(replies) else _queue(replies)
         with self._lock:
             self._scripts[key] = _Script(responder)
 
@@ -383,10 +425,21 @@ class InMemoryWorld:
     """Policy that approves every plan and tools that answer at once, around a goal engine,
     over a log kept in memory: the planner's loop without NATS or other services."""
 
-    def __init__(self, engine: GoalEngine, output: JsonValue = None) -> None:
+    def __init__(
+        self,
+        engine: GoalEngine,
+        output: JsonValue = None,
+        error: ToolError | None = None,
+        *,
+        untrusted: bool = False,
+    ) -> None:
         self.engine = engine
         self.output = output
         """What every tool call returns; None returns the call's arguments."""
+        self.untrusted = untrusted
+        """Whether every result comes from an untrusted tool (an MCP tool's, by default)."""
+        self.error = error
+        """What every tool call fails with instead, when set."""
         self.log: list[Event] = []
 
     async def run(self, goal: str, mode: Literal["plan", "act"] = "act") -> list[Event]:
@@ -405,7 +458,9 @@ class InMemoryWorld:
 
         while queue:
             event = queue.pop(0)
-            if isinstance(event.data, SessionStarted | PlanApproved | ToolCallCompleted):
+            if isinstance(
+                event.data, SessionStarted | PlanApproved | ToolCallCompleted | ToolCallFailed
+            ):
                 await self.engine.handle(event, self.log, append)
             for answer in self._answer(event):
                 self.log.append(answer)
@@ -417,10 +472,19 @@ class InMemoryWorld:
         if isinstance(data, PlanProposed):
             approved = PlanApproved(revision=data.revision, approved_by=Actor(id="policy"))
             return [event.derive(approved, source="policy")]
+        if isinstance(data, StepScheduled) and self.error is not None:
+            failed = ToolCallFailed(
+                call_id=data.call_id, step_id=data.step_id, tool=data.tool, error=self.error
+            )
+            return [event.derive(failed, source="tools")]
         if isinstance(data, StepScheduled):
             output = self.output if self.output is not None else data.arguments
             completed = ToolCallCompleted(
-                call_id=data.call_id, step_id=data.step_id, tool=data.tool, output=output
+                call_id=data.call_id,
+                step_id=data.step_id,
+                tool=data.tool,
+                output=output,
+                untrusted=self.untrusted,
             )
             return [event.derive(completed, source="tools")]
         return []

@@ -6,7 +6,7 @@ unprivileged uid) with cgroup and rlimit limits, and are killed when their sessi
 cancelled. No call runs twice, whatever crashes.
 """
 
-from helmline.sandbox._backends import SandboxUnavailable
+from helmline.sandbox._errors import SandboxUnavailable
 from helmline.sandbox._handlers import SandboxHandler
 from helmline.sandbox._manifests import Entry, Manifest
 from helmline.sandbox._service import sandbox_setup, tools_for

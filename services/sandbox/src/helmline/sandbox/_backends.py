@@ -11,16 +11,21 @@ import logging
 import math
 import os
 import resource
-import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from helmline.contracts import ResourceUsage, ToolError
+from helmline.sandbox._bubblewrap import (
+    NAMESPACES_ADVICE,
+    Bubblewrap,
+    find_bubblewrap,
+    namespaces_refused,
+)
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,
@@ -29,7 +34,14 @@ from helmline.sandbox._cgroups import (
     detect_layout,
     remove_stale,
 )
-from helmline.sandbox._commands import CommandControl, CommandRun, Launch, Reaper, run_process
+from helmline.sandbox._commands import (
+    MARKER_VARIABLE,
+    CommandControl,
+    CommandRun,
+    Launch,
+    Reaper,
+    run_process,
+)
 from helmline.sandbox._confinement import (
     SEARCH_PATH,
     SHELL,
@@ -40,7 +52,7 @@ from helmline.sandbox._confinement import (
     limited_argv,
     session_uid,
 )
-from helmline.sandbox._errors import SandboxError, ToolRefused
+from helmline.sandbox._errors import SandboxUnavailable, ToolRefused
 from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
 from helmline.sandbox._paths import NO_RULES, PathRules
 from helmline.sandbox._settings import SandboxSettings
@@ -54,16 +66,17 @@ from helmline.sandbox._watch import (
 
 logger = logging.getLogger(__name__)
 
+UNSANDBOXED_WARNING = (
+    "UNSANDBOXED (HELMLINE_SANDBOX_BACKEND=unsandboxed): commands run WITHOUT isolation, "
+    "with the service's privileges, network and files; never use this outside development"
+)
+
 _SANDBOX_PROCESSES = 2
 """bubblewrap and its pid-namespace init, counted by the pids cgroup besides the command."""
 _REMOVAL_ATTEMPTS = 100
 _STALE_AFTER_S = 300.0
 """Age past which an empty call cgroup found at start is taken to be left by a killed
 sandbox: far longer than the moment between a cgroup's creation and its first process."""
-
-
-class SandboxUnavailable(SandboxError):
-    """The configured backend cannot run on this host; the service must not start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,9 @@ class CommandJob:
     """Parts of the workspace the command may only read, or not see (process backend)."""
     disk_allowed: int | None = None
     """Bytes the workspace may take while the command runs; None: no quota."""
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
+    """The call's own environment variables (secrets resolved), under those every command
+    gets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,10 @@ class CommandBackend(Protocol):
 
     async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
         """Run one command to its end, killing everything it started."""
+        ...
+
+    def describe(self) -> str:
+        """How commands are confined, for operators (`helmline status`, the start log)."""
         ...
 
     async def close(self) -> None:
@@ -193,11 +213,15 @@ def session_owner(settings: SandboxSettings, tenant: str, session_id: str) -> in
 class ProcessBackend:
     """bubblewrap namespaces, the call's own cgroups and rlimits."""
 
-    def __init__(self, settings: SandboxSettings, bwrap: str, layout: CgroupLayout) -> None:
+    def __init__(self, settings: SandboxSettings, bwrap: Bubblewrap, layout: CgroupLayout) -> None:
         self._settings = settings
-        self._bwrap = bwrap
+        self.bwrap = bwrap
+        """The bubblewrap that confines every call."""
         self._layout = layout
         self._removals: set[asyncio.Task[None]] = set()
+
+    def describe(self) -> str:
+        return f"{self.bwrap.describe()}, cgroups {self._layout.version}"
 
     @classmethod
     async def start(cls, settings: SandboxSettings) -> ProcessBackend:
@@ -205,21 +229,15 @@ class ProcessBackend:
 
         Raises `SandboxUnavailable`, saying what to install or configure, otherwise.
         """
-        bwrap = shutil.which(settings.bwrap_path)
-        if bwrap is None:
-            raise SandboxUnavailable(
-                f"bubblewrap ({settings.bwrap_path!r}) is not installed: run_command cannot "
-                "be confined. Install it (Debian/Ubuntu: apt-get install -y bubblewrap), or "
-                "set HELMLINE_SANDBOX_BACKEND=unsandboxed on a development machine only"
-            )
+        bwrap = await asyncio.to_thread(find_bubblewrap, settings.bwrap)
         _wait_for_children_with_pidfds()
         layout = await asyncio.to_thread(detect_layout)
         stale = await asyncio.to_thread(remove_stale, layout, _STALE_AFTER_S)
         if stale:
             logger.info("removed %d call cgroup(s) left by an earlier sandbox", stale)
         logger.info(
-            "sandbox: bubblewrap %s, cgroups %s (controllers: %s)",
-            bwrap,
+            "sandbox: %s, cgroups %s (controllers: %s)",
+            bwrap.describe(),
             layout.version,
             ", ".join(sorted(layout.places)) or "none; rlimits only",
         )
@@ -250,9 +268,11 @@ class ProcessBackend:
                 CommandControl(f"probe-{os.getpid()}", asyncio.Event(), Reaper()),
             )
         if result.run.exit_code != 0:
+            said = bytes(result.run.output.kept[2]).decode(errors="replace").strip()
+            advice = f". {NAMESPACES_ADVICE}" if namespaces_refused(said) else ""
             raise SandboxUnavailable(
-                f"bubblewrap cannot create a sandbox here (exit {result.run.exit_code}): "
-                f"{bytes(result.run.output.kept[2]).decode(errors='replace').strip()}"
+                f"{self.bwrap.describe()} cannot create a sandbox here "
+                f"(exit {result.run.exit_code}): {said}{advice}"
             )
 
     async def close(self) -> None:
@@ -331,9 +351,15 @@ class ProcessBackend:
                 os.write(block_write, b"go")
 
         launch = Launch(
-            bwrap_argv(self._bwrap, confinement, job.command, held=(info_write, block_read)),
+            bwrap_argv(
+                self.bwrap.path,
+                confinement,
+                job.command,
+                MARKER_VARIABLE,
+                held=(info_write, block_read),
+            ),
             cwd=job.workspace,
-            env={},
+            env=dict(job.env),
             contained=True,
             pass_fds=(info_write, block_read, *held),
             release=release,
@@ -427,6 +453,9 @@ class UnsandboxedBackend:
     def workspace_owner(self, tenant: str, session_id: str) -> int | None:
         return None
 
+    def describe(self) -> str:
+        return UNSANDBOXED_WARNING
+
     async def close(self) -> None:
         pass  # Nothing outlives a call.
 
@@ -436,7 +465,7 @@ class UnsandboxedBackend:
         launch = Launch(
             limited_argv(rlimits, [SHELL, "-c", job.command]),
             cwd=job.workspace,
-            env={"PATH": SEARCH_PATH},
+            env={**job.env, "PATH": SEARCH_PATH},
         )
         run = await run_process(
             launch, timeout_s=job.limits.timeout_s, cap=job.limits.max_output_bytes, control=control
@@ -455,10 +484,7 @@ async def start_backend(settings: SandboxSettings) -> CommandBackend:
         case "process":
             return await ProcessBackend.start(settings)
         case "unsandboxed":
-            logger.warning(
-                "sandbox backend 'unsandboxed': commands run WITHOUT isolation, with the "
-                "service's privileges; never use this outside development"
-            )
+            logger.warning("sandbox: %s", UNSANDBOXED_WARNING)
             return UnsandboxedBackend()
 
 

@@ -22,11 +22,13 @@ from helmline.contracts import (
     ToolError,
     WorkspaceSnapshotted,
     encode_event,
+    source_of,
 )
+from helmline.runtime import make_error_safe, make_safe
 from helmline.sandbox._snapshots import Snapshot
 from helmline.sandbox._tools import Completed, Failed, Outcome
 
-SOURCE = "helmline/sandbox"
+SOURCE = source_of("sandbox")
 
 INTERRUPTED = ToolError(
     kind="internal",
@@ -133,16 +135,19 @@ def failed(
     duration_ms: float = 0.0,
     usage: ResourceUsage | None = None,
 ) -> Event:
-    """`tool.call.failed` with a structured error.
+    """`tool.call.failed` with a structured error, its message made safe.
 
     Every failure of a call derives the same id, so at most one is stored.
     """
+    error, safe = make_error_safe(error)
     return cause.derive(
         ToolCallFailed(
             call_id=request.call_id,
             step_id=request.step_id,
             tool=request.tool,
             error=error,
+            redacted_by=dict(safe.redacted_by),
+            neutralised_by=dict(safe.neutralised_by),
             duration_ms=duration_ms,
             usage=usage,
         ),
@@ -156,14 +161,22 @@ def results(
     """The events that close a call: a limit hit, if any, then completed or failed."""
     match outcome:
         case Completed(output=output, truncated=truncated, exit_code=exit_code, usage=usage):
+            # Both backends' results pass here: nothing a built-in tool read or a command
+            # printed reaches the log unredacted.
+            safe = make_safe(output, max_bytes=EVENTS_STREAM.max_msg_size - _ENVELOPE_ROOM)
             completed = cause.derive(
                 ToolCallCompleted(
                     call_id=request.call_id,
                     step_id=request.step_id,
                     tool=request.tool,
-                    output=output,
+                    output=safe.output,
                     duration_ms=duration_ms,
-                    truncated=truncated,
+                    truncated=truncated or safe.truncated,
+                    redactions=safe.redactions,
+                    redacted_by=dict(safe.redacted_by),
+                    injection_suspected=safe.neutralised > 0,
+                    neutralised=safe.neutralised,
+                    neutralised_by=dict(safe.neutralised_by),
                     exit_code=exit_code,
                     usage=usage,
                 ),

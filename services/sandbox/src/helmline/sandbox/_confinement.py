@@ -66,9 +66,14 @@ class Confinement:
 
 
 def bwrap_argv(
-    bwrap: str, confinement: Confinement, command: str, held: tuple[int, int] | None = None
+    bwrap: str,
+    confinement: Confinement,
+    command: str,
+    unset: str,
+    held: tuple[int, int] | None = None,
 ) -> list[str]:
-    """The argv that runs `/bin/sh -c command` confined.
+    """The argv that runs `/bin/sh -c command` confined, its environment bubblewrap's less
+    the variable `unset`, with the variables of `ENVIRONMENT` set over it.
 
     With `held` (info fd, block fd), bubblewrap writes its sandbox's pid to the first once
     the sandbox exists, and starts the command only once the second can be read.
@@ -97,7 +102,10 @@ def bwrap_argv(
                 # Not /dev/null bound over it: bubblewrap's binds are nodev, so reading it
                 # would fail instead of finding nothing.
                 argv += ["--perms", "0444", "--ro-bind-data", str(mask.fd), place]
-    argv += ["--die-with-parent", "--new-session", "--clearenv"]
+    # Not --clearenv: bubblewrap is started with nothing in its environment but the call's
+    # own variables (a secret's value among them: an environment is readable only by its
+    # owner, an argv by everyone) and the marker of the call's processes, which goes.
+    argv += ["--die-with-parent", "--new-session", "--unsetenv", unset]
     for name, value in ENVIRONMENT.items():
         argv += ["--setenv", name, value]
     if confinement.uid is None:

@@ -42,7 +42,6 @@ from helmline.contracts import ToolError
 from helmline.sandbox._backends import (
     CommandJob,
     CommandResult,
-    SandboxUnavailable,
     prepare_workspace,
     session_owner,
     watch_disk_of,
@@ -57,7 +56,7 @@ from helmline.sandbox._commands import (
     how_it_ends,
 )
 from helmline.sandbox._confinement import ENVIRONMENT, SHELL, WORKSPACE_MOUNT
-from helmline.sandbox._errors import ToolRefused
+from helmline.sandbox._errors import SandboxUnavailable, ToolRefused
 from helmline.sandbox._limits import LimitName, Limits, Observed, limit_that_stopped
 from helmline.sandbox._profiles import SandboxProfile
 from helmline.sandbox._settings import SandboxSettings
@@ -139,6 +138,10 @@ class ContainerBackend:
         self._settings = settings
         self._idle: dict[_Key, list[_Warm]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+
+    def describe(self) -> str:
+        engine = self._settings.docker_host or "Docker's default engine"
+        return f"containers of image {self._image} on {engine}"
 
     @classmethod
     async def start(
@@ -338,7 +341,7 @@ class ContainerBackend:
         limits = job.limits
         output = Output(limits.max_output_bytes)
         started = time.perf_counter()
-        environment = {**ENVIRONMENT, MARKER_VARIABLE: control.marker}
+        environment = {**job.env, **ENVIRONMENT, MARKER_VARIABLE: control.marker}
         exec_id: str = await asyncio.to_thread(
             lambda: api.exec_create(
                 warm.container.id,

@@ -9,6 +9,10 @@ class SandboxError(Exception):
     """Root of every error raised by `helmline.sandbox`."""
 
 
+class SandboxUnavailable(SandboxError):
+    """The configured backend cannot run on this host; the service must not start."""
+
+
 class ToolRefused(SandboxError):
     """A call cannot be carried out as asked; `error` says why, for the call's failure event."""
 

@@ -1,7 +1,9 @@
 """Events in, events out: sandbox requests become recorded calls; cancels kill commands.
 
-Exactly once: `tool.call.started` is in the log before a call runs. A first delivery has
-never run. A redelivery reads the session's log first: a call with a result is done; a call
+Exactly once: `tool.call.started` is in the log before a call runs. A first delivery of an
+event stored since the consumer connected has never run. A redelivery, or an event stored
+before (a power loss may have cost the server its count of deliveries), reads the session's
+log first: a call with a result is done; a call
 started without a result was cut short by a crash and is failed rather than run again, since
 its effects may already have happened.
 """
@@ -31,7 +33,15 @@ from helmline.contracts import (
     ToolError,
     WorkspaceSnapshotsPruned,
 )
-from helmline.runtime import Delivery, EventStore, PermanentError, RetryableError
+from helmline.runtime import (
+    Delivery,
+    EventStore,
+    PermanentError,
+    RetryableError,
+    SecretsError,
+    SecretStore,
+    resolved_arguments,
+)
 from helmline.sandbox._calls import (
     CANCELLED_BEFORE_START,
     INTERRUPTED,
@@ -72,9 +82,13 @@ class SandboxHandler:
         snapshots: WorkspaceSnapshots | None = None,
         reclaim: bool = False,
         memory: int = 10_000,
+        secrets: SecretStore | None = None,
     ) -> None:
-        """`reclaim`: remove ended sessions' workspaces (needs `snapshots`)."""
+        """`reclaim`: remove ended sessions' workspaces (needs `snapshots`); `secrets`: where
+        the secrets that calls refer to are resolved (without, a call that refers to one
+        fails)."""
         self._store = store
+        self._secrets = secrets
         self._workspaces_dir = workspaces_dir
         self._tools = tools
         self._snapshots = snapshots
@@ -106,7 +120,7 @@ class SandboxHandler:
         event = delivery.event
         match event.data:
             case SandboxExecutionRequested() as request:
-                await self._execute(event, request, delivery.deliveries)
+                await self._execute(event, request, delivery.maybe_handled)
             case SessionCancelRequested():
                 self.cancel_session(event.tenant, event.session_id)
             case CompensationScheduled() | SessionStarted():
@@ -159,7 +173,7 @@ class SandboxHandler:
         return stopped
 
     async def _execute(
-        self, cause: Event, request: SandboxExecutionRequested, deliveries: int
+        self, cause: Event, request: SandboxExecutionRequested, maybe_handled: bool
     ) -> None:
         key = (cause.tenant, cause.session_id, request.call_id)
         if key in self._running or key in self._finished:
@@ -168,7 +182,7 @@ class SandboxHandler:
         if unrecorded is not None:
             await self._record(key, unrecorded)
             return
-        if deliveries > 1:
+        if maybe_handled:
             log = await self._store.read_all(cause.tenant, cause.session_id)
             match progress_of((stored.event for stored in log), request.call_id):
                 case Progress.FINISHED:
@@ -184,6 +198,12 @@ class SandboxHandler:
                     pass
         if (cause.tenant, cause.session_id) in self._cancelled:
             await self._record(key, [failed(cause, request, CANCELLED_BEFORE_START)])
+            return
+        try:
+            # Only here, where the call runs; kept out of every event and log line.
+            arguments = await resolved_arguments(self._secrets, cause.tenant, request.arguments)
+        except SecretsError as error:
+            await self._record(key, [failed(cause, request, error.tool_error())])
             return
         cancel = asyncio.Event()
         self._running[key] = cancel
@@ -215,7 +235,7 @@ class SandboxHandler:
 
             began = time.perf_counter()
             control = CommandControl(process_marker(cause), cancel, self._reaper, warn)
-            outcome = await self._tools.execute(request, workspace, session, control)
+            outcome = await self._tools.execute(request, workspace, session, control, arguments)
             duration_ms = (time.perf_counter() - began) * 1000
             for warning in await asyncio.gather(*warnings, return_exceptions=True):
                 if isinstance(warning, Exception):

@@ -21,6 +21,7 @@ from helmline.contracts import (
     SessionStarted,
     ToolError,
     WorkspaceRestored,
+    source_of,
 )
 from helmline.runtime import Delivery, EventStore, RetryableError
 from helmline.sandbox._paths import workspace_of
@@ -29,7 +30,7 @@ from helmline.sandbox._snapshots import SnapshotMissing, WorkspaceSnapshots
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "helmline/sandbox"
+SOURCE = source_of("sandbox")
 
 
 class WorkspaceRestorer:
@@ -46,9 +47,9 @@ class WorkspaceRestorer:
         event = delivery.event
         match event.data:
             case CompensationScheduled(kind="restore_workspace") as compensation:
-                await self._compensate(event, compensation, delivery.deliveries)
+                await self._compensate(event, compensation, delivery.maybe_handled)
             case SessionStarted(fork_of=origin) if origin is not None and origin.snapshot_id:
-                if delivery.deliveries > 1 and await self._restored(event, None):
+                if delivery.maybe_handled and await self._restored(event, None):
                     return
                 await self._restore(event, origin.session_id, origin.snapshot_id)
                 # The fork's log names the origin's snapshot from now on: keep its manifest
@@ -64,7 +65,7 @@ class WorkspaceRestorer:
                 pass  # Inverse tools run through the tool gateway; ordinary sessions start empty.
 
     async def _compensate(
-        self, cause: Event, compensation: CompensationScheduled, deliveries: int
+        self, cause: Event, compensation: CompensationScheduled, maybe_handled: bool
     ) -> None:
         snapshot = compensation.snapshot_id
         ids = {
@@ -78,7 +79,7 @@ class WorkspaceRestorer:
                 cause.derive(CompensationFailed(**ids, error=missing), source=SOURCE)
             )
             return
-        done = deliveries > 1 and await self._restored(cause, compensation.compensation_id)
+        done = maybe_handled and await self._restored(cause, compensation.compensation_id)
         if not done:
             try:
                 await self._restore(cause, cause.session_id, snapshot)

@@ -63,6 +63,7 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
     async def setup(host: ServiceHost) -> None:
         tools = await tools_for(settings)
         host.on_shutdown(tools.close)
+        host.about.update(tools.describe())
         snapshots = WorkspaceSnapshots(host.js, max_bytes=settings.snapshot_max_mb * 1024 * 1024)
         workspaces_dir = settings.workspaces_dir.resolve()
         handler = SandboxHandler(
@@ -71,6 +72,7 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
             tools,
             snapshots=snapshots,
             reclaim=settings.reclaim_workspaces,
+            secrets=host.secrets,
         )
         await asyncio.to_thread(own_workspaces_dir, workspaces_dir)
         await asyncio.to_thread(remove_half_removed, workspaces_dir)

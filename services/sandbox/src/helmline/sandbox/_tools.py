@@ -11,6 +11,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from pydantic import JsonValue
 
 from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, ToolError
+from helmline.runtime import has_references
 from helmline.sandbox._backends import CommandBackend, CommandJob, prepare_workspace
 from helmline.sandbox._commands import CommandControl, Output
 from helmline.sandbox._errors import LimitReached, ToolRefused
@@ -78,6 +79,16 @@ class Tools:
     profiles: Mapping[str, Sandboxed] = field(default_factory=dict)
     """The configured profiles by name."""
 
+    def describe(self) -> dict[str, str]:
+        """How each backend confines commands: the default's and each profile's."""
+        return {
+            "sandbox": self.backend.describe(),
+            **{
+                f"sandbox profile {name}": profile.backend.describe()
+                for name, profile in self.profiles.items()
+            },
+        }
+
     async def close(self) -> None:
         """Release what the backends hold between calls (warm containers)."""
         await self.backend.close()
@@ -105,32 +116,49 @@ class Tools:
         workspace: Path,
         session: tuple[str, str],
         control: CommandControl,
+        arguments: dict[str, JsonValue] | None = None,
     ) -> Outcome:
         """Run one built-in tool in a session's (tenant, session id) workspace, creating the
-        workspace if needed.
+        workspace if needed; with `arguments` (the request's, its secrets resolved) if given.
 
         A cancel kills a running command; file tools are too short to interrupt.
         """
+        if arguments is None:
+            arguments = request.arguments
         try:
             sandboxed = self._sandboxed(request.profile)
         except ToolRefused as refused:
             return Failed(refused.error)
         if request.tool == "run_command":
             try:
-                return await _run_command(sandboxed, request, workspace, session, control)
+                return await _run_command(
+                    sandboxed, request, arguments, workspace, session, control
+                )
             except ToolRefused as refused:
                 return Failed(refused.error)
-        return await _file_tool(request, workspace, session, sandboxed)
+        return await _file_tool(request, arguments, workspace, session, sandboxed)
 
 
 async def _run_command(
     sandboxed: Sandboxed,
     request: SandboxExecutionRequested,
+    arguments: dict[str, JsonValue],
     workspace: Path,
     session: tuple[str, str],
     control: CommandControl,
 ) -> Outcome:
-    command = _string(request.arguments, "command")
+    if has_references(request.arguments.get("command")):
+        # Events quote the command (a limit it hit): a secret goes in through `env`.
+        raise ToolRefused(
+            ToolError(
+                kind="validation",
+                message="run_command's command cannot be a secret's reference",
+                field="/command",
+                suggestion='pass the secret in env, {"NAME": {"secret": "SECRET"}}, and use '
+                "$NAME in the command",
+            )
+        )
+    command = _string(arguments, "command")
     limits = effective_limits(request.limits, _timeout(request), sandboxed.defaults)
     # A workspace already past its quota (the quota was lowered) may be read and cleaned up,
     # not grown.
@@ -146,6 +174,7 @@ async def _run_command(
         network=request.network,
         rules=sandboxed.rules,
         disk_allowed=allowed,
+        env=_environment(arguments),
     )
     result = await sandboxed.backend.run(job, control)
     run, usage = result.run, result.usage
@@ -231,13 +260,13 @@ def _limit_failure(
 
 async def _file_tool(
     request: SandboxExecutionRequested,
+    arguments: dict[str, JsonValue],
     workspace: Path,
     session: tuple[str, str],
     sandboxed: Sandboxed,
 ) -> Outcome:
     owner = sandboxed.backend.workspace_owner(*session)
     rules = sandboxed.rules
-    arguments = request.arguments
     cap = request.limits.max_output_bytes
     try:
         match request.tool:
@@ -291,6 +320,13 @@ def _cut_stream(output: Output, fd: int, cap: int) -> tuple[str, bool]:
     if total <= cap:
         return text, False
     return text + cut_marker(cap, total), True
+
+
+def _environment(arguments: dict[str, JsonValue]) -> dict[str, str]:
+    given = arguments.get("env")
+    if not isinstance(given, dict):
+        return {}
+    return {name: value for name, value in given.items() if isinstance(value, str)}
 
 
 def _timeout(request: SandboxExecutionRequested) -> float:

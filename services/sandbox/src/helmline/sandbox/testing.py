@@ -62,6 +62,22 @@ async def call(
     return await tools.execute(request, workspace, session, control)
 
 
+def processes_of(uid: int) -> list[int]:
+    """Live host processes of `uid` (zombies are dead, only not yet reaped): what a call
+    whose sandbox runs as `uid` left behind."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+                if os.stat(f"/proc/{name}").st_uid == uid and state not in ("Z", "X"):
+                    found.append(int(name))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found
+
+
 BUSYBOX_IMAGE = "helmline-test/busybox:latest"
 _BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
 _READY_S = 30.0

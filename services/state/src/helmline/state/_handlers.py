@@ -19,12 +19,13 @@ from helmline.contracts import (
     WorkspaceRestored,
     WorkspaceSnapshotted,
     fold,
+    source_of,
 )
 from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
 from helmline.state._checkpoints import checkpoint_after, snapshots_beyond
 from helmline.state._rollback import call_outcome, is_undo_step, next_decisions, plan_rollback
 
-SOURCE = "helmline/state"
+SOURCE = source_of("state")
 
 
 class StateHandler:
@@ -100,6 +101,10 @@ class StateHandler:
                 state = await self._sessions.advance(delivery)
                 if _compensates(state, completed.call_id):
                     await self._advance_rollbacks(event)
+                    return []
+                if any(made.call_id == completed.call_id for made in state.checkpoints):
+                    # Recorded already (a redelivery, or history): once JetStream forgot its
+                    # id, appending it again would store it twice.
                     return []
                 checkpoint = event.derive(
                     checkpoint_after(state, completed, delivery.seq, self._tools),

@@ -17,10 +17,11 @@ from helmline.contracts import (
     RETENTION_SUBJECT,
     StreamLimitApproaching,
     new_event,
+    source_of,
 )
 from helmline.runtime import EventStore, ServiceMetrics
 
-SOURCE = "helmline/state"
+SOURCE = source_of("state")
 STEPS = 20
 """Once past the warning share, a further warning for every further 1/STEPS (5 %) used."""
 

@@ -2,5 +2,6 @@
 resilience, rate limits and output safety."""
 
 from helmline.tool_gateway._config import ServersFile, load_servers
+from helmline.tool_gateway._raw_outputs import RawOutputs, raw_output_name
 
-__all__ = ["ServersFile", "load_servers"]
+__all__ = ["RawOutputs", "ServersFile", "load_servers", "raw_output_name"]

@@ -1,15 +1,26 @@
 """`helmline serve tool-gateway`: run the tool gateway until SIGTERM."""
 
-from helmline.contracts import TOOL_GATEWAY_CONSUMER, TOOL_OUTPUTS_BUCKET, ConsumerSpec
-from helmline.runtime import ServiceHost, Setup, run_service
+import logging
+
+from helmline.contracts import TOOL_GATEWAY_CONSUMER, ConsumerSpec
+from helmline.runtime import (
+    SealingError,
+    SealingKey,
+    ServiceHost,
+    Setup,
+    run_service,
+    sealing_key,
+)
 from helmline.tool_gateway._config import ServersFile, load_servers
 from helmline.tool_gateway._federation import Federation
 from helmline.tool_gateway._handlers import GatewayHandler
 from helmline.tool_gateway._ratelimit import RateLimiter
-from helmline.tool_gateway._raw_outputs import sweep_raw_outputs
+from helmline.tool_gateway._raw_outputs import RawOutputs, sweep_raw_outputs
 from helmline.tool_gateway._results import PureResults
 from helmline.tool_gateway._settings import GatewaySettings
 from helmline.yamlfile import YamlFileError
+
+logger = logging.getLogger(__name__)
 
 
 def setup_gateway(
@@ -21,10 +32,17 @@ def setup_gateway(
     settings = settings or GatewaySettings()
 
     async def setup(host: ServiceHost) -> None:
-        federation = Federation(host.store, servers.servers if servers is not None else ())
+        configs = servers.servers if servers is not None else ()
+        federation = Federation(host.store, configs, about=host.about)
         host.on_shutdown(federation.stop)
         await federation.start()
-        raw_outputs = await host.js.object_store(TOOL_OUTPUTS_BUCKET.bucket)
+        key = _sealing_key(settings)
+        if key is None:
+            logger.warning(
+                "no HELMLINE_SEALING_KEY or HELMLINE_SEALING_KEY_FILE: outputs that output "
+                "safety changed are not kept raw"
+            )
+        raw_outputs = await RawOutputs.open(host.js, key) if key is not None else None
         handler = GatewayHandler(
             host.store,
             federation,
@@ -33,6 +51,7 @@ def setup_gateway(
             raw_outputs=raw_outputs,
             max_output_bytes=settings.max_output_bytes,
             limits_by_risk=settings.rate_limits_by_risk,
+            secrets=host.secrets,
         )
         await host.consume(consumer, handler)
         host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))
@@ -40,12 +59,19 @@ def setup_gateway(
     return setup
 
 
+def _sealing_key(settings: GatewaySettings) -> SealingKey | None:
+    secret = settings.sealing_key.get_secret_value() if settings.sealing_key else None
+    return sealing_key(secret, settings.sealing_key_file)
+
+
 def main() -> None:
-    """Run the tool gateway (refusing to start with an invalid MCP servers file)."""
+    """Run the tool gateway (refusing to start with an invalid MCP servers file, or a
+    sealing key it cannot use)."""
     settings = GatewaySettings()
     try:
         servers = load_servers(settings.mcp_servers) if settings.mcp_servers else None
-    except YamlFileError as error:
+        _sealing_key(settings)
+    except (YamlFileError, SealingError) as error:
         raise SystemExit(f"tool-gateway: {error}") from error
     run_service("tool-gateway", settings, setup_gateway(settings, servers))
 

@@ -17,7 +17,7 @@ from helmline.contracts import (
     ToolError,
     ToolSpec,
 )
-from helmline.runtime import ArgumentChecker
+from helmline.runtime import ArgumentChecker, make_error_safe
 
 MAX_ARGUMENTS_BYTES = 1024 * 1024
 """Largest arguments document accepted (as JSON), whatever the tool's schema says."""
@@ -106,13 +106,16 @@ def failed(
     duration_ms: float = 0.0,
     retry_in_s: float | None = None,
 ) -> ToolCallFailed:
-    """The failure event of a call; `retry_in_s`: how long until trying again may succeed,
-    where that is known."""
+    """The failure event of a call, its message made safe; `retry_in_s`: how long until trying
+    again may succeed, where that is known."""
+    error, safe = make_error_safe(error)
     return ToolCallFailed(
         call_id=call.call_id,
         step_id=call.step_id,
         tool=call.tool,
         error=error,
+        redacted_by=dict(safe.redacted_by),
+        neutralised_by=dict(safe.neutralised_by),
         attempts=attempts,
         duration_ms=duration_ms,
         retry_at=None if retry_in_s is None else datetime.now(UTC) + timedelta(seconds=retry_in_s),

@@ -5,9 +5,10 @@ servers:
   - id: git                       # tools become git__<tool>
     stdio: {command: python, args: [-m, mcp_server_git, --repository, /srv/repo], env: {}}
     risk: medium                  # default risk of its tools (high if not given)
+    trust: trusted                # its results are not outside content (untrusted if not given)
     timeout_s: 10
-    retries: 2                    # extra tries for retryable failures (idempotent tools only
-                                  # when the outcome of a try is unknown)
+    retries: 2                    # extra tries for retryable failures (idempotent or read-only
+                                  # tools only when the outcome of a try is unknown)
     circuit: {failures: 5, reset_s: 30}
     heartbeat: {interval_s: 15, timeout_s: 5, misses: 2}   # stale after 2 unanswered
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
@@ -20,6 +21,7 @@ servers:
     http: {url: "https://tickets.internal/mcp", headers: {Authorization: Bearer ...}}
     tools:
       field_schema: {risk: low, pure: true}   # a session's same call is answered from the log
+      read_ticket: {trust: untrusted}         # tickets are anyone's words, whatever the server
 ```
 
 Every problem is reported with the file's line and the field at fault.
@@ -32,11 +34,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from helmline.contracts import Risk, TenantId, ToolAction, ToolEffect, ToolInverse
+from helmline.contracts import Risk, TenantId, ToolAction, ToolEffect, ToolInverse, Trust
 from helmline.yamlfile import (
-    Problem,
     YamlFileError,
     compose,
+    read_text,
     validation_problems,
 )
 
@@ -113,6 +115,7 @@ class ToolOverride(_Strict):
     # log. A call of such a tool changes nothing, so it has no effect and nothing to undo.
     pure: bool = False
     rate_limit: RateLimit | None = None
+    trust: Trust | None = None
 
     @model_validator(mode="after")
     def _pure_changes_nothing(self) -> ToolOverride:
@@ -134,6 +137,9 @@ class ServerConfig(_Strict):
     # Safe by default: a tool that acts outside Helmline needs a person unless its server's
     # (or its own) configuration says it is less risky.
     risk: Risk = "high"
+    # Safe by default too: an MCP tool's results may be anyone's words (a page, a mail, an
+    # issue), so calls a model proposes after reading them are tainted, unless declared.
+    trust: Trust = "untrusted"
     timeout_s: float = Field(default=30.0, gt=0)
     retries: int = Field(default=2, ge=0, le=10)
     circuit: CircuitSettings = CircuitSettings()
@@ -171,10 +177,7 @@ class ServersFile(_Strict):
 def load_servers(path: Path) -> ServersFile:
     """Read and validate an MCP servers file; `YamlFileError` lists every problem by line."""
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise YamlFileError(source, [Problem(1, "", f"cannot read: {error}")]) from error
+    text = read_text(path, what="MCP servers file")
     document = compose(text, source, expected="`servers`")
     try:
         return ServersFile.model_validate(document.data)

