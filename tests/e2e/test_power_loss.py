@@ -163,8 +163,13 @@ class PoweredStack:
             )
 
         # Until then the approval service denies the MCP tool as unknown.
-        await eventually(federated, timeout_s=60, what="the tickets server federated")
-        await nc.close()
+        try:
+            await eventually(federated, timeout_s=60, what="the tickets server federated")
+        except TimeoutError as error:
+            gateway_log = (self.services.data_dir / "tool_gateway.log").read_text()[-6000:]
+            raise AssertionError(f"{error}; the gateway's log ends:\n{gateway_log}") from None
+        finally:
+            await nc.close()
 
     def power_cut(self) -> None:
         """SIGKILL every process of the stack (and what they started: the MCP server, the
