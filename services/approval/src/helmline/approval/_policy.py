@@ -5,6 +5,7 @@ Every decision event records the rule that made it and the hash of the policy in
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from helmline.approval._document import (
     DEFAULT_APPROVER_ROLES,
     MISSING_PERMISSION_RULE,
     PLAN_APPROVAL_RULE,
+    STEERED_REPLAN_RULE,
     PermissionTerms,
 )
 from helmline.approval._rules import (
@@ -44,6 +46,7 @@ from helmline.contracts import (
     PlanApproved,
     PlanProposed,
     PlanRejected,
+    PlanStep,
     SessionState,
     StepScheduled,
     ToolCallAuthorized,
@@ -102,36 +105,31 @@ def judge_plan(
     tenant: str = "",
     requester: Actor | None = None,
     now: datetime | None = None,
+    earlier: Sequence[PlanStep] | None = None,
 ) -> list[Decision]:
     """Plans are approved, and each step judged when it is scheduled; unless the policy asks
     for plan approval and some steps would need a person: then the plan is asked about once,
     with those steps listed (not those denied, such as a tool whose permission `requester`
-    lacks: approving the plan could not let them run)."""
+    lacks: approving the plan could not let them run).
+
+    Tool output never adds steps on its own: given the steps of the session's `earlier`
+    plans (a plan-mode session's replan), a revision that adds steps changing something
+    after the model read content flagged as a suspected injection (`steered_steps`) waits
+    for a person, whatever the policy's plan approval says."""
     approved = [
         Decision(
             PlanApproved(revision=proposed.revision, approved_by=POLICY, policy_hash=policy.hash),
             f"plan.approved/{proposed.revision}",
         )
     ]
+    steered = steered_steps(proposed, earlier, policy) if earlier is not None else []
     terms = policy.document.plan_approval
-    if terms is None or now is None:
+    if now is None or (terms is None and not steered):
         return approved
-    risky = []
-    for step in proposed.steps:
-        verdict = policy.judge(
-            tenant=tenant,
-            tool=step.tool,
-            arguments=step.arguments,
-            declared_risk=step.risk,
-            requester=requester,
-            at=now,
-            taint=step.taint,
-        )
-        if step.requires_approval:
-            verdict = as_the_plan_asks(verdict, policy)
-        if verdict.effect == "require_approval":
-            risky.append((step.id, step.tool, verdict))
-    if not risky:
+    risky = _risky_steps(proposed, policy, tenant, requester, now)
+    if steered:
+        return [Decision(_steered_request(proposed, steered, risky, policy, now), _asked(proposed))]
+    if not risky or terms is None:
         return approved
     listed = "; ".join(f"{step_id} ({tool}, rule {v.rule})" for step_id, tool, v in risky)
     request = ApprovalRequested(
@@ -147,7 +145,105 @@ def judge_plan(
         quorum=terms.quorum,
         expires_at=now + terms.expires_in,
     )
-    return [Decision(request, f"plan.asked/{proposed.revision}")]
+    return [Decision(request, _asked(proposed))]
+
+
+STEERING_EFFECTS = frozenset({"workspace", "external"})
+"""What a step must be able to change for a suspected injection to hold its plan."""
+
+
+def steered_steps(
+    proposed: PlanProposed, earlier: Iterable[PlanStep], policy: Policy
+) -> list[PlanStep]:
+    """The steps a revised plan adds (no earlier plan of the session had the same call) that
+    change something (their tool's effect is on the workspace or outside) and that the model
+    proposed after reading content flagged as a suspected injection: control flow that
+    untrusted data may have bent."""
+    before = {(step.tool, _canonical(step.arguments)) for step in earlier}
+    steered = []
+    for step in proposed.steps:
+        spec = policy.tools.get(step.tool)
+        if (
+            step.taint is not None
+            and step.taint.after_injection_suspected
+            and spec is not None
+            and spec.effect in STEERING_EFFECTS
+            and (step.tool, _canonical(step.arguments)) not in before
+        ):
+            steered.append(step)
+    return steered
+
+
+def _canonical(arguments: Arguments) -> str:
+    return json.dumps(arguments, sort_keys=True)
+
+
+def _asked(proposed: PlanProposed) -> str:
+    return f"plan.asked/{proposed.revision}"
+
+
+def _risky_steps(
+    proposed: PlanProposed, policy: Policy, tenant: str, requester: Actor | None, now: datetime
+) -> list[tuple[str, str, Verdict]]:
+    """The plan's steps that would wait for a person when scheduled."""
+    risky = []
+    for step in proposed.steps:
+        verdict = policy.judge(
+            tenant=tenant,
+            tool=step.tool,
+            arguments=step.arguments,
+            declared_risk=step.risk,
+            requester=requester,
+            at=now,
+            taint=step.taint,
+        )
+        if step.requires_approval:
+            verdict = as_the_plan_asks(verdict, policy)
+        if verdict.effect == "require_approval":
+            risky.append((step.id, step.tool, verdict))
+    return risky
+
+
+def _steered_request(
+    proposed: PlanProposed,
+    steered: Sequence[PlanStep],
+    risky: Sequence[tuple[str, str, Verdict]],
+    policy: Policy,
+    now: datetime,
+) -> ApprovalRequested:
+    """The request a steered revision waits on: approving it approves the whole plan (its
+    steps then run unchanged without asking again), so it names the steered steps, those
+    the policy would have asked about anyway, and the flagged results."""
+    terms = policy.document.plan_approval or policy.default_approval
+    added = ", ".join(f"{step.id} ({step.tool})" for step in steered)
+    reason = (
+        f"plan revision {proposed.revision} adds steps that change something after the "
+        f"model read content flagged as a suspected prompt injection: {added}"
+    )
+    ids = {step.id for step in steered}
+    others = [
+        f"{step_id} ({tool}, rule {v.rule})" for step_id, tool, v in risky if step_id not in ids
+    ]
+    if others:
+        reason += f"; steps that need approval anyway: {'; '.join(others)}"
+    # The flagged results are the same for every step of one answer: the first step's
+    # taint names them (and where its own arguments came from).
+    taint = steered[0].taint
+    risks = [v.risk for _, _, v in risky] + [policy.tools[step.tool].risk for step in steered]
+    return ApprovalRequested(
+        request_id=plan_request_id(proposed.revision),
+        scope="plan",
+        revision=proposed.revision,
+        risk=max(risks, key=RISK_ORDER.index),
+        reason=_with_sources(reason, taint),
+        rule=STEERED_REPLAN_RULE,
+        policy_hash=policy.hash,
+        agent_reason=proposed.reasoning or None,
+        approver_roles=terms.roles,
+        quorum=terms.quorum,
+        expires_at=now + terms.expires_in,
+        taint=taint,
+    )
 
 
 _ARGUMENTS = ArgumentChecker()
