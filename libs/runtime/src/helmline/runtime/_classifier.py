@@ -207,9 +207,8 @@ class InjectionClassifier:
         self.max_bytes = max_bytes
         self.endpoint = endpoint_of(url)
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            headers=headers, timeout=timeout_s, follow_redirects=False, trust_env=False
-        )
+        # As the planner's model client: the environment's proxy and CA settings apply.
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
         self._failing = False
 
     @classmethod
