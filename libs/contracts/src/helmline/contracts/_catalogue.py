@@ -20,6 +20,7 @@ from helmline.contracts._values import (
     Actor,
     ArgumentCondition,
     Arguments,
+    ClassifierVerdict,
     Contract,
     FileChanges,
     Host,
@@ -674,7 +675,8 @@ class ToolCallCompleted(Payload):
     """Whether the output held text that tries to instruct a model (role markers, previous
     instructions set aside, text addressed to a model, fake system or important-message
     blocks, commands to send or transfer, hidden control characters); such text arrives
-    neutralised. Patterns, not a proof: an attack in plain words can pass unflagged."""
+    neutralised. Patterns, not a proof: an attack in plain words can pass unflagged, unless
+    the configured classifier (`classifier`) judges it one."""
     neutralised: int = Field(default=0, ge=0)
     """How many instruction-like passages or hidden characters were neutralised."""
     redacted_by: dict[str, int] = Field(default_factory=dict[str, int])
@@ -686,7 +688,8 @@ class ToolCallCompleted(Payload):
     (previous instructions set aside, "you are now"), `fake_system_block`,
     `important_message`, `addressed_to_model`, `task_hijack`, `tool_command` (a command to
     call a tool, or to send or transfer to an address the text names), `role_marker`,
-    `hidden_characters`."""
+    `hidden_characters`; and `classifier` (1) when the configured classifier judged the
+    output an injection, which flags it but changes none of its text."""
     raw_output: str | None = None
     """When the output was changed (cut, redacted or neutralised): the name of the object in
     the tool-outputs store that holds it unchanged, for people allowed to see it."""
@@ -700,6 +703,11 @@ class ToolCallCompleted(Payload):
     configuration says `trust: trusted`): its output may be anyone's words, and calls a
     model proposes after reading it carry a taint (`CallTaint`). False in logs written
     before tools declared trust."""
+    classifier: ClassifierVerdict | None = None
+    """What the injection classifier said of the output, when one is configured: its
+    `injection` sets `injection_suspected` as a pattern hit does (rule `classifier`); an
+    error or a timeout is recorded and changes nothing else. None without a classifier,
+    and in logs written before there was one."""
 
 
 class ToolCallFailed(Payload):

@@ -75,7 +75,13 @@ from helmline.contracts._exchanges import (
 )
 from helmline.contracts._plans import PlanStep, Playbook
 from helmline.contracts._tools import BUILTIN_TOOLS_BY_NAME, ToolSpec
-from helmline.contracts._values import Actor, LimitHit, ResourceUsage, ToolError
+from helmline.contracts._values import (
+    Actor,
+    ClassifierVerdict,
+    LimitHit,
+    ResourceUsage,
+    ToolError,
+)
 
 _ANA = Actor(id="ana", kind="user", roles=("operator", "approver"))
 _POLICY = Actor(id="default-policy", kind="policy")
@@ -229,7 +235,14 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
     ),
     ToolCallDenied(**_CALL, reason="denied by ana: not now", approval_request_id="count.1"),
     ToolCallStarted(**_CALL),
-    ToolCallCompleted(**_CALL, output={"exit_code": 0, "stdout": "5 notes.txt\n"}, duration_ms=3.2),
+    ToolCallCompleted(
+        **_CALL,
+        output={"exit_code": 0, "stdout": "5 notes.txt\n"},
+        duration_ms=3.2,
+        classifier=ClassifierVerdict(
+            endpoint="classifier.internal:8080", verdict="clean", score=0.02, elapsed_ms=41.0
+        ),
+    ),
     ToolCallFailed(
         **_CALL,
         error=ToolError(kind="timeout", message="ran longer than 60 s", retryable=True),

@@ -144,6 +144,30 @@ class ResourceUsage(Contract):
     """Peak resident memory in MiB, where measured."""
 
 
+class ClassifierVerdict(Contract):
+    """What the configured injection classifier (`HELMLINE_INJECTION_CLASSIFIER_URL`) said of
+    a tool's output, after output safety's patterns: a second opinion, asked over HTTP.
+    An `injection` flags the result as a pattern hit does; an `error` or a `timeout` leaves
+    the patterns' verdict standing, and the call ends as it would have without one."""
+
+    endpoint: str = Field(min_length=1, max_length=261)
+    """Where it was asked: the URL's host and port only, never its path, query or
+    credentials."""
+    verdict: Literal["injection", "clean", "error", "timeout"]
+    """`injection` or `clean` as the classifier answered; `error` when it could not be asked
+    or its answer could not be read; `timeout` when it did not answer in time."""
+    score: float | None = None
+    """How sure it was, where its protocol gives a score (0 to 1)."""
+    elapsed_ms: float = Field(default=0.0, ge=0)
+    """How long the round trip took."""
+    detail: str | None = Field(default=None, max_length=200)
+    """Why an `error` (an HTTP status, an unreadable answer), in Helmline's words: never the
+    classifier's own text nor anything of the request."""
+    text_cut: bool = False
+    """Whether the text sent was only the first part of the output (the classifier's size
+    cap): an injection further on was not seen by it."""
+
+
 class FileChanges(Contract):
     """What a call changed in the workspace, path by path (folders end in `/`)."""
 

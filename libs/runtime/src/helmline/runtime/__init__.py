@@ -10,6 +10,17 @@ from helmline.runtime._arguments import (
     unknown_arguments,
 )
 from helmline.runtime._cache import SessionCache
+from helmline.runtime._classifier import (
+    ClassifierAnswerError,
+    InjectionClassifier,
+    InjectionClassifierKind,
+    InjectionClassifierSettings,
+    classified,
+    classifier_answer,
+    classifier_request,
+    classifier_text,
+    with_verdict,
+)
 from helmline.runtime._consumer import (
     Delivery,
     EventConsumer,
@@ -48,6 +59,7 @@ from helmline.runtime._object_meta import (
     live_objects,
 )
 from helmline.runtime._output_safety import (
+    CLASSIFIER_RULE,
     ERROR_MAX_BYTES,
     NEUTRALISED,
     REDACTED,
@@ -99,6 +111,7 @@ from helmline.runtime._tracing import TracingSettings, traceparent_for
 from helmline.runtime._urls import without_credentials
 
 __all__ = [
+    "CLASSIFIER_RULE",
     "ERROR_MAX_BYTES",
     "NEUTRALISED",
     "REDACTED",
@@ -108,6 +121,7 @@ __all__ = [
     "Appended",
     "ArgumentChecker",
     "BrokenSeal",
+    "ClassifierAnswerError",
     "ConcurrencyConflict",
     "DeadLetterBox",
     "Deferred",
@@ -125,6 +139,9 @@ __all__ = [
     "HelmlineRuntimeError",
     "History",
     "HttpServer",
+    "InjectionClassifier",
+    "InjectionClassifierKind",
+    "InjectionClassifierSettings",
     "JsonFormatter",
     "NatsClient",
     "NoSealingKey",
@@ -157,6 +174,10 @@ __all__ = [
     "bulk_allocation",
     "change_object_meta",
     "check_name",
+    "classified",
+    "classifier_answer",
+    "classifier_request",
+    "classifier_text",
     "configure_logging",
     "connect_nats",
     "consumer_config",
@@ -189,5 +210,6 @@ __all__ = [
     "tools_of",
     "traceparent_for",
     "unknown_arguments",
+    "with_verdict",
     "without_credentials",
 ]

@@ -20,11 +20,13 @@ from urllib.parse import quote, quote_plus
 from ahocorasick_rs import AhoCorasick, Implementation, MatchKind
 from pydantic import JsonValue
 
-from helmline.contracts import ToolError
+from helmline.contracts import ClassifierVerdict, ToolError
 
 REDACTED = "[REDACTED]"
 NEUTRALISED = "[untrusted text, not an instruction: "
 """How a neutralised passage opens in a result (a `]` closes it): the span that was flagged."""
+CLASSIFIER_RULE = "classifier"
+"""The rule name a classifier's `injection` is counted under, beside the patterns' names."""
 SECRET_RULE_PREFIX = "secret:"
 """A registered secret's rule is named `secret:NAME`, and its values are replaced by
 `[secret:NAME]`: the name says what was there, never the value."""
@@ -849,6 +851,9 @@ class SafeOutput:
     """How many places each injection rule neutralised (or only found, where instructions
     are not marked), by rule name."""
     truncated: bool = False
+    classifier: ClassifierVerdict | None = None
+    """What the injection classifier said of the output, when one was asked (it is asked
+    after the patterns, at the edge: `helmline.runtime.classified`)."""
 
     @property
     def redactions(self) -> int:
@@ -859,6 +864,24 @@ class SafeOutput:
     def neutralised(self) -> int:
         """How many instruction-like passages or hidden characters were neutralised."""
         return sum(self.neutralised_by.values())
+
+    @property
+    def injection_suspected(self) -> bool:
+        """Whether a pattern neutralised (or found) an instruction, or the classifier judged
+        the output an injection."""
+        return bool(self.neutralised_by) or self._classified_injection
+
+    @property
+    def suspected_by(self) -> Mapping[str, int]:
+        """`neutralised_by`, with the classifier's `injection` counted once as rule
+        `classifier`: what an event records as the rules that fired."""
+        if not self._classified_injection:
+            return self.neutralised_by
+        return {**self.neutralised_by, CLASSIFIER_RULE: 1}
+
+    @property
+    def _classified_injection(self) -> bool:
+        return self.classifier is not None and self.classifier.verdict == "injection"
 
     @property
     def changed(self) -> bool:

@@ -13,10 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,6 +44,7 @@ from helmline.contracts import (
     event_type_filter,
     new_event,
 )
+from helmline.runtime._classifier import InjectionClassifierKind
 from helmline.runtime._durability import Durability, jetstream_config
 from helmline.runtime._embedded import nats_server_binary
 from helmline.runtime._object_meta import chunks_subject, meta_subject
@@ -389,3 +393,151 @@ async def auto_approver(
         yield granting
     finally:
         await subscription.unsubscribe()
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierReply:
+    """One answer of a `ScriptedClassifier`."""
+
+    injection: bool = False
+    score: float | None = None
+    status: int = 200
+    """Anything but 200 answers that status with an error body."""
+    hang: bool = False
+    """Answer nothing until the server stops (a classifier past its timeout)."""
+    body: bytes | None = None
+    """This body as it is, instead of the protocol's answer."""
+
+
+CLASSIFIER_PATHS: Mapping[InjectionClassifierKind, str] = {
+    "generic": "/classify",
+    "openai-moderation": "/v1/moderations",
+    "openai-chat": "/v1/chat/completions",
+}
+
+
+class ScriptedClassifier:
+    """An injection classifier: a real HTTP server on a free port speaking each protocol of
+    `InjectionClassifierKind` (by path, `CLASSIFIER_PATHS`), answering each text as `decide`
+    says (by default, clean). Start it with `with`; `received` holds the requests."""
+
+    def __init__(self, decide: Callable[[str], ClassifierReply] | None = None) -> None:
+        self.decide = decide or (lambda _text: ClassifierReply())
+        self.received: list[tuple[str, dict[str, Any], str | None]] = []
+        """(path, JSON body, Authorization header) of each request, in arrival order."""
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _classifier_handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
+
+    def url(self, kind: InjectionClassifierKind = "generic") -> str:
+        """The endpoint of a protocol."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}{CLASSIFIER_PATHS[kind]}"
+
+    def texts(self) -> list[str]:
+        """The texts asked about, in arrival order."""
+        with self._lock:
+            return [_text_of(path, body) for path, body, _ in self.received]
+
+    def __enter__(self) -> ScriptedClassifier:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _answer(self, path: str, body: dict[str, Any], authorization: str | None) -> bytes:
+        """The response's body; raises `_Status` for an error status."""
+        with self._lock:
+            self.received.append((path, body, authorization))
+        reply = self.decide(_text_of(path, body))
+        if reply.hang:
+            self._stopping.wait(60)
+            raise _Status(503)
+        if reply.status != 200:
+            raise _Status(reply.status)
+        if reply.body is not None:
+            return reply.body
+        score = reply.score if reply.score is not None else float(reply.injection)
+        answer: dict[str, Any]
+        if path == CLASSIFIER_PATHS["openai-moderation"]:
+            answer = {
+                "id": "modr-1",
+                "model": body.get("model", "scripted-moderation"),
+                "results": [
+                    {
+                        "flagged": reply.injection,
+                        "categories": {"prompt_injection": reply.injection},
+                        "category_scores": {"prompt_injection": score},
+                    }
+                ],
+            }
+        elif path == CLASSIFIER_PATHS["openai-chat"]:
+            word = "injection" if reply.injection else "clean"
+            answer = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": word},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        else:
+            answer = {"injection": reply.injection, "score": reply.score}
+        return json.dumps(answer).encode()
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _text_of(path: str, body: Mapping[str, Any]) -> str:
+    if path == CLASSIFIER_PATHS["openai-moderation"]:
+        return str(body.get("input", ""))
+    if path == CLASSIFIER_PATHS["openai-chat"]:
+        messages = body.get("messages") or [{}]
+        return str(messages[-1].get("content", ""))
+    return str(body.get("text", ""))
+
+
+def _classifier_handler(classifier: ScriptedClassifier) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # Quiet: tests read `received` instead.
+
+        def do_POST(self) -> None:
+            if self.path not in CLASSIFIER_PATHS.values():
+                self._send(404, b'{"error": "no such endpoint"}')
+                return
+            length = int(self.headers.get("content-length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            try:
+                answer = classifier._answer(self.path, body, self.headers.get("authorization"))
+            except _Status as status:
+                self._send(status.status, b'{"error": "scripted"}')
+                return
+            self._send(200, answer)
+
+        def _send(self, status: int, body: bytes) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass  # The client gave up waiting (a timeout under test).
+
+    return Handler

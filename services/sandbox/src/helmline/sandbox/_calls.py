@@ -24,7 +24,7 @@ from helmline.contracts import (
     encode_event,
     source_of,
 )
-from helmline.runtime import make_error_safe, make_safe
+from helmline.runtime import SafeOutput, make_error_safe, make_safe
 from helmline.sandbox._snapshots import Snapshot
 from helmline.sandbox._tools import Completed, Failed, Outcome
 
@@ -155,15 +155,26 @@ def failed(
     )
 
 
+def safe_output(outcome: Completed) -> SafeOutput:
+    """A completed call's output made safe, cut to what an event can hold. Both backends'
+    results pass here: nothing a built-in tool read or a command printed reaches the log
+    unredacted."""
+    return make_safe(outcome.output, max_bytes=EVENTS_STREAM.max_msg_size - _ENVELOPE_ROOM)
+
+
 def results(
-    cause: Event, request: SandboxExecutionRequested, outcome: Outcome, duration_ms: float
+    cause: Event,
+    request: SandboxExecutionRequested,
+    outcome: Outcome,
+    duration_ms: float,
+    safe: SafeOutput | None = None,
 ) -> list[Event]:
-    """The events that close a call: a limit hit, if any, then completed or failed."""
+    """The events that close a call: a limit hit, if any, then completed or failed. `safe`:
+    a completed call's `safe_output`, as the caller had it judged by the injection
+    classifier, if any; made here when not given."""
     match outcome:
-        case Completed(output=output, truncated=truncated, exit_code=exit_code, usage=usage):
-            # Both backends' results pass here: nothing a built-in tool read or a command
-            # printed reaches the log unredacted.
-            safe = make_safe(output, max_bytes=EVENTS_STREAM.max_msg_size - _ENVELOPE_ROOM)
+        case Completed(truncated=truncated, exit_code=exit_code, usage=usage):
+            safe = safe if safe is not None else safe_output(outcome)
             completed = cause.derive(
                 ToolCallCompleted(
                     call_id=request.call_id,
@@ -174,11 +185,12 @@ def results(
                     truncated=truncated or safe.truncated,
                     redactions=safe.redactions,
                     redacted_by=dict(safe.redacted_by),
-                    injection_suspected=safe.neutralised > 0,
+                    injection_suspected=safe.injection_suspected,
                     neutralised=safe.neutralised,
-                    neutralised_by=dict(safe.neutralised_by),
+                    neutralised_by=dict(safe.suspected_by),
                     exit_code=exit_code,
                     usage=usage,
+                    classifier=safe.classifier,
                 ),
                 source=SOURCE,
             )

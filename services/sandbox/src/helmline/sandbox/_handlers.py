@@ -36,10 +36,12 @@ from helmline.contracts import (
 from helmline.runtime import (
     Delivery,
     EventStore,
+    InjectionClassifier,
     PermanentError,
     RetryableError,
     SecretsError,
     SecretStore,
+    classified,
     resolved_arguments,
 )
 from helmline.sandbox._calls import (
@@ -52,6 +54,7 @@ from helmline.sandbox._calls import (
     process_marker,
     progress_of,
     results,
+    safe_output,
     snapshot_id,
     snapshotted,
     started,
@@ -62,7 +65,7 @@ from helmline.sandbox._paths import workspace_of
 from helmline.sandbox._reclaim import WorkspaceReclaimer
 from helmline.sandbox._restores import WorkspaceRestorer
 from helmline.sandbox._snapshots import Snapshot, SnapshotMissing, WorkspaceSnapshots
-from helmline.sandbox._tools import Tools
+from helmline.sandbox._tools import Completed, Tools
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +86,14 @@ class SandboxHandler:
         reclaim: bool = False,
         memory: int = 10_000,
         secrets: SecretStore | None = None,
+        classifier: InjectionClassifier | None = None,
     ) -> None:
         """`reclaim`: remove ended sessions' workspaces (needs `snapshots`); `secrets`: where
         the secrets that calls refer to are resolved (without, a call that refers to one
-        fails)."""
+        fails); `classifier`: asked about each result after output safety's patterns, if
+        configured."""
         self._store = store
+        self._classifier = classifier
         self._secrets = secrets
         self._workspaces_dir = workspaces_dir
         self._tools = tools
@@ -251,7 +257,11 @@ class SandboxHandler:
                 changes = file_changes(baseline, scanned)
             after.append(snapshotted(cause, taken, request.call_id, changes))
             self._snapshotted[session] = None
-        await self._record(key, [*before, *after, *results(cause, request, outcome, duration_ms)])
+        safe = None
+        if isinstance(outcome, Completed):
+            safe = await classified(safe_output(outcome), self._classifier)
+        closing = results(cause, request, outcome, duration_ms, safe)
+        await self._record(key, [*before, *after, *closing])
 
     async def _snapshot(self, workspace: Path, session: SessionKey, snapshot: str) -> Snapshot:
         assert self._snapshots is not None

@@ -14,7 +14,7 @@ from helmline.contracts import (
     event_type_filter,
     parse_event_subject,
 )
-from helmline.runtime import ServiceHost, Setup
+from helmline.runtime import InjectionClassifier, ServiceHost, Setup
 from helmline.sandbox._backends import CommandBackend, ProcessBackend, start_backend
 from helmline.sandbox._containers import ContainerBackend, connect
 from helmline.sandbox._handlers import SandboxHandler
@@ -66,6 +66,9 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
         host.about.update(tools.describe())
         snapshots = WorkspaceSnapshots(host.js, max_bytes=settings.snapshot_max_mb * 1024 * 1024)
         workspaces_dir = settings.workspaces_dir.resolve()
+        classifier = InjectionClassifier.from_settings(settings)
+        if classifier is not None:
+            host.on_shutdown(classifier.aclose)
         handler = SandboxHandler(
             host.store,
             workspaces_dir,
@@ -73,6 +76,7 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
             snapshots=snapshots,
             reclaim=settings.reclaim_workspaces,
             secrets=host.secrets,
+            classifier=classifier,
         )
         await asyncio.to_thread(own_workspaces_dir, workspaces_dir)
         await asyncio.to_thread(remove_half_removed, workspaces_dir)

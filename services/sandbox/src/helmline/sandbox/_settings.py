@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from helmline.runtime import RuntimeSettings
+from helmline.runtime import InjectionClassifierSettings, RuntimeSettings
 from helmline.sandbox._profiles import SandboxProfile
 
 
@@ -15,8 +15,9 @@ def _default_workspaces_dir(data: dict[str, Any]) -> Path:
     return Path(data["data_dir"]) / "workspaces"
 
 
-class SandboxSettings(RuntimeSettings):
-    """Where workspaces live and how commands are confined, from `HELMLINE_*` variables."""
+class SandboxSettings(RuntimeSettings, InjectionClassifierSettings):
+    """Where workspaces live and how commands are confined, from `HELMLINE_*` variables (the
+    injection classifier's among them: `HELMLINE_INJECTION_CLASSIFIER_*`)."""
 
     data_dir: Path = Path(".helmline")
     """The stack's data folder (`HELMLINE_DATA_DIR`, set by `helmline up`)."""

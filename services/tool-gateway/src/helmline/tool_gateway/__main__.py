@@ -4,6 +4,7 @@ import logging
 
 from helmline.contracts import TOOL_GATEWAY_CONSUMER, ConsumerSpec
 from helmline.runtime import (
+    InjectionClassifier,
     SealingError,
     SealingKey,
     ServiceHost,
@@ -43,6 +44,10 @@ def setup_gateway(
                 "safety changed are not kept raw"
             )
         raw_outputs = await RawOutputs.open(host.js, key) if key is not None else None
+        classifier = InjectionClassifier.from_settings(settings)
+        if classifier is not None:
+            host.on_shutdown(classifier.aclose)
+            logger.info("injection classifier: %s", classifier.endpoint)
         handler = GatewayHandler(
             host.store,
             federation,
@@ -52,6 +57,7 @@ def setup_gateway(
             max_output_bytes=settings.max_output_bytes,
             limits_by_risk=settings.rate_limits_by_risk,
             secrets=host.secrets,
+            classifier=classifier,
         )
         await host.consume(consumer, handler)
         host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))

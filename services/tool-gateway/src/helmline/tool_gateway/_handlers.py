@@ -44,9 +44,11 @@ from helmline.runtime import (
     ArgumentChecker,
     Delivery,
     EventStore,
+    InjectionClassifier,
     RetryableError,
     SecretsError,
     SecretStore,
+    classified,
     has_references,
     make_error_safe,
     make_safe,
@@ -100,10 +102,13 @@ class GatewayHandler:
         max_output_bytes: int = 65536,
         limits_by_risk: Mapping[Risk, RateLimit] | None = None,
         secrets: SecretStore | None = None,
+        classifier: InjectionClassifier | None = None,
     ) -> None:
         """`secrets`: where the secrets that MCP calls refer to are resolved (without, a
-        call that refers to one fails)."""
+        call that refers to one fails); `classifier`: asked about each MCP result after
+        output safety's patterns, if configured."""
         self._store = store
+        self._classifier = classifier
         self._secrets = secrets
         self._federation = federation
         self._limiter = limiter
@@ -314,7 +319,7 @@ class GatewayHandler:
                 attempts=attempts,
                 duration_ms=duration_ms,
             )
-        safe = make_safe(raw, max_bytes=self._max_output_bytes)
+        safe = await classified(make_safe(raw, max_bytes=self._max_output_bytes), self._classifier)
         raw_name = None
         if safe.changed and self._raw_outputs is not None:
             raw_name = raw_output_name(cause.tenant, cause.session_id, call.call_id)
@@ -327,14 +332,15 @@ class GatewayHandler:
             duration_ms=duration_ms,
             truncated=safe.truncated,
             redactions=safe.redactions,
-            injection_suspected=safe.neutralised > 0,
+            injection_suspected=safe.injection_suspected,
             neutralised=safe.neutralised,
             redacted_by=dict(safe.redacted_by),
-            neutralised_by=dict(safe.neutralised_by),
+            neutralised_by=dict(safe.suspected_by),
             raw_output=raw_name,
             attempts=attempts,
             inverse=_inverse_of(tool, call, raw),
             untrusted=tool.trust == "untrusted",
+            classifier=safe.classifier,
         )
 
     async def _progress(self, cause: Event, call_id: str) -> tuple[bool, bool]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 
 from helmline.contracts import Risk
-from helmline.runtime import RuntimeSettings
+from helmline.runtime import InjectionClassifierSettings, RuntimeSettings
 from helmline.tool_gateway._config import RateLimit
 
 DEFAULT_LIMITS_BY_RISK: dict[Risk, RateLimit] = {
@@ -19,8 +19,9 @@ DEFAULT_LIMITS_BY_RISK: dict[Risk, RateLimit] = {
 """Calls per minute of each MCP tool per tenant, by risk, unless configured otherwise."""
 
 
-class GatewaySettings(RuntimeSettings):
-    """What the tool gateway needs beyond every service's settings."""
+class GatewaySettings(RuntimeSettings, InjectionClassifierSettings):
+    """What the tool gateway needs beyond every service's settings (the injection
+    classifier's among them: `HELMLINE_INJECTION_CLASSIFIER_*`)."""
 
     mcp_servers: Path | None = None
     """The MCP servers file (`HELMLINE_MCP_SERVERS`); none federates no server."""
