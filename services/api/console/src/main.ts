@@ -614,12 +614,29 @@ function permissionForm(a: Approval): string {
   </form>`;
 }
 
+/** The untrusted results a waiting call (or plan) may owe something to, each with the span to
+ * read first: where its arguments came from, or the passage flagged as a suspected injection. */
+function taintSources(a: Approval): string {
+  if (!a.taint?.sources.length) return "";
+  const items = a.taint.sources.map((s) => {
+    const said = [
+      s.arguments.length ? `${s.arguments.join(", ")} found in its result` : "",
+      s.injection_suspected ? `flagged as a suspected injection${s.cues.length ? ` (${s.cues.join(", ")})` : ""}` : "",
+    ].filter(Boolean);
+    const mark = s.injection_suspected ? badge("failed", "suspected injection") : badge("waiting", "untrusted");
+    return `<li data-source="${esc(s.call_id)}">${mark} step ${esc(s.step_id)}, ${esc(s.tool)}${said.length ? `: ${esc(said.join("; "))}` : ""}
+      ${s.excerpt ? `<blockquote>${esc(s.excerpt)}</blockquote>` : ""}</li>`;
+  });
+  return `<section class="taint" aria-label="Untrusted sources"><h3>Read first: untrusted content behind this</h3><ul>${items.join("")}</ul></section>`;
+}
+
 function approvalForm(a: Approval): string {
   if (a.permissions.length) return permissionForm(a);
   const args = a.arguments ? JSON.stringify(a.arguments, null, 2) : "";
   return `<form class="approval" data-request="${esc(a.request_id)}" aria-label="Approval ${esc(a.request_id)}">
     <h2>Waiting for approval ${badge(a.risk, a.risk)}</h2>
     <p>${esc(a.scope === "plan" ? "The plan" : `Step ${a.step_id}: ${a.tool}`)} — ${esc(a.reason)}</p>
+    ${taintSources(a)}
     <p><small>may decide: ${esc(a.approver_roles.join(", "))} · expires ${esc(when(a.expires_at))}</small></p>
     ${a.arguments ? `<label>Arguments (edit to approve with changes)<textarea name="arguments" rows="${Math.min(12, args.split("\n").length + 1)}">${esc(args)}</textarea></label>` : ""}
     ${a.scope === "step" ? `<label>Also approve the next <input name="similar" type="number" min="0" max="1000" step="1" value="0" inputmode="numeric"> similar calls (same tool, same rule)</label>

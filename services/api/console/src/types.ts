@@ -61,6 +61,29 @@ export interface Approval {
   /** A granted permission request: the step that asked, or the whole session. */
   grant_scope: "step" | "session" | null;
   grant_until: string | null;
+  /** What untrusted content the call (or plan) may owe its existence or arguments to. */
+  taint: CallTaint | null;
+}
+
+/** A result in the model's context that a proposed call may owe something to. */
+export interface TaintSource {
+  step_id: string;
+  call_id: string;
+  tool: string;
+  /** The call's arguments whose text appears in this result. */
+  arguments: string[];
+  injection_suspected: boolean;
+  /** The injection cues output safety found in the result. */
+  cues: string[];
+  /** The span to read: around the first argument found, or the passage flagged. */
+  excerpt: string;
+}
+
+export interface CallTaint {
+  influenced_by_untrusted: boolean;
+  after_injection_suspected: boolean;
+  arguments_from_untrusted: string[];
+  sources: TaintSource[];
 }
 
 export interface PermissionNeed {

@@ -84,5 +84,8 @@ class CallTaint(Contract):
                 parts.append(f'{said}: "{source.excerpt}"' if source.excerpt else said)
             if source.injection_suspected:
                 cues = f" ({', '.join(source.cues)})" if source.cues else ""
-                parts.append(f"the result of {where} was flagged as a suspected injection{cues}")
+                flagged = f"the result of {where} was flagged as a suspected injection{cues}"
+                # With no argument taken from it, its excerpt is the passage flagged.
+                shown = source.excerpt and not source.arguments
+                parts.append(f'{flagged}: "{source.excerpt}"' if shown else flagged)
         return "; ".join(parts) or "untrusted output was in the model's context"
