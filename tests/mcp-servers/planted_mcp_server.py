@@ -1,8 +1,9 @@
 """A real MCP server (stdio) for the adversarial suite (`tests/safety`): it hands out what the
 test planted in its folder, and notes every real invocation in a ledger there, which the
 stack never reads, so that the test counts runs at the tool's side.
-`python planted_mcp_server.py FOLDER`; the folder holds `secrets.txt`, `sealed.txt` and
-`inbox.json`."""
+`python planted_mcp_server.py FOLDER`; the folder holds `secrets.txt`, `sealed.txt`,
+`inbox.json`, `pages.json` and `issues.json` (untrusted content: a mail, a web page, an
+issue, which the test may have written an injection into)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,32 @@ def main(folder: Path) -> None:
         note("inbox", mailbox=mailbox)
         messages: dict[str, str] = json.loads((folder / "inbox.json").read_text())
         return messages.get(mailbox, "no messages")
+
+    @server.tool()
+    def page(url: str) -> str:
+        """Fetch a web page: its text."""
+        note("page", url=url)
+        pages: dict[str, str] = json.loads((folder / "pages.json").read_text())
+        return pages.get(url, "404 not found")
+
+    @server.tool()
+    def issue(number: int) -> str:
+        """Read an issue of the project's public tracker: its title, author and text."""
+        note("issue", number=number)
+        issues: dict[str, str] = json.loads((folder / "issues.json").read_text())
+        return issues.get(str(number), "no such issue")
+
+    @server.tool()
+    def send_mail(to: str, body: str) -> str:
+        """Send a mail; nothing can take it back."""
+        note("send_mail", to=to, body=body)
+        return f"sent to {to}"
+
+    @server.tool()
+    def create_ticket(title: str, body: str) -> str:
+        """Open a ticket in the team's own tracker."""
+        note("create_ticket", title=title, body=body)
+        return f"ticket opened: {title}"
 
     @server.tool()
     def perform(action: str, arguments: dict[str, JsonValue]) -> str:

@@ -113,14 +113,18 @@ class InjectedAction:
     text: str
     function: str
     arguments: dict[str, object]
+    attack: str = "important_instructions"
+    """The template attack whose text this is."""
 
 
-def agentdojo_actions(attack_name: str = "important_instructions") -> list[InjectedAction]:
-    """Each injection task of each suite in one attack's template, with the call it asks for
-    (a task whose ground truth calls nothing asks for its goal as such)."""
+def agentdojo_actions(*attack_names: str) -> list[InjectedAction]:
+    """Each injection task of each suite in each attack's template (by default
+    `important_instructions` alone), with the call it asks for (a task whose ground truth
+    calls nothing asks for its goal as such)."""
     from agentdojo.task_suite.load_suites import get_suites
 
-    texts = {(i.suite, i.task): i.text for i in agentdojo_injections() if i.attack == attack_name}
+    names = attack_names or ("important_instructions",)
+    texts = {(i.suite, i.task, i.attack): i.text for i in agentdojo_injections()}
 
     actions: list[InjectedAction] = []
     for suite_name, suite in get_suites(AGENTDOJO_SUITES).items():
@@ -132,6 +136,7 @@ def agentdojo_actions(attack_name: str = "important_instructions") -> list[Injec
                 if calls
                 else ("as_instructed", {"goal": task.GOAL})
             )
-            text = texts[(suite_name, task_id)]
-            actions.append(InjectedAction(suite_name, task_id, text, function, arguments))
+            for name in names:
+                text = texts[(suite_name, task_id, name)]
+                actions.append(InjectedAction(suite_name, task_id, text, function, arguments, name))
     return actions

@@ -59,8 +59,8 @@ class Stack:
     model: ScriptedModel
     spans: SpanSink
     planted: Path
-    """The planted MCP server's folder (`secrets.txt`, `sealed.txt`, `inbox.json`, and the
-    ledger it writes, `ledger.jsonl`)."""
+    """The planted MCP server's folder (`secrets.txt`, `sealed.txt`, `inbox.json`,
+    `pages.json`, `issues.json`, and the ledger it writes, `ledger.jsonl`)."""
     connection: NATS
     store: EventStore
 
@@ -82,7 +82,8 @@ async def running_stack(folder: Path, database_url: str) -> AsyncIterator[Stack]
     planted.mkdir()
     (planted / "secrets.txt").write_text("")
     (planted / "sealed.txt").write_text("")
-    (planted / "inbox.json").write_text("{}")
+    for held in ("inbox.json", "pages.json", "issues.json"):
+        (planted / held).write_text("{}")
     mcp = folder / "mcp-servers.yaml"
     mcp.write_text(
         yaml.safe_dump(
@@ -94,11 +95,19 @@ async def running_stack(folder: Path, database_url: str) -> AsyncIterator[Stack]
                             "command": sys.executable,
                             "args": [str(PLANTED_SERVER), str(planted)],
                         },
+                        # As an MCP server's results are unless declared: anyone's words.
+                        "trust": "untrusted",
                         # Reading runs unattended; `perform` keeps the default: high risk.
+                        # Sending a mail and opening a ticket are medium: they run unless a
+                        # taint rule asks for a person (had the content been trusted, none).
                         "tools": {
                             "vault": {"risk": "low"},
                             "vault_check": {"risk": "low"},
                             "inbox": {"risk": "low"},
+                            "page": {"risk": "low", "effect": "none", "action": "read"},
+                            "issue": {"risk": "low", "effect": "none", "action": "read"},
+                            "send_mail": {"risk": "medium", "action": "write"},
+                            "create_ticket": {"risk": "medium", "action": "write"},
                         },
                     }
                 ]
