@@ -194,18 +194,7 @@ class LazyFS(mfusepy.Operations):  # type: ignore[misc]
 
 
 def main(backing: str, mountpoint: str) -> None:
-    # No cache in the kernel: of data (`direct_io`) or of sizes and names (timeouts 0). It
-    # would be a second page cache this process does not model, serving the server a file's
-    # size or bytes as they were rather than as this process holds them.
-    mfusepy.FUSE(
-        LazyFS(backing),
-        os.path.abspath(mountpoint),
-        foreground=True,
-        direct_io=True,
-        attr_timeout=0,
-        entry_timeout=0,
-        negative_timeout=0,
-    )
+    mfusepy.FUSE(LazyFS(backing), os.path.abspath(mountpoint), foreground=True)
 
 
 if __name__ == "__main__":
