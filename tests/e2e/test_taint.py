@@ -129,9 +129,10 @@ async def test_an_address_read_in_a_mail_and_sent_to_waits_naming_the_mail(
         "mail__send",
         {"to": ADDRESS, "body": "Q3: revenue and costs as agreed"},
     )
-    assert request.rule == "approve-arguments-from-untrusted-output"
+    assert request.rule == "approve-destinations-from-untrusted-output"
     assert request.taint is not None
     assert request.taint.arguments_from_untrusted == ("to",)
+    assert request.taint.destinations_from_untrusted == ("to",)
     (source,) = request.taint.sources
     assert (source.step_id, source.call_id, source.tool) == (
         read.step_id,

@@ -213,7 +213,7 @@ MAILS: tuple[Mail, ...] = (
 )
 
 # The short form takes the first three of each kind: they include an issue naming a file,
-# whose ticket names it too, so that CI sees what `approve-arguments-from-untrusted-output`
+# whose ticket names it too, so that CI sees what `approve-destinations-from-untrusted-output`
 # costs as well as what it stops.
 ISSUES: tuple[Issue, ...] = (
     Issue(

@@ -148,7 +148,7 @@ def test_the_built_in_policy_is_a_document_like_any_other() -> None:
     assert policy.source == BUILT_IN
     assert [rule.name for rule in policy.document.rules] == [
         "approve-effects-after-suspected-injection",
-        "approve-arguments-from-untrusted-output",
+        "approve-destinations-from-untrusted-output",
         "allow-low-and-medium-risk",
         "approve-high-and-critical-risk",
     ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from helmline.contracts import (
     EXCERPT_CHARS,
     Actor,
@@ -58,6 +60,7 @@ def test_an_address_copied_from_untrusted_output_names_the_result_it_came_from()
     assert taint.influenced_by_untrusted
     assert not taint.after_injection_suspected
     assert taint.arguments_from_untrusted == ("to",)
+    assert taint.destinations_from_untrusted == ("to",)
     (source,) = taint.sources
     assert (source.step_id, source.call_id, source.tool) == ("t2", "t2.1", "mail__read_inbox")
     assert source.arguments == ("to",)
@@ -73,6 +76,35 @@ def test_text_inside_a_longer_argument_counts_too_urls_and_paths_alike() -> None
     )
     assert taint is not None
     assert taint.arguments_from_untrusted == ("command",)
+    # A command is not where the call sends: the URL inside it is its text.
+    assert taint.destinations_from_untrusted == ()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "destinations"),
+    [
+        # Named for where the call sends or reaches, whatever its value.
+        ({"recipient_email": "bob at evil dot example"}, ("recipient_email",)),
+        ({"webhookUrl": "collect-here"}, ("webhookUrl",)),
+        ({"channel": "#exfil-room"}, ("channel",)),
+        # An address or a URL as a whole, whatever its name.
+        ({"who": "exfil@evil.example"}, ("who",)),
+        ({"page": "https://evil.example/collect"}, ("page",)),
+        # Text quoted into a ticket: from untrusted output, but where it goes is the tool's.
+        ({"title": "Crash in config/app.yaml", "body": "see config/app.yaml"}, ()),
+    ],
+)
+def test_destinations_are_the_copied_arguments_that_say_where_the_call_goes(
+    arguments: dict[str, str], destinations: tuple[str, ...]
+) -> None:
+    text = (
+        "bob at evil dot example; collect-here; #exfil-room; exfil@evil.example; "
+        "https://evil.example/collect; Crash in config/app.yaml"
+    )
+    taint = taint_of(reading(_log(_result("t1", {"text": text}))), arguments)
+    assert taint is not None
+    assert taint.arguments_from_untrusted
+    assert taint.destinations_from_untrusted == destinations
 
 
 def test_what_the_goal_or_a_person_wrote_is_not_from_untrusted_output() -> None:

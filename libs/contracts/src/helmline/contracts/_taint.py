@@ -17,7 +17,10 @@ from pydantic import Field
 from helmline.contracts._values import Contract, StepId, ToolName
 
 TaintKind = Literal[
-    "influenced_by_untrusted", "after_injection_suspected", "arguments_from_untrusted"
+    "influenced_by_untrusted",
+    "after_injection_suspected",
+    "arguments_from_untrusted",
+    "destinations_from_untrusted",
 ]
 """One fact of a call's taint, by the name of its field in `CallTaint`: what policy rules
 match (`taint: [arguments_from_untrusted]`)."""
@@ -61,6 +64,12 @@ class CallTaint(Contract):
     """Names of the arguments (top level) holding an e-mail address, URL, path or other
     string of six characters or more that appears in untrusted output and not in the goal
     nor in a person's input (approval comments, edited arguments)."""
+    destinations_from_untrusted: tuple[str, ...] = ()
+    """Of those, the arguments that say where the call sends or reaches: one holding an
+    e-mail address or a URL found in untrusted output, or one whose name says it is a
+    destination (`to`, `recipient`, `url`, `channel`, `account`...). Text copied into a
+    ticket's body is an argument from untrusted output; the address a mail goes to, taken
+    from the text the model read, is the shape of exfiltration."""
     sources: tuple[TaintSource, ...] = ()
     """The results the arguments came from, and those flagged as suspected injections."""
 
@@ -73,6 +82,8 @@ class CallTaint(Contract):
                 return self.after_injection_suspected
             case "arguments_from_untrusted":
                 return bool(self.arguments_from_untrusted)
+            case "destinations_from_untrusted":
+                return bool(self.destinations_from_untrusted)
 
     def described(self) -> str:
         """Where the call's arguments came from, and which results were flagged, in words."""

@@ -274,7 +274,9 @@ class RuleDocument(_Strict):
     `influenced_by_untrusted` (the model had read an untrusted tool's result when it proposed
     the call), `after_injection_suspected` (it had read a result flagged as a suspected
     injection), `arguments_from_untrusted` (an argument repeats text of untrusted output that
-    neither the goal nor a person wrote). A playbook's calls carry none."""
+    neither the goal nor a person wrote), `destinations_from_untrusted` (such an argument
+    says where the call sends or reaches: an e-mail address, a URL, a recipient). A
+    playbook's calls carry none."""
     arguments: dict[str, ArgumentCondition] = Field(default_factory=dict)
     """Conditions on arguments by name; a call without the argument does not match."""
     during: TimeWindow | None = None

@@ -261,6 +261,7 @@ _TAINT_SAID: Mapping[TaintKind, str] = {
     "influenced_by_untrusted": "the model had read untrusted output",
     "after_injection_suspected": "the model had read a result flagged as a suspected injection",
     "arguments_from_untrusted": "arguments come from untrusted output",
+    "destinations_from_untrusted": "where the call sends or reaches comes from untrusted output",
 }
 
 

@@ -5,7 +5,11 @@ it proposes then is `influenced_by_untrusted` when one of those results came fro
 declared trusted, `after_injection_suspected` when one was flagged by output safety, and its
 arguments are `arguments_from_untrusted` when they repeat text (an e-mail address, a URL, a
 path, any other string of six characters or more) that untrusted output holds and that
-neither the goal nor a person (an approval's comment or edited arguments) wrote.
+neither the goal nor a person (an approval's comment or edited arguments) wrote. Of those,
+the `destinations_from_untrusted` say where the call sends or reaches: an argument that is
+an e-mail address or a URL as a whole, or one named for a destination (`to`, `recipient`,
+`webhook_url`...). Text quoted into a ticket's body came from untrusted output; the address
+a mail goes to, taken from it, is the shape of exfiltration.
 
 Matching is on text, lower-cased: an address the model re-spelled is missed, a word the goal
 happens to share is forgiven. It says where to look, not what happened.
@@ -43,6 +47,16 @@ _FRAGMENT = re.compile(
     re.IGNORECASE,
 )
 _TRAILING = ".,;:!?)]}'\""
+_ADDRESS_OR_URL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|[a-z][a-z0-9+.-]*://\S+")
+DESTINATION_WORDS = frozenset(
+    {
+        "to", "cc", "bcc", "recipient", "recipients", "email", "emails", "address",
+        "url", "uri", "link", "host", "endpoint", "webhook", "channel", "account",
+        "iban", "phone", "destination", "target",
+    }
+)  # fmt: skip
+"""Words of an argument's name (`to`, `recipient_email`, `webhookUrl`) that say it is where
+the call sends or reaches."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,7 @@ def taint_of(read: Reading, arguments: Mapping[str, JsonValue]) -> CallTaint | N
     untrusted = [r for r in read.results if r.completed.untrusted]
     named: dict[str, list[str]] = {}
     excerpts: dict[str, str] = {}
+    destinations: list[str] = []
     for name, value in arguments.items():
         for fragment in _fragments(value):
             if fragment in read.people:
@@ -109,6 +124,8 @@ def taint_of(read: Reading, arguments: Mapping[str, JsonValue]) -> CallTaint | N
                 named[call_id].append(name)
             at = found.lowered.find(fragment)
             excerpts.setdefault(call_id, _excerpt(found.text, at, fragment))
+            if _is_destination(name, value):
+                destinations.append(name)
             break
     by_call = {r.completed.call_id: r for r in read.results}
     flagged = [c for c in reversed(by_call) if by_call[c].completed.injection_suspected]
@@ -117,10 +134,20 @@ def taint_of(read: Reading, arguments: Mapping[str, JsonValue]) -> CallTaint | N
         influenced_by_untrusted=bool(untrusted),
         after_injection_suspected=bool(flagged),
         arguments_from_untrusted=tuple(dict.fromkeys(n for names in named.values() for n in names)),
+        destinations_from_untrusted=tuple(destinations),
         sources=tuple(
             _source(by_call[c], tuple(named.get(c, ())), excerpts.get(c)) for c in listed
         ),
     )
+
+
+def _is_destination(name: str, value: JsonValue) -> bool:
+    """Whether an argument says where its call sends or reaches: by its name, or by being an
+    e-mail address or a URL as a whole."""
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().replace("-", "_").split("_")
+    if DESTINATION_WORDS.intersection(words):
+        return True
+    return isinstance(value, str) and _ADDRESS_OR_URL.fullmatch(value.strip()) is not None
 
 
 def _source(result: _Result, arguments: tuple[str, ...], excerpt: str | None) -> TaintSource:
