@@ -291,9 +291,11 @@ class ModelExchangeRecorded(Payload):
     delimiters' form: text trying to end its block early, or a marker that leaked (a
     model led to repeat it in a call). Escaped in the context, so it ends nothing."""
     untrusted_read: tuple[str, ...] = ()
-    """Calls whose results, new in this request, came from untrusted tools (`untrusted` on
-    `tool.call.completed`): with the earlier turns', every untrusted result the model had
-    in its context when it answered, and so what taints the calls it proposed."""
+    """Calls whose results, new in this request, are outside content: from untrusted tools
+    (`untrusted` on `tool.call.completed`), or from the workspace's own tools once a call
+    let use the network (`network` on `tool.call.authorized`) filled it from outside. With
+    the earlier turns', every untrusted result the model had in its context when it
+    answered, and so what taints the calls it proposed."""
 
 
 class ContextCompacted(Payload):

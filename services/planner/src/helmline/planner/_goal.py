@@ -74,7 +74,7 @@ from helmline.planner._prompts import (
 )
 from helmline.planner._settings import PlannerSettings
 from helmline.planner._spotlight import Spotlight
-from helmline.planner._taint import Reading, reading, taint_of
+from helmline.planner._taint import Reading, outside_results, reading, taint_of
 
 Purpose = Literal["plan", "replan", "act", "verify", "repair"]
 """Why the planning model is asked: the turns of the session's conversation."""
@@ -331,11 +331,12 @@ def _forged_delimiters(log: Sequence[Event], spotlight: Spotlight) -> tuple[str,
 
 def _untrusted_results(log: Sequence[Event]) -> tuple[str, ...]:
     """Calls whose result arrived since the model last spoke (so is new in the next
-    request) from a tool not declared trusted."""
+    request) and is outside content (`outside_results`)."""
+    outside = outside_results(log)
     return tuple(
         e.data.call_id
         for e in log[_after_last_exchange(log) :]
-        if isinstance(e.data, ToolCallCompleted) and e.data.untrusted
+        if isinstance(e.data, ToolCallCompleted) and e.data.call_id in outside
     )
 
 

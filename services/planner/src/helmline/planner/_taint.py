@@ -25,12 +25,14 @@ from functools import cached_property
 from pydantic import JsonValue
 
 from helmline.contracts import (
+    BUILTIN_TOOLS_BY_NAME,
     EXCERPT_CHARS,
     ApprovalDecisionSubmitted,
     CallTaint,
     Event,
     SessionStarted,
     TaintSource,
+    ToolCallAuthorized,
     ToolCallCompleted,
 )
 from helmline.runtime import NEUTRALISED
@@ -64,6 +66,8 @@ class _Result:
     """A result the model had read that taint may point to."""
 
     completed: ToolCallCompleted
+    untrusted: bool
+    """Whether it is outside content (see `outside_results`)."""
 
     # Read only when an argument is looked for in it: most calls have none worth looking for.
     @cached_property
@@ -85,18 +89,45 @@ class Reading:
     """The goal and what people wrote into the session, lower-cased."""
 
 
+def outside_results(log: Sequence[Event]) -> frozenset[str]:
+    """The calls whose results are outside content: those of tools not declared trusted;
+    and, once the workspace was filled from outside (a call let use the network was
+    authorised in the session: a clone, a download), every later result of a sandboxed
+    tool, which may read back what came in. A rollback past that call does not make the
+    workspace trusted again: what else the call left is not known."""
+    outside: set[str] = set()
+    filled = False
+    for event in log:
+        match event.data:
+            case ToolCallAuthorized(network=True):
+                filled = True
+            case ToolCallCompleted(call_id=call_id, tool=tool) as done if done.untrusted or (
+                filled and _in_sandbox(tool)
+            ):
+                outside.add(call_id)
+            case _:
+                pass
+    return frozenset(outside)
+
+
+def _in_sandbox(tool: str) -> bool:
+    spec = BUILTIN_TOOLS_BY_NAME.get(tool)
+    return spec is not None and spec.executor == "sandbox"
+
+
 def reading(log: Sequence[Event]) -> Reading:
     """What the model had read, as the log up to its answer records it."""
     results: list[_Result] = []
     people: list[str] = []
+    outside = outside_results(log)
     for event in log:
         match event.data:
             case SessionStarted(goal=goal):
                 people.append(goal)
             case ApprovalDecisionSubmitted(comment=comment, modified_arguments=edited):
                 people += [comment, *_strings(edited)]
-            case ToolCallCompleted() as done if done.untrusted or done.injection_suspected:
-                results.append(_Result(done))
+            case ToolCallCompleted() as done if done.call_id in outside or done.injection_suspected:
+                results.append(_Result(done, untrusted=done.call_id in outside))
             case _:
                 pass
     return Reading(tuple(results), "\n".join(people).lower())
@@ -107,7 +138,7 @@ def taint_of(read: Reading, arguments: Mapping[str, JsonValue]) -> CallTaint | N
     read nothing untrusted nor flagged."""
     if not read.results:
         return None
-    untrusted = [r for r in read.results if r.completed.untrusted]
+    untrusted = [r for r in read.results if r.untrusted]
     named: dict[str, list[str]] = {}
     excerpts: dict[str, str] = {}
     destinations: list[str] = []
