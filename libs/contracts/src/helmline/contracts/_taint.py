@@ -42,9 +42,11 @@ class TaintSource(Contract):
     """Names of the call's arguments whose text appears in this result (and not in the goal
     nor in what a person wrote)."""
     injection_suspected: bool = False
-    """Whether output safety flagged the result as a suspected prompt injection."""
+    """Whether the result is a suspected prompt injection: flagged by output safety, or
+    holding the session's spotlight marker or a forged data delimiter."""
     cues: tuple[str, ...] = ()
-    """The injection cues output safety found in the result (its `neutralised_by` rules)."""
+    """The injection cues output safety found in the result (its `neutralised_by` rules),
+    and `spotlight_delimiter` when it held the marker or a forged delimiter."""
     excerpt: str = Field(default="", max_length=EXCERPT_CHARS + 2)
     """The result's text around the first argument found in it: the span an approver should
     read. Empty when no argument came from it."""

@@ -30,6 +30,7 @@ from helmline.contracts import (
     ApprovalDecisionSubmitted,
     CallTaint,
     Event,
+    ModelExchangeRecorded,
     SessionStarted,
     TaintSource,
     ToolCallAuthorized,
@@ -37,6 +38,8 @@ from helmline.contracts import (
 )
 from helmline.runtime import NEUTRALISED
 
+SPOTLIGHT_CUE = "spotlight_delimiter"
+"""The cue of a result that held the session's spotlight marker or a forged delimiter."""
 SHORTEST_FRAGMENT = 6
 """Shorter strings (`yes`, `main`, `42`) are everywhere; repeating one says nothing."""
 MAX_SOURCES = 16
@@ -68,6 +71,13 @@ class _Result:
     completed: ToolCallCompleted
     untrusted: bool
     """Whether it is outside content (see `outside_results`)."""
+    forged: bool = False
+    """Whether it held the session's spotlight marker or a forged delimiter."""
+
+    @property
+    def flagged(self) -> bool:
+        """Whether it is a suspected injection: by output safety, or by its delimiters."""
+        return self.completed.injection_suspected or self.forged
 
     # Read only when an argument is looked for in it: most calls have none worth looking for.
     @cached_property
@@ -120,14 +130,26 @@ def reading(log: Sequence[Event]) -> Reading:
     results: list[_Result] = []
     people: list[str] = []
     outside = outside_results(log)
+    # Text that tried to end its block early, or repeated the session's marker, is trying
+    # to speak outside the data: flagged, as output safety's cues flag.
+    forged = {
+        step
+        for e in log
+        if isinstance(e.data, ModelExchangeRecorded)
+        for step in e.data.spotlight_flagged
+    }
     for event in log:
         match event.data:
             case SessionStarted(goal=goal):
                 people.append(goal)
             case ApprovalDecisionSubmitted(comment=comment, modified_arguments=edited):
                 people += [comment, *_strings(edited)]
-            case ToolCallCompleted() as done if done.call_id in outside or done.injection_suspected:
-                results.append(_Result(done, untrusted=done.call_id in outside))
+            case ToolCallCompleted() as done if (
+                done.call_id in outside or done.injection_suspected or done.step_id in forged
+            ):
+                results.append(
+                    _Result(done, untrusted=done.call_id in outside, forged=done.step_id in forged)
+                )
             case _:
                 pass
     return Reading(tuple(results), "\n".join(people).lower())
@@ -159,7 +181,7 @@ def taint_of(read: Reading, arguments: Mapping[str, JsonValue]) -> CallTaint | N
                 destinations.append(name)
             break
     by_call = {r.completed.call_id: r for r in read.results}
-    flagged = [c for c in reversed(by_call) if by_call[c].completed.injection_suspected]
+    flagged = [c for c in reversed(by_call) if by_call[c].flagged]
     listed = list(dict.fromkeys([*named, *flagged]))[:MAX_SOURCES]
     return CallTaint(
         influenced_by_untrusted=bool(untrusted),
@@ -193,8 +215,8 @@ def _source(result: _Result, arguments: tuple[str, ...], excerpt: str | None) ->
         call_id=done.call_id,
         tool=done.tool,
         arguments=arguments,
-        injection_suspected=done.injection_suspected,
-        cues=tuple(sorted(done.neutralised_by)),
+        injection_suspected=result.flagged,
+        cues=tuple(sorted([*done.neutralised_by, *([SPOTLIGHT_CUE] if result.forged else [])])),
         excerpt=excerpt,
     )
 
