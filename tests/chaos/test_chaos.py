@@ -929,3 +929,49 @@ def _listening(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
         return True
     return False
+
+
+def test_takeover_counts_only_what_a_kill_held() -> None:
+    """A retry, a long step, a redelivery no kill explains and work left with no replica are
+    told apart from a takeover by a live replica."""
+    tap = DeliveryTap()
+    heard = [
+        # Held by planner-1, killed at 10.8; planner-2 takes it up at 12.5.
+        ("planner", 1, 1, 10.0, [("+WPI", 10.5)]),
+        ("planner", 1, 2, 12.5, [("", 12.6)]),
+        # Its handler failed and asked for a retry: a back-off, not a takeover.
+        ("planner", 2, 1, 10.0, [('-NAK {"delay": 2000000000}', 10.1)]),
+        ("planner", 2, 2, 12.1, [("+ACK", 12.2)]),
+        # A long step, kept in progress until done.
+        ("planner", 3, 1, 5.0, [("+WPI", 5.7), ("+WPI", 19.0), ("", 20.0)]),
+        # Held by state-1, killed at 30.2 while state-2 (killed at 29.0) was not back.
+        ("state", 4, 1, 30.0, []),
+        ("state", 4, 2, 35.0, [("", 35.1)]),
+        # Delivered again with no kill of the service.
+        ("tool-gateway", 5, 1, 50.0, []),
+        ("tool-gateway", 5, 2, 52.0, [("", 52.1)]),
+        # Its holder still at work after the redelivery: held twice at once.
+        ("sandbox", 6, 1, 60.0, [("+WPI", 60.6), ("+WPI", 62.3)]),
+        ("sandbox", 6, 2, 62.0, [("", 62.4)]),
+    ]
+    for service, seq, count, at, answers in heard:
+        reply = f"{service}.{seq}.{count}"
+        tap.replies[reply] = Delivered(f"helmline-{service}", seq, count, at)
+        tap.answers[reply] = answers
+    kills = [(29.0, "state-2"), (10.8, "planner-1"), (30.2, "state-1")]
+    backs = [(40.0, "state-2"), (41.0, "state-1"), (20.0, "planner-1")]
+    replicas = {
+        service: [f"{service}-1", f"{service}-2"]
+        for service in ("planner", "state", "tool-gateway", "sandbox")
+    }
+
+    assert takeover(tap, kills, backs, replicas) == {
+        "p50": 1.7,
+        "max": 1.7,
+        "handled_p50": 1.8,
+        "handled_max": 1.8,
+        "held": 1,
+        "no_replica_left": {"held": 1, "p50": 4.8, "max": 4.8},
+        "unexplained": 2,
+        "at_once": 1,
+    }
