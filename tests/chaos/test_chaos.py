@@ -12,7 +12,10 @@ own TCP listener, and each MCP call runs the test's own server, both writing one
 real invocation to files the stack never reads. At the end every session ended as its
 script says, each completed call left exactly one line and no call more than one, every log
 folds, the read model agrees with the log, nothing is left in flight, and each poison event
-was dead-lettered with its reason. One JSON line gives the figures.
+was dead-lettered with its reason. One JSON line gives the figures. How long the work a
+killed replica held waited for another is heard, not guessed from the sessions' logs: a tap
+in a process of its own (`delivery_tap.py`) notes each delivery JetStream makes to the
+services and each answer they send (see `takeover`).
 
 Short by default (CI: `CHAOS_SESSIONS` 30, `CHAOS_KILLS` 10); `make chaos CHAOS_SESSIONS=100
 CHAOS_KILLS=30` runs it long. `CHAOS_SEED` replays a run's choices.
@@ -39,10 +42,10 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import httpx
 import nats
 import nats.errors
 import psutil
@@ -89,6 +92,7 @@ KILLS = int(os.environ.get("CHAOS_KILLS", "10"))
 SEED = int(os.environ.get("CHAOS_SEED", str(random.randrange(2**32))))
 HELMLINE = Path(sys.executable).parent / "helmline"
 WITNESS_SERVER = Path(__file__).with_name("witness_mcp_server.py")
+DELIVERY_TAP = Path(__file__).with_name("delivery_tap.py")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "chaos"
 REQUESTER = Actor(id="chaos", roles=("operator",))
 APPROVER = Actor(id="chaos-approver", roles=("approver",))
@@ -98,11 +102,9 @@ KILL_PAUSE_S = (0.3, 1.4)
 SESSION_TIMEOUT_S = 120.0
 LEADERLESS_S = 30.0
 """How long the test's own reads wait out a stream without a leader."""
-UNDER_WAY_S = 1.0
-"""A session that appended an event this shortly before a kill was under way at it."""
-HELD_S = 0.5
-"""A session under way whose next event came this long after a kill waited for the replica
-killed (its steps take milliseconds otherwise)."""
+SIGN_SLACK_S = 0.25
+"""How long after a kill the delivery tap may still hear of a delivery to the replica killed
+or a sign of life it sent before (what was on its way when the kill came)."""
 STARTUP_TIMEOUT_S = 180.0
 Kind = Literal["witnessed", "approved", "rollback", "fork"]
 T = TypeVar("T")
@@ -202,6 +204,14 @@ class ChaosStack:
         loaded: dict[str, Any] = json.loads((self.data_dir / "stack.json").read_text())
         return loaded
 
+    def replicas_of_services(self) -> dict[str, list[str]]:
+        """Each service's replicas by component name (`planner`: `planner-1`, `planner-2`)."""
+        replicas: dict[str, list[str]] = {}
+        for component in self.record()["components"]:
+            if component["kind"] == "service":
+                replicas.setdefault(component["service"], []).append(component["name"])
+        return replicas
+
     def processes(self, kind: str) -> dict[str, int]:
         return {
             c["name"]: c["process"]["pid"]
@@ -216,7 +226,10 @@ class Tally:
 
     kills: Counter[str] = field(default_factory=Counter)
     service_kills: list[tuple[float, str]] = field(default_factory=list)
-    """When (epoch seconds) each service replica was killed, and which."""
+    """When (epoch seconds) each service replica was killed, and which (`planner-2`)."""
+    service_backs: list[tuple[float, str]] = field(default_factory=list)
+    """When (epoch seconds) a killed replica was ready again: a new process, its consumers
+    receiving."""
     sessions: dict[str, Kind] = field(default_factory=dict)
     """Every session started, forks included, by what its script is."""
     forks: dict[str, str] = field(default_factory=dict)
@@ -310,6 +323,58 @@ def stack(witness: Witness, http_witness: str) -> Iterator[ChaosStack]:
         servers.unlink(missing_ok=True)
 
 
+@dataclass
+class Delivered:
+    """One delivery of a message to a deciding service's replicas, as the tap heard it."""
+
+    consumer: str
+    seq: int
+    """The message's stream sequence."""
+    count: int
+    """Its delivery count (1 the first time, more on redelivery)."""
+    at: float
+    """When the tap heard it (epoch seconds)."""
+
+
+@dataclass
+class DeliveryTap:
+    """What `delivery_tap.py` heard: each delivery to a deciding service's consumer, and
+    each answer a replica sent for one."""
+
+    replies: dict[str, Delivered] = field(default_factory=dict)
+    """Deliveries by their reply (ack) subject, which names one delivery."""
+    answers: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    """Answers (an ack: empty or `+ACK`; `-NAK...`, `+TERM...`, `+WPI`) by reply subject."""
+
+    @classmethod
+    def read(cls, file: Path) -> DeliveryTap:
+        tap = cls()
+        for line in file.read_text().splitlines():
+            match json.loads(line):
+                case ["delivered", at, reply, consumer, seq, count]:
+                    tap.replies[reply] = Delivered(consumer, seq, count, at)
+                case ["answered", at, reply, answer]:
+                    tap.answers.setdefault(reply, []).append((answer, at))
+        return tap
+
+
+@pytest.fixture(scope="module")
+def delivery_tap(stack: ChaosStack, witness: Witness) -> Iterator[Path]:
+    """The tap, listening from before the first session on; the file it writes."""
+    file = witness.folder / "deliveries.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, str(DELIVERY_TAP), stack.record()["nats_url"], str(file)],
+        stderr=subprocess.DEVNULL,
+    )
+    listening = json.dumps(["listening"])
+    assert wait_until(lambda: file.exists() and listening in file.read_text(), timeout=30), (
+        "the delivery tap did not start"
+    )
+    yield file
+    process.terminate()
+    process.wait(timeout=10)
+
+
 class PatientStore(EventStore):
     """The test's own reads ride out what the faults do to NATS: a read to a session's end
     asks the stream's leader, which a killed server leaves unelected for seconds."""
@@ -346,7 +411,11 @@ async def event_log(chaos: ChaosStack) -> AsyncIterator[tuple[nats.NATS, EventSt
 
 
 async def test_exactly_once_under_chaos(
-    stack: ChaosStack, witness: Witness, command_witness: CommandWitness, capsys: Any
+    stack: ChaosStack,
+    witness: Witness,
+    command_witness: CommandWitness,
+    delivery_tap: Path,
+    capsys: Any,
 ) -> None:
     rng = random.Random(SEED)
     tally = Tally()
@@ -371,12 +440,15 @@ async def test_exactly_once_under_chaos(
         await nothing_in_flight(nc)
         report = await account(stack, store, witness, tally)
         letters = dead_letters(stack)
+        tap = DeliveryTap.read(delivery_tap)
 
     report.update(
         seed=SEED,
         sessions=len(tally.sessions),
         kills=dict(tally.kills),
-        takeover_s=takeover(report.pop("timelines"), tally.service_kills),
+        takeover_s=takeover(
+            tap, tally.service_kills, tally.service_backs, stack.replicas_of_services()
+        ),
         steps_per_s=round(report["completed_calls"] / elapsed, 1),
         elapsed_s=round(elapsed, 1),
     )
@@ -569,6 +641,7 @@ async def inject_faults(chaos: ChaosStack, rng: random.Random, tally: Tally) -> 
     plan = ["service"] * KILLS
     for once, at in (("nats", 1 / 4), ("postgres", 1 / 2), ("mcp", 3 / 4)):
         plan.insert(int(len(plan) * at), once)
+    watchers = []
     for fault in plan:
         await asyncio.sleep(rng.uniform(*KILL_PAUSE_S))
         match fault:
@@ -576,6 +649,7 @@ async def inject_faults(chaos: ChaosStack, rng: random.Random, tally: Tally) -> 
                 name, pid = rng.choice(sorted(chaos.processes("service").items()))
                 _kill(pid)
                 tally.service_kills.append((time.time(), name))
+                watchers.append(asyncio.create_task(back_again(chaos, name, pid, tally)))
             case "nats" | "postgres":
                 name, pid = rng.choice(sorted(chaos.processes(fault).items()))
                 _kill(pid)
@@ -587,6 +661,24 @@ async def inject_faults(chaos: ChaosStack, rng: random.Random, tally: Tally) -> 
                 assert stdio, "no stdio witness server runs under a gateway"
                 _kill(rng.choice(stdio))
         tally.kills[fault] += 1
+    await asyncio.gather(*watchers)
+
+
+async def back_again(chaos: ChaosStack, name: str, killed: int, tally: Tally) -> None:
+    """Note when the replica killed is ready again: the supervisor's new process answers
+    `/readyz` (its consumers receiving)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # Nothing tells the test; the supervisor restarts it.
+            with contextlib.suppress(ValueError, OSError, StopIteration, httpx.HTTPError):
+                component = next(c for c in chaos.record()["components"] if c["name"] == name)
+                if component["process"] is None or component["process"]["pid"] == killed:
+                    continue
+                ready = await client.get(f"http://127.0.0.1:{component['health_port']}/readyz")
+                if ready.status_code == 200:
+                    tally.service_backs.append((time.time(), name))
+                    return
 
 
 def _stdio_witness(process: psutil.Process) -> bool:
@@ -629,13 +721,11 @@ async def account(
     completed: Counter[str] = Counter()
     interrupted: list[str] = []
     unexpected: list[str] = []
-    timelines: dict[str, list[datetime]] = {}
     logs: dict[str, list[str]] = {}
     states: dict[str, SessionState] = {}
     for session_id, kind in tally.sessions.items():
         log = await store.read_all(TENANT, session_id)
         states[session_id] = (await store.load(TENANT, session_id)).state  # Folds, or raises.
-        timelines[session_id] = [stored.event.time for stored in log]
         logs[session_id] = [f"{stored.seq}:{stored.event.type}" for stored in log]
         for stored in log:
             data = stored.event.data
@@ -664,7 +754,6 @@ async def account(
         "witness_lines": sum(invocations.values()),
         "unexpected_ends": unexpected,
         "read_model_differences": differences,
-        "timelines": timelines,
     }
 
 
@@ -723,29 +812,109 @@ async def _read_model_differences(
 
 
 def takeover(
-    timelines: dict[str, list[datetime]], kills: list[tuple[float, str]]
+    tap: DeliveryTap,
+    kills: list[tuple[float, str]],
+    backs: list[tuple[float, str]],
+    replicas: dict[str, list[str]],
 ) -> dict[str, Any]:
-    """How long the sessions a killed replica held waited before another went on with them.
+    """How long the messages a killed replica held waited before a live replica took them up,
+    from what the delivery tap heard and when the test killed what.
 
-    A session under way at a kill (it appended an event in the `UNDER_WAY_S` before) whose
-    next event came more than `HELD_S` after the kill was held by the replica killed: its
-    wait is the takeover. p50 and max over those sessions, and how many there were."""
-    held = []
-    for killed_at, _ in kills:
-        at = datetime.fromtimestamp(killed_at, UTC)
-        for times in timelines.values():
-            before = [t for t in times if t <= at]
-            after = [t for t in times if t > at]
-            if before and after and (at - before[-1]).total_seconds() <= UNDER_WAY_S:
-                wait = (after[0] - at).total_seconds()
-                if wait > HELD_S:
-                    held.append(wait)
-    if not held:
-        return {"p50": None, "max": None, "sessions_held": 0}
+    A delivery was held by a killed replica when the tap heard no answer for it but
+    in-progress marks (no ack, nak or term: a handler's retry, a deferral, an approval
+    waiting for a person or a long step all answer) and the message was delivered again.
+    Its holder went silent at its last sign of life: the delivery or its last in-progress
+    mark, or one ack wait before the redelivery if that is earlier (JetStream redelivers one
+    ack wait after the last sign it got; the tap, on a loaded machine, may hear a delivery
+    late). The kill that silenced it is the first SIGKILL of a replica of the consumer's
+    service from `SIGN_SLACK_S` before then up to the redelivery (the earliest: a figure
+    erring long). Over those deliveries, in seconds from that kill:
+
+    - `p50`, `max`: to the redelivery, JetStream handing the message to a live replica,
+      for the deliveries whose service kept another replica ready from the kill to the
+      redelivery: the takeover, which the consumers' ack wait bounds.
+    - `handled_p50`, `handled_max`: for those, to the redelivery's ack, once its handler's
+      decision is in the log (the handling itself included: a command's run, say).
+    - `held`: how many; `no_replica_left`: the others (held, p50, max to the redelivery),
+      whose service had no replica ready for part of the wait (the other one killed too and
+      not back yet), so that they waited for a replica's restart rather than the ack wait.
+    - `unexplained`: unanswered deliveries delivered again with no kill of the service to
+      explain them: a replica alive but silent for the ack wait, or cut off with what it
+      was handed when a NATS server died (or an answer the tap missed meanwhile).
+    - `at_once`: deliveries whose holder still answered after the message was delivered
+      again: held by two replicas at once, a live one's silence taken for a death (the log
+      and the witness judge whether anything was done twice)."""
+    ack_waits = {spec.durable: spec.ack_wait_s for spec in SERVICE_CONSUMERS}
+    by_message: dict[tuple[str, int], dict[int, tuple[str, Delivered]]] = {}
+    for reply, delivered in tap.replies.items():
+        key = (delivered.consumer, delivered.seq)
+        by_message.setdefault(key, {})[delivered.count] = (reply, delivered)
+    waits: list[float] = []
+    handled: list[float] = []
+    alone: list[float] = []
+    unexplained = at_once = 0
+    for (consumer, _), deliveries in by_message.items():
+        service = consumer.removeprefix("helmline-")
+        for count, (reply, delivered) in deliveries.items():
+            if count + 1 not in deliveries:
+                continue
+            answers = tap.answers.get(reply, [])
+            again_reply, again = deliveries[count + 1]
+            if any(at > again.at for _, at in answers):
+                at_once += 1
+            if any(answer != "+WPI" for answer, _ in answers):
+                continue
+            last_sign = max([delivered.at, *(at for _, at in answers)])
+            silent_from = min(last_sign, again.at - ack_waits[consumer]) - SIGN_SLACK_S
+            silenced = [
+                (killed_at, name)
+                for killed_at, name in kills
+                if name in replicas[service] and silent_from <= killed_at <= again.at
+            ]
+            if not silenced:
+                unexplained += 1
+                continue
+            killed_at, name = min(silenced)
+            others = [other for other in replicas[service] if other != name]
+            if not any(_ready(other, killed_at, again.at, kills, backs) for other in others):
+                alone.append(again.at - killed_at)
+                continue
+            waits.append(again.at - killed_at)
+            acks = [at for answer, at in tap.answers.get(again_reply, []) if answer in ("", "+ACK")]
+            if acks:
+                handled.append(min(acks) - killed_at)
     return {
-        "p50": round(statistics.median(held), 2),
-        "max": round(max(held), 2),
-        "sessions_held": len(held),
+        **_spread("", waits),
+        **_spread("handled_", handled),
+        "held": len(waits),
+        "no_replica_left": {"held": len(alone), **_spread("", alone)},
+        "unexplained": unexplained,
+        "at_once": at_once,
+    }
+
+
+def _ready(
+    name: str,
+    start: float,
+    end: float,
+    kills: list[tuple[float, str]],
+    backs: list[tuple[float, str]],
+) -> bool:
+    """Whether replica `name` was ready from `start` to `end`: not killed meanwhile, and back
+    from its last kill before."""
+    killed = [at for at, killed_name in kills if killed_name == name]
+    if any(start < at <= end for at in killed):
+        return False
+    before = [at for at in killed if at <= start]
+    return not before or any(
+        max(before) < at <= start for at, back_name in backs if back_name == name
+    )
+
+
+def _spread(prefix: str, values: list[float]) -> dict[str, float | None]:
+    return {
+        f"{prefix}p50": round(statistics.median(values), 2) if values else None,
+        f"{prefix}max": round(max(values), 2) if values else None,
     }
 
 
@@ -760,3 +929,49 @@ def _listening(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
         return True
     return False
+
+
+def test_takeover_counts_only_what_a_kill_held() -> None:
+    """A retry, a long step, a redelivery no kill explains and work left with no replica are
+    told apart from a takeover by a live replica."""
+    tap = DeliveryTap()
+    heard = [
+        # Held by planner-1, killed at 10.8; planner-2 takes it up at 12.5.
+        ("planner", 1, 1, 10.0, [("+WPI", 10.5)]),
+        ("planner", 1, 2, 12.5, [("", 12.6)]),
+        # Its handler failed and asked for a retry: a back-off, not a takeover.
+        ("planner", 2, 1, 10.0, [('-NAK {"delay": 2000000000}', 10.1)]),
+        ("planner", 2, 2, 12.1, [("+ACK", 12.2)]),
+        # A long step, kept in progress until done.
+        ("planner", 3, 1, 5.0, [("+WPI", 5.7), ("+WPI", 19.0), ("", 20.0)]),
+        # Held by state-1, killed at 30.2 while state-2 (killed at 29.0) was not back.
+        ("state", 4, 1, 30.0, []),
+        ("state", 4, 2, 35.0, [("", 35.1)]),
+        # Delivered again with no kill of the service.
+        ("tool-gateway", 5, 1, 50.0, []),
+        ("tool-gateway", 5, 2, 52.0, [("", 52.1)]),
+        # Its holder still at work after the redelivery: held twice at once.
+        ("sandbox", 6, 1, 60.0, [("+WPI", 60.6), ("+WPI", 62.3)]),
+        ("sandbox", 6, 2, 62.0, [("", 62.4)]),
+    ]
+    for service, seq, count, at, answers in heard:
+        reply = f"{service}.{seq}.{count}"
+        tap.replies[reply] = Delivered(f"helmline-{service}", seq, count, at)
+        tap.answers[reply] = answers
+    kills = [(29.0, "state-2"), (10.8, "planner-1"), (30.2, "state-1")]
+    backs = [(40.0, "state-2"), (41.0, "state-1"), (20.0, "planner-1")]
+    replicas = {
+        service: [f"{service}-1", f"{service}-2"]
+        for service in ("planner", "state", "tool-gateway", "sandbox")
+    }
+
+    assert takeover(tap, kills, backs, replicas) == {
+        "p50": 1.7,
+        "max": 1.7,
+        "handled_p50": 1.8,
+        "handled_max": 1.8,
+        "held": 1,
+        "no_replica_left": {"held": 1, "p50": 4.8, "max": 4.8},
+        "unexplained": 2,
+        "at_once": 1,
+    }
