@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime
 
@@ -162,8 +163,11 @@ def _files_changed(checkpoint: CheckpointState) -> str:
     return " ".join(listed) if 0 < len(listed) <= 3 else counts
 
 
-def session_panel(state: SessionState, *, full: bool) -> RenderableType:
-    """Goal, status and the plan's steps: what `show` prints, and what `run --wait` updates."""
+def session_panel(
+    state: SessionState, *, full: bool, steps_shown: int | None = None
+) -> RenderableType:
+    """Goal, status and the plan's steps (the first `steps_shown` of them, or all): what
+    `show` prints, and what `run --wait` updates."""
     header = Text.assemble(
         ("session ", "bold"),
         state.session_id,
@@ -203,7 +207,7 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
     if state.cancel_requested and not state.is_terminal:
         lines.append(Text("cancel requested", style="magenta"))
     if state.steps:
-        lines.append(_steps_table(state, full=full))
+        lines.append(_steps_table(state, full=full, steps_shown=steps_shown))
     else:
         lines.append(Text("no steps" if state.is_terminal else "no steps yet", style="dim"))
     return Group(*lines)
@@ -375,7 +379,7 @@ def standing_grants_table(grants: list[ApprovalState]) -> Table:
     return table
 
 
-def _steps_table(state: SessionState, *, full: bool) -> Table:
+def _steps_table(state: SessionState, *, full: bool, steps_shown: int | None) -> Table:
     revision = f"plan (revision {state.plan_revision})" if state.plan_revision else "plan"
     table = Table(title=revision, title_justify="left")
     table.add_column("step", no_wrap=True)
@@ -384,7 +388,7 @@ def _steps_table(state: SessionState, *, full: bool) -> Table:
     if full:
         table.add_column("depends on")
     table.add_column("result" if full else "detail", overflow="fold")
-    for step in state.steps.values():
+    for step in itertools.islice(state.steps.values(), steps_shown):
         row: list[RenderableType] = [step.id, _step_status(step), step.tool]
         if full:
             row.append(", ".join(step.depends_on))

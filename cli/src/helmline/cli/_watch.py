@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
@@ -13,11 +13,14 @@ from helmline.contracts import SessionState
 
 
 class SessionProgress:
-    """Redraws the session's steps at every event; off a terminal, prints the last view once."""
+    """Redraws the session's steps as the follower hands on states (a few times a second at
+    most); off a terminal, prints the last view once."""
 
     def __init__(self, console: Console) -> None:
+        self._console = console
         self._live = Live(console=console, auto_refresh=False, transient=False)
         self._seen = -1
+        self._state: SessionState | None = None
 
     def __enter__(self) -> SessionProgress:
         self._live.start()
@@ -29,14 +32,26 @@ class SessionProgress:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if self._state is not None:
+            # The last view whole, once: while live, only the steps that fit were drawn.
+            self._live.update(_view(self._state, steps_shown=None))
         self._live.stop()
 
     def update(self, state: SessionState) -> None:
         if state.event_count == self._seen:
             return
         self._seen = state.event_count
-        parts = [session_panel(state, full=False)]
-        if state.pending_approvals:
-            parts.append(approvals_table(state.pending_approvals))
-            parts.append(Text(f"decide with: {decide_command(state)}", style="bold yellow"))
-        self._live.update(Group(*parts), refresh=True)
+        self._state = state
+        if not self._console.is_terminal or self._console.is_dumb_terminal:
+            return  # Nothing is drawn until the end: building a view would be wasted.
+        # A live view is cut to the screen's height, so steps past it would be built,
+        # rendered and cut again at every redraw, a long plan's thousands of them.
+        self._live.update(_view(state, steps_shown=self._console.height), refresh=True)
+
+
+def _view(state: SessionState, *, steps_shown: int | None) -> RenderableType:
+    parts = [session_panel(state, full=False, steps_shown=steps_shown)]
+    if state.pending_approvals:
+        parts.append(approvals_table(state.pending_approvals))
+        parts.append(Text(f"decide with: {decide_command(state)}", style="bold yellow"))
+    return Group(*parts)
