@@ -5,13 +5,16 @@ rate, never once per event (a state costs in proportion to the session's length)
 from __future__ import annotations
 
 import asyncio
+import io
 
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from rich.console import Console
 
 from helmline.cli._connection import EventLog
 from helmline.cli._sessions import needs_a_person, watch
+from helmline.cli._watch import FINAL_ROWS, SessionProgress
 from helmline.contracts import (
     Actor,
     ApprovalRequested,
@@ -164,3 +167,53 @@ async def test_a_follower_hands_on_the_last_change_when_events_stop_coming(
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
+
+
+def test_the_view_left_at_the_end_lists_what_did_not_succeed_and_names_the_rest() -> None:
+    steps = 3 * FINAL_ROWS
+    planned = new_event(
+        PlanProposed(revision=1, steps=_echoes(steps).steps),
+        tenant="t",
+        session_id="long",
+        source="helmline/test",
+    )
+    folding = SessionFold()
+    folding.apply(planned)
+    # Every step but the last two succeeded; the one before last failed.
+    for event in _step_events(planned, steps - 2):
+        folding.apply(event)
+    folding.apply(
+        planned.derive(StepScheduled(step_id=f"s{steps - 2}", call_id="c", tool="echo"), source="t")
+    )
+    console = Console(file=io.StringIO(), width=160)
+
+    with SessionProgress(console) as progress:
+        progress.update(folding.state())
+
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert f"s{steps - 2} " in shown
+    assert f"s{steps - 1} " in shown
+    assert "s0 " not in shown
+    assert f"{steps - 2} more steps not listed ({steps - 2} succeeded):" in shown
+    assert "helmline show long lists every step" in shown
+
+
+def test_a_view_of_steps_that_fit_lists_them_all() -> None:
+    planned = new_event(
+        PlanProposed(revision=1, steps=_echoes(FINAL_ROWS).steps),
+        tenant="t",
+        session_id="short",
+        source="helmline/test",
+    )
+    folding = SessionFold()
+    folding.apply(planned)
+    for event in _step_events(planned, FINAL_ROWS):
+        folding.apply(event)
+    console = Console(file=io.StringIO(), width=160)
+
+    with SessionProgress(console) as progress:
+        progress.update(folding.state())
+
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert all(f"s{i} " in shown for i in range(FINAL_ROWS))
+    assert "not listed" not in shown

@@ -163,11 +163,9 @@ def _files_changed(checkpoint: CheckpointState) -> str:
     return " ".join(listed) if 0 < len(listed) <= 3 else counts
 
 
-def session_panel(
-    state: SessionState, *, full: bool, steps_shown: int | None = None
-) -> RenderableType:
-    """Goal, status and the plan's steps (the first `steps_shown` of them, or all): what
-    `show` prints, and what `run --wait` updates."""
+def session_panel(state: SessionState, *, full: bool, rows: int | None = None) -> RenderableType:
+    """Goal, status and the plan's steps (all, or as many as `rows`, see `listed_steps`):
+    what `show` prints, and what `run --wait` updates."""
     header = Text.assemble(
         ("session ", "bold"),
         state.session_id,
@@ -207,7 +205,17 @@ def session_panel(
     if state.cancel_requested and not state.is_terminal:
         lines.append(Text("cancel requested", style="magenta"))
     if state.steps:
-        lines.append(_steps_table(state, full=full, steps_shown=steps_shown))
+        listed, left_out = listed_steps(state, rows)
+        lines.append(_steps_table(state, listed, full=full))
+        if left_out:
+            succeeded = sum(1 for step in state.steps.values() if step.status == "succeeded")
+            lines.append(
+                Text(
+                    f"{left_out} more steps not listed ({succeeded} succeeded): "
+                    f"helmline show {state.session_id} lists every step",
+                    style="dim",
+                )
+            )
     else:
         lines.append(Text("no steps" if state.is_terminal else "no steps yet", style="dim"))
     return Group(*lines)
@@ -379,7 +387,21 @@ def standing_grants_table(grants: list[ApprovalState]) -> Table:
     return table
 
 
-def _steps_table(state: SessionState, *, full: bool, steps_shown: int | None) -> Table:
+def listed_steps(state: SessionState, rows: int | None) -> tuple[list[StepState], int]:
+    """The steps a table of at most `rows` rows lists, and how many it leaves out: every
+    step when they fit; else those not succeeded, in plan order (what runs, waits or went
+    wrong, then what is still to come), as many as fit."""
+    steps = state.steps
+    if rows is None or len(steps) <= rows:
+        return list(steps.values()), 0
+    # A table costs in proportion to its rows: thousands of them take seconds to draw.
+    listed = list(
+        itertools.islice((step for step in steps.values() if step.status != "succeeded"), rows)
+    )
+    return listed, len(steps) - len(listed)
+
+
+def _steps_table(state: SessionState, listed: list[StepState], *, full: bool) -> Table:
     revision = f"plan (revision {state.plan_revision})" if state.plan_revision else "plan"
     table = Table(title=revision, title_justify="left")
     table.add_column("step", no_wrap=True)
@@ -388,7 +410,7 @@ def _steps_table(state: SessionState, *, full: bool, steps_shown: int | None) ->
     if full:
         table.add_column("depends on")
     table.add_column("result" if full else "detail", overflow="fold")
-    for step in itertools.islice(state.steps.values(), steps_shown):
+    for step in listed:
         row: list[RenderableType] = [step.id, _step_status(step), step.tool]
         if full:
             row.append(", ".join(step.depends_on))

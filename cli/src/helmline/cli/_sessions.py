@@ -352,8 +352,11 @@ class _Following:
             self._behind = True
             if self._watched_changed() or clock.time() - self._taken_at >= self._refresh_s:
                 self._take()
-            if self._done:
-                return
+                if self._done:
+                    return
+                # Events already queued are taken without a pause: let the connection read
+                # its socket now and then, or the server cuts off a follower far behind.
+                await asyncio.sleep(0)
 
     def _take(self) -> None:
         self._state = self._folding.state()

@@ -11,6 +11,10 @@ from rich.text import Text
 from helmline.cli._session_view import approvals_table, decide_command, session_panel
 from helmline.contracts import SessionState
 
+FINAL_ROWS = 100
+"""The most steps the view left when following ends lists (those not succeeded first):
+`show` lists every step, and a table of thousands takes seconds to draw."""
+
 
 class SessionProgress:
     """Redraws the session's steps as the follower hands on states (a few times a second at
@@ -33,8 +37,9 @@ class SessionProgress:
         traceback: TracebackType | None,
     ) -> None:
         if self._state is not None:
-            # The last view whole, once: while live, only the steps that fit were drawn.
-            self._live.update(_view(self._state, steps_shown=None))
+            # Drawn once more, off a terminal the only time: while live, the steps listed
+            # were only as many as the screen has lines.
+            self._live.update(_view(self._state, rows=FINAL_ROWS))
         self._live.stop()
 
     def update(self, state: SessionState) -> None:
@@ -46,11 +51,11 @@ class SessionProgress:
             return  # Nothing is drawn until the end: building a view would be wasted.
         # A live view is cut to the screen's height, so steps past it would be built,
         # rendered and cut again at every redraw, a long plan's thousands of them.
-        self._live.update(_view(state, steps_shown=self._console.height), refresh=True)
+        self._live.update(_view(state, rows=self._console.height), refresh=True)
 
 
-def _view(state: SessionState, *, steps_shown: int | None) -> RenderableType:
-    parts = [session_panel(state, full=False, steps_shown=steps_shown)]
+def _view(state: SessionState, *, rows: int) -> RenderableType:
+    parts = [session_panel(state, full=False, rows=rows)]
     if state.pending_approvals:
         parts.append(approvals_table(state.pending_approvals))
         parts.append(Text(f"decide with: {decide_command(state)}", style="bold yellow"))
