@@ -205,17 +205,10 @@ def session_panel(state: SessionState, *, full: bool, rows: int | None = None) -
     if state.cancel_requested and not state.is_terminal:
         lines.append(Text("cancel requested", style="magenta"))
     if state.steps:
-        listed, left_out = listed_steps(state, rows)
+        listed = listed_steps(state, rows)
         lines.append(_steps_table(state, listed, full=full))
-        if left_out:
-            succeeded = sum(1 for step in state.steps.values() if step.status == "succeeded")
-            lines.append(
-                Text(
-                    f"{left_out} more steps not listed ({succeeded} succeeded): "
-                    f"helmline show {state.session_id} lists every step",
-                    style="dim",
-                )
-            )
+        if len(listed) < len(state.steps):
+            lines.append(Text(_not_listed(state, listed), style="dim"))
     else:
         lines.append(Text("no steps" if state.is_terminal else "no steps yet", style="dim"))
     return Group(*lines)
@@ -387,18 +380,38 @@ def standing_grants_table(grants: list[ApprovalState]) -> Table:
     return table
 
 
-def listed_steps(state: SessionState, rows: int | None) -> tuple[list[StepState], int]:
-    """The steps a table of at most `rows` rows lists, and how many it leaves out: every
-    step when they fit; else those not succeeded, in plan order (what runs, waits or went
-    wrong, then what is still to come), as many as fit."""
+def listed_steps(state: SessionState, rows: int | None) -> list[StepState]:
+    """The steps a table of at most `rows` rows lists, in plan order: every step when they
+    fit; else those not succeeded first (what runs, waits or went wrong, then what is still
+    to come), and in the rows left the last steps that succeeded."""
     steps = state.steps
     if rows is None or len(steps) <= rows:
-        return list(steps.values()), 0
+        return list(steps.values())
     # A table costs in proportion to its rows: thousands of them take seconds to draw.
-    listed = list(
-        itertools.islice((step for step in steps.values() if step.status != "succeeded"), rows)
+    chosen = {
+        step.id
+        for step in itertools.islice(
+            (step for step in steps.values() if step.status != "succeeded"), rows
+        )
+    }
+    room = rows - len(chosen)
+    for step in reversed(steps.values()):
+        if room == 0:
+            break
+        if step.status == "succeeded":
+            chosen.add(step.id)
+            room -= 1
+    return [step for step in steps.values() if step.id in chosen]
+
+
+def _not_listed(state: SessionState, listed: list[StepState]) -> str:
+    succeeded = sum(1 for step in state.steps.values() if step.status == "succeeded")
+    succeeded -= sum(1 for step in listed if step.status == "succeeded")
+    left_out = len(state.steps) - len(listed)
+    return (
+        f"{left_out} more steps not listed, {succeeded} of them succeeded: "
+        f"helmline show {state.session_id} lists every step"
     )
-    return listed, len(steps) - len(listed)
 
 
 def _steps_table(state: SessionState, listed: list[StepState], *, full: bool) -> Table:
