@@ -23,6 +23,7 @@ from typing import Any
 
 import approval
 import burst
+import follow
 import gateway
 import growth
 import idle_memory
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "burst": burst.run,
     "growth": growth.run,
     "listing": listing.run,
+    "follow": follow.run,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime
 
@@ -162,8 +163,9 @@ def _files_changed(checkpoint: CheckpointState) -> str:
     return " ".join(listed) if 0 < len(listed) <= 3 else counts
 
 
-def session_panel(state: SessionState, *, full: bool) -> RenderableType:
-    """Goal, status and the plan's steps: what `show` prints, and what `run --wait` updates."""
+def session_panel(state: SessionState, *, full: bool, rows: int | None = None) -> RenderableType:
+    """Goal, status and the plan's steps (all, or as many as `rows`, see `listed_steps`):
+    what `show` prints, and what `run --wait` updates."""
     header = Text.assemble(
         ("session ", "bold"),
         state.session_id,
@@ -203,7 +205,10 @@ def session_panel(state: SessionState, *, full: bool) -> RenderableType:
     if state.cancel_requested and not state.is_terminal:
         lines.append(Text("cancel requested", style="magenta"))
     if state.steps:
-        lines.append(_steps_table(state, full=full))
+        listed = listed_steps(state, rows)
+        lines.append(_steps_table(state, listed, full=full))
+        if len(listed) < len(state.steps):
+            lines.append(Text(_not_listed(state, listed), style="dim"))
     else:
         lines.append(Text("no steps" if state.is_terminal else "no steps yet", style="dim"))
     return Group(*lines)
@@ -375,7 +380,41 @@ def standing_grants_table(grants: list[ApprovalState]) -> Table:
     return table
 
 
-def _steps_table(state: SessionState, *, full: bool) -> Table:
+def listed_steps(state: SessionState, rows: int | None) -> list[StepState]:
+    """The steps a table of at most `rows` rows lists, in plan order: every step when they
+    fit; else those not succeeded first (what runs, waits or went wrong, then what is still
+    to come), and in the rows left the last steps that succeeded."""
+    steps = state.steps
+    if rows is None or len(steps) <= rows:
+        return list(steps.values())
+    # A table costs in proportion to its rows: thousands of them take seconds to draw.
+    chosen = {
+        step.id
+        for step in itertools.islice(
+            (step for step in steps.values() if step.status != "succeeded"), rows
+        )
+    }
+    room = rows - len(chosen)
+    for step in reversed(steps.values()):
+        if room == 0:
+            break
+        if step.status == "succeeded":
+            chosen.add(step.id)
+            room -= 1
+    return [step for step in steps.values() if step.id in chosen]
+
+
+def _not_listed(state: SessionState, listed: list[StepState]) -> str:
+    succeeded = sum(1 for step in state.steps.values() if step.status == "succeeded")
+    succeeded -= sum(1 for step in listed if step.status == "succeeded")
+    left_out = len(state.steps) - len(listed)
+    return (
+        f"{left_out} more steps not listed, {succeeded} of them succeeded: "
+        f"helmline show {state.session_id} lists every step"
+    )
+
+
+def _steps_table(state: SessionState, listed: list[StepState], *, full: bool) -> Table:
     revision = f"plan (revision {state.plan_revision})" if state.plan_revision else "plan"
     table = Table(title=revision, title_justify="left")
     table.add_column("step", no_wrap=True)
@@ -384,7 +423,7 @@ def _steps_table(state: SessionState, *, full: bool) -> Table:
     if full:
         table.add_column("depends on")
     table.add_column("result" if full else "detail", overflow="fold")
-    for step in state.steps.values():
+    for step in listed:
         row: list[RenderableType] = [step.id, _step_status(step), step.tool]
         if full:
             row.append(", ".join(step.depends_on))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ from helmline.contracts import (
     SessionFold,
     SessionState,
 )
-from helmline.runtime import FoldedStates, SessionSnapshot
+from helmline.runtime import FoldedStates, SessionSnapshot, StoredEvent
 
 EXIT_CODES: dict[str, int] = {"completed": 0, "failed": 1, "cancelled": 2, "waiting": 3}
 """How `run --wait` ends: by the session's status when it stopped being followed."""
@@ -255,12 +255,19 @@ def needs_a_person(state: SessionState) -> bool:
     return state.status == "waiting" and bool(state.pending_approvals)
 
 
+FOLLOW_REFRESH_S = 0.1
+"""How often a follower hands on the state it folded while events keep coming: at most ten
+times a second, and a change never later than that. Taking a state costs in proportion to
+the session's length, so taking one per event made following a long session quadratic."""
+
+
 async def watch(
     log: EventLog,
     tenant: str,
     session_id: str,
     *,
     on_change: Callable[[SessionState], None],
+    refresh_s: float = FOLLOW_REFRESH_S,
 ) -> SessionState:
     """Follow the session until it ends or waits for a person; the state it stopped at."""
     return await fold_until(
@@ -269,6 +276,7 @@ async def watch(
         session_id,
         lambda state: state.is_terminal or needs_a_person(state),
         on_change=on_change,
+        refresh_s=refresh_s,
     )
 
 
@@ -279,31 +287,96 @@ async def fold_until(
     reached: Callable[[SessionState], bool],
     *,
     on_change: Callable[[SessionState], None] = lambda state: None,
+    refresh_s: float = FOLLOW_REFRESH_S,
 ) -> SessionState:
     """Fold the session's log, then follow it as it grows, until `reached` holds; the state
-    then. `on_change` sees the state after the log so far and after each new event."""
-    folding = SessionFold()
-    last_seq = 0
-    for stored in await log.store.read_all(tenant, session_id):
-        folding.apply(stored.event)
-        last_seq = stored.seq
-    state = folding.state()
+    then.
+
+    Each new event is folded once, as it comes, and no event is read twice. A state is
+    taken (and handed to `on_change`, and `reached` asked of it) when the session's status,
+    approvals or rollbacks change, which is what a person or a rollback waits on; and
+    otherwise at most once every `refresh_s`, the last change no later than that.
+    """
+    snapshot = await log.store.load(tenant, session_id)
+    state = snapshot.state
     on_change(state)
     if reached(state):
         return state
-    async with following(log.js, tenant, session_id, after_seq=last_seq) as events:
+    async with following(log.js, tenant, session_id, after_seq=snapshot.last_seq) as events:
+        return await _Following(state, reached, on_change, refresh_s).run(events)
+
+
+class _Following:
+    """One `fold_until` after the log so far: events folded as they come, states taken
+    when something a waiter looks at changed, or at a bounded rate."""
+
+    def __init__(
+        self,
+        state: SessionState,
+        reached: Callable[[SessionState], bool],
+        on_change: Callable[[SessionState], None],
+        refresh_s: float,
+    ) -> None:
+        self._folding = SessionFold(state)
+        self._reached = reached
+        self._on_change = on_change
+        self._refresh_s = refresh_s
+        self._state = state
+        self._taken_at = asyncio.get_running_loop().time()
+        self._watched = self._what_waiters_watch()
+        self._behind = False
+        self._done = False
+
+    async def run(self, events: AsyncIterator[StoredEvent]) -> SessionState:
+        reader = asyncio.create_task(self._read(events))
+        try:
+            while not self._done:
+                # A state the reader folded but did not hand on (no event came after it
+                # for a while) is handed on here: a pause in the session shows.
+                finished, _ = await asyncio.wait({reader}, timeout=self._refresh_s)
+                if finished:
+                    reader.result()  # The feed failed: raise why.
+                    break
+                if self._behind:
+                    self._take()
+        finally:
+            if not reader.done():
+                reader.cancel()
+                await asyncio.wait({reader})
+        return self._state
+
+    async def _read(self, events: AsyncIterator[StoredEvent]) -> None:
+        clock = asyncio.get_running_loop()
         async for stored in events:
-            folding.apply(stored.event)
-            state = folding.state()
-            on_change(state)
-            if reached(state):
-                break
-    return state
-    async with following(log.js, tenant, session_id, after_seq=last_seq) as events:
-        async for stored in events:
-            folding.apply(stored.event)
-            state = folding.state()
-            on_change(state)
-            if state.is_terminal or needs_a_person(state):
-                break
-    return state
+            self._folding.apply(stored.event)
+            self._behind = True
+            if self._watched_changed() or clock.time() - self._taken_at >= self._refresh_s:
+                self._take()
+                if self._done:
+                    return
+                # Events already queued are taken without a pause: let the connection read
+                # its socket now and then, or the server cuts off a follower far behind.
+                await asyncio.sleep(0)
+
+    def _take(self) -> None:
+        self._state = self._folding.state()
+        self._taken_at = asyncio.get_running_loop().time()
+        self._watched = self._what_waiters_watch()
+        self._behind = False
+        self._on_change(self._state)
+        self._done = self._reached(self._state)
+
+    def _what_waiters_watch(self) -> tuple[str, object, object]:
+        folding = self._folding
+        return (folding.v["status"], folding.approvals, folding.rollbacks)
+
+    def _watched_changed(self) -> bool:
+        status, approvals, rollbacks = self._watched
+        folding = self._folding
+        # The fold copies a dict before its first write after a state is taken, so a dict
+        # other than the one seen then was written to: a glance, whatever its size.
+        return (
+            folding.v["status"] != status
+            or folding.approvals is not approvals
+            or folding.rollbacks is not rollbacks
+        )
