@@ -91,19 +91,31 @@ def test_a_profile_says_what_is_wrong_with_it() -> None:
 BUSY_FOR_A_SECOND = "timeout 1 sh -c 'while :; do :; done'; true"
 
 
+CPU_CAP_TRIES = 4
+"""Pairs of runs before the free one must have shown what an uncapped command takes: on a
+machine busy with other work it may get no more than the capped one's share."""
+
+
 async def test_a_cpu_cap_holds_a_busy_command_to_its_share_of_a_cpu(tmp_path: Path) -> None:
     tools = await tools_for(SandboxSettings(sandbox_profiles={"fifth": SandboxProfile(cpus=0.2)}))
+    tries: list[list[float]] = []
     try:
-        capped = await run(tools, tmp_path / "capped", BUSY_FOR_A_SECOND, "fifth")
-        free = await run(tools, tmp_path / "free", BUSY_FOR_A_SECOND, None)
+        for attempt in range(CPU_CAP_TRIES):
+            shares = []
+            for name, profile in (("capped", "fifth"), ("free", None)):
+                outcome = await run(
+                    tools, tmp_path / f"{name}-{attempt}", BUSY_FOR_A_SECOND, profile
+                )
+                assert isinstance(outcome, Completed), outcome
+                assert outcome.usage is not None
+                assert outcome.usage.cpu_ms is not None
+                shares.append(outcome.usage.cpu_ms / outcome.usage.wall_ms)
+            tries.append(shares)
+            # Capped at a fifth of a CPU (with the scheduler's slack), however idle the
+            # machine; free, it takes what the machine gives, about one CPU when idle.
+            assert shares[0] < 0.35, tries
+            if shares[1] > 2 * shares[0]:
+                break
     finally:
         await tools.close()
-    shares = []
-    for outcome in (capped, free):
-        assert isinstance(outcome, Completed), outcome
-        assert outcome.usage is not None
-        assert outcome.usage.cpu_ms is not None
-        shares.append(outcome.usage.cpu_ms / outcome.usage.wall_ms)
-    # Capped at a fifth of a CPU (with the scheduler's slack); free, it takes about one.
-    assert shares[0] < 0.35, shares
-    assert shares[1] > 2 * shares[0], shares
+    assert tries[-1][1] > 2 * tries[-1][0], f"the machine never let the free command run: {tries}"
