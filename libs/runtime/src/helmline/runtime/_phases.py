@@ -50,6 +50,7 @@ PHASES = (
 interleave with `decide`)."""
 
 PHASE_BUCKETS_S = (
+    0.0,
     5e-6,
     1e-5,
     2e-5,
@@ -71,7 +72,9 @@ PHASE_BUCKETS_S = (
     5,
     10,
 )
-"""Histogram buckets of a phase: microseconds to seconds, three a decade."""
+"""Histogram buckets of a phase: microseconds to seconds, three a decade, and one of its
+own for a phase that took no time (no log read, nothing appended), so that its median reads
+0 rather than the middle of the first bucket."""
 
 
 class Hop:
