@@ -13,7 +13,7 @@ INSTALLED := $(VENV)/.installed
 PROJECT_FILES := uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml cli/pyproject.toml)
 
 .DEFAULT_GOAL := help
-.PHONY: help install console mcp-servers up down status test chaos safety lint typecheck schema bench clean
+.PHONY: help install console mcp-servers up down status test chaos safety lint typecheck schema bench profile clean
 
 help: ## List the tasks
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -91,6 +91,11 @@ schema: install ## Re-export the event contracts' JSON Schemas to libs/contracts
 
 bench: install mcp-servers ## Run the benchmarks (JSON lines on stdout)
 	$(BIN)/python benchmarks/run.py
+
+SERVICE ?= planner
+FORMAT ?= flamegraph
+profile: install ## Profile one service under the step bench with py-spy (SERVICE=planner, FORMAT=speedscope): profiles/
+	$(BIN)/python benchmarks/profile.py $(SERVICE) --format $(FORMAT)
 
 clean: ## Remove the virtual environment and caches (stop the stack first: `make down`)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -26,6 +26,7 @@ import burst
 import follow
 import gateway
 import growth
+import hops
 import idle_memory
 import listing
 import null_services
@@ -60,6 +61,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "growth": growth.run,
     "listing": listing.run,
     "follow": follow.run,
+    "hops": hops.run,
 }
 
 
@@ -67,6 +69,7 @@ RELAXED: dict[str, Benchmark] = {
     "ring": functools.partial(ring.run, "relaxed"),
     "steps": functools.partial(steps.run, "relaxed"),
     "approval": functools.partial(approval.round_trip, "relaxed"),
+    "hops": functools.partial(hops.run, "relaxed"),
 }
 """Benchmarks run a second time against a nats-server that acknowledges before it fsyncs
 (JetStream's default), their figures printed beside the durable ones: what durability

@@ -10,12 +10,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from prometheus_client import generate_latest
 
 from helmline.contracts import (
     EVENTS_STREAM,
     ConsumerSpec,
     DeadLetter,
     Event,
+    SessionStarted,
     ThoughtRecorded,
     dead_letter_subject,
     encode_event,
@@ -27,8 +29,11 @@ from helmline.runtime import (
     Delivery,
     EventConsumer,
     EventStore,
+    FoldedStates,
     PermanentError,
     RetryableError,
+    ServiceMetrics,
+    SessionCache,
 )
 from helmline.runtime.testing import eventually, session_started
 
@@ -310,3 +315,56 @@ async def test_a_gathering_that_fails_is_handled_event_by_event(
     # Alone, "late-b" fails once and is delivered again: each event's own fate.
     await eventually(lambda: sorted(gatherer.texts()) == ["late-a", "late-b"], what="handled")
     assert gatherer.gatherings[0] == ["late-a", "late-b"]
+
+
+async def test_a_handled_event_shows_where_its_hop_spent_its_time(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    sessions = SessionCache(FoldedStates(js, store))
+    answered: list[Event] = []
+
+    async def handler(delivery: Delivery) -> None:
+        event = delivery.event
+        if isinstance(event.data, SessionStarted) or event.source == "handler":
+            return
+        # Met after its start, the session is read from the log, folded, then added to.
+        state = await sessions.advance(delivery)
+        answer = event.derive(ThoughtRecorded(kind="reasoning", text="ok"), source="handler")
+        await store.append(answer)
+        sessions.record(state, [answer])
+        answered.append(answer)
+
+    metrics = ServiceMetrics("test")
+    spec = _spec(tenant)
+    running = EventConsumer(nc, js, spec, handler, metrics=metrics)
+    await running.start()
+    try:
+        started = session_started(tenant, "s1")
+        await store.append_all([started, _thought(started, "hello")])
+        await eventually(lambda: answered, what="the thought answered")
+        # The answer comes back to the consumer too: three hops in all.
+        await eventually(
+            lambda: _hop_phases(metrics, spec.durable).get(("ack", "count")) == 3,
+            what="three hops recorded",
+        )
+    finally:
+        await running.stop(grace_s=1)
+
+    phases = _hop_phases(metrics, spec.durable)
+    names = ("wait", "queue", "decode", "admit", "read", "fold", "decide", "encode", "append")
+    assert {phases[(name, "count")] for name in names} == {3}
+    # Only the thought's hop read, folded and appended; every hop waited, decoded and acked.
+    for name in ("wait", "decode", "read", "fold", "decide", "encode", "append", "ack"):
+        assert phases[(name, "sum")] > 0, name
+
+
+def _hop_phases(metrics: ServiceMetrics, consumer: str) -> dict[tuple[str, str], float]:
+    """`helmline_hop_phase_seconds` of a consumer: (phase, "count" or "sum") to its value."""
+    found: dict[tuple[str, str], float] = {}
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        for kind in ("count", "sum"):
+            prefix = f"helmline_hop_phase_seconds_{kind}{{"
+            if line.startswith(prefix) and f'consumer="{consumer}"' in line:
+                phase = line.split('phase="')[1].split('"')[0]
+                found[(phase, kind)] = float(line.rsplit(" ", 1)[1])
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from cachetools import LRUCache
 from helmline.contracts import Event, SessionStarted, SessionState, fold
 from helmline.runtime._consumer import Delivery
 from helmline.runtime._folded_states import FoldedStates
+from helmline.runtime._phases import current_hop
 from helmline.runtime._store import SessionSnapshot, StoredEvent
 
 ENDED_KEPT = 1_000
@@ -67,12 +69,20 @@ class SessionCache:
     async def advance_through(self, deliveries: Sequence[Delivery]) -> SessionState:
         """The state of one session up to the last of its delivered events, given in stream
         order: as `advance` would leave it after each, in one read and one fold (a fold
-        copies the state's tables once, not once an event)."""
+        copies the state's tables once, not once an event).
+
+        Its time shows in the hop being handled as `fold`, less its reads of the log, which
+        show as `read` (see `helmline.runtime._phases`)."""
+        hop = current_hop()
+        began = time.perf_counter_ns()
+        read_ns = 0
         first, last = deliveries[0].event, deliveries[-1]
         key = (first.tenant, first.session_id)
         entry = self._held(key)
         if any(delivery.maybe_handled for delivery in deliveries):
+            reading = time.perf_counter_ns()
             entry = await self._load(first, up_to_seq=None, known_seq=last.seq)
+            read_ns += time.perf_counter_ns() - reading
         elif entry is None and isinstance(first.data, SessionStarted):
             # Met at its start, the session has nothing before it to read (a session starts
             # expecting an empty log). Reading cost a direct get of every event it has by
@@ -81,11 +91,14 @@ class SessionCache:
             # delivery: another replica may have been handed the events in between.
             entry = _Entry(fold([first]), deliveries[0].seq)
         elif entry is None:
+            reading = time.perf_counter_ns()
             entry = await self._load(first, up_to_seq=last.seq, known_seq=last.seq)
+            read_ns += time.perf_counter_ns() - reading
         if last.seq > entry.seen:
             met: Iterable[Delivery | StoredEvent] = deliveries
             if any(delivery.shared for delivery in deliveries):
                 # Whichever replica of the stream answers must hold what was delivered.
+                reading = time.perf_counter_ns()
                 met = await self._states.store.read_all(
                     first.tenant,
                     first.session_id,
@@ -93,6 +106,7 @@ class SessionCache:
                     up_to_seq=last.seq,
                     known_seq=last.seq,
                 )
+                read_ns += time.perf_counter_ns() - reading
             events = []
             for item in met:
                 if item.event.id in entry.own:
@@ -101,6 +115,9 @@ class SessionCache:
                     events.append(item.event)
             entry.state, entry.seen = fold(events, entry.state), last.seq
         self._remember(key, entry)
+        if hop is not None:
+            hop.read += read_ns
+            hop.fold += time.perf_counter_ns() - began - read_ns
         return entry.state
 
     async def _load(self, event: Event, up_to_seq: int | None, known_seq: int) -> _Entry:
@@ -113,16 +130,22 @@ class SessionCache:
 
     def record(self, state: SessionState, appended: Iterable[Event]) -> SessionState:
         """Apply events the service appended itself (to `state`, as `advance` returned it),
-        and keep the result; they are not folded again when later read from the log."""
+        and keep the result; they are not folded again when later read from the log.
+
+        Its time shows in the hop being handled as `fold`."""
+        hop = current_hop()
+        began = time.perf_counter_ns()
         key = (state.tenant, state.session_id)
         appended = list(appended)
         state = fold(appended, state)
         entry = self._held(key)
-        if entry is None:
-            return state  # Forgotten meanwhile: met again, the session is read from the log.
-        entry.own.update(event.id for event in appended)
-        entry.state = state
-        self._remember(key, entry)
+        if entry is not None:
+            entry.own.update(event.id for event in appended)
+            entry.state = state
+            self._remember(key, entry)
+        # Else forgotten meanwhile: met again, the session is read from the log.
+        if hop is not None:
+            hop.fold += time.perf_counter_ns() - began
         return state
 
     def holds(self, tenant: str, session_id: str) -> bool:

@@ -52,6 +52,7 @@ from helmline.contracts import (
 from helmline.runtime._errors import Deferred, PermanentError, RetryableError
 from helmline.runtime._logging import log_context
 from helmline.runtime._metrics import ServiceMetrics
+from helmline.runtime._phases import Hop, handling
 from helmline.runtime._tracing import gathered_spans, handling_span
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class EventConsumer:
             if not isinstance(handler, GatheringHandler):
                 raise TypeError(f"{spec.durable} gathers events; its handler must too")
             self._gatherer = handler
-        self._gathered: list[tuple[Msg, Event]] = []
+        self._gathered: list[tuple[Msg, Event, Hop]] = []
         self._gathering: asyncio.TimerHandle | None = None
         # Every message handed to a replica takes the consumer's next sequence: a sequence
         # this replica never saw went to another one. Once that happened, it stays shared.
@@ -235,27 +236,30 @@ class EventConsumer:
     async def _receive(self, message: Msg) -> None:
         # Returns at once so the next message is read; per-session order is kept by chaining
         # each session's messages on the task of the one before.
-        self._note_consumer_seq(message.reply)
+        received = time.perf_counter_ns()
+        position = ack_position(message.reply)
+        hop = Hop(wait_ns=max(0, time.time_ns() - position.stored_ns), received_ns=received)
+        self._note_consumer_seq(position.consumer_seq)
         event = None
         if self._gatherer is not None:
             with contextlib.suppress(UndecodableEvent):  # Dead-lettered when handled.
                 event = decode_event(message.data, self._upcasters)
+                hop.decode = time.perf_counter_ns() - received
                 if self._gatherer.may_wait(event):
-                    self._gather(message, event)
+                    self._gather(message, event, hop)
                     return
             # Whatever gathered comes before this event, in its session's order too.
             self._hand_over_gathered()
         key = self._key_of(message)
         previous = self._tails.get(key)
         task = asyncio.create_task(
-            self._handle(message, event)
+            self._handle(message, event, hop)
             if previous is None
-            else self._handle_after(previous, message, event)
+            else self._handle_after(previous, message, event, hop)
         )
         self._follow(task, [key], (message,))
 
-    def _note_consumer_seq(self, ack_subject: str) -> None:
-        consumer_seq = ack_position(ack_subject).consumer_seq
+    def _note_consumer_seq(self, consumer_seq: int) -> None:
         last = self._last_consumer_seq
         if last is not None and consumer_seq != last + 1:
             self._shared = True
@@ -283,8 +287,8 @@ class EventConsumer:
             subjects = ", ".join(message.subject for message in messages)
             logger.error("could not settle %s", subjects, exc_info=task.exception())
 
-    def _gather(self, message: Msg, event: Event) -> None:
-        self._gathered.append((message, event))
+    def _gather(self, message: Msg, event: Event, hop: Hop) -> None:
+        self._gathered.append((message, event, hop))
         if self._gathering is None:
             self._gathering = asyncio.get_running_loop().call_later(
                 self._spec.gather_s, self._hand_over_gathered
@@ -298,54 +302,67 @@ class EventConsumer:
         gathered, self._gathered = self._gathered, []
         if not gathered:
             return
-        keys = list(dict.fromkeys(self._key_of(message) for message, _ in gathered))
+        keys = list(dict.fromkeys(self._key_of(message) for message, _, _ in gathered))
         before = [tail for key in keys if (tail := self._tails.get(key)) is not None]
         task = asyncio.create_task(self._handle_gathered(before, gathered))
-        self._follow(task, keys, tuple(message for message, _ in gathered))
+        self._follow(task, keys, tuple(message for message, _, _ in gathered))
 
     async def _handle_gathered(
-        self, before: list[asyncio.Task[None]], gathered: list[tuple[Msg, Event]]
+        self, before: list[asyncio.Task[None]], gathered: list[tuple[Msg, Event, Hop]]
     ) -> None:
         assert self._gatherer is not None
         for previous in before:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(previous)
         deliveries = []
-        for message, event in gathered:
+        for message, event, _ in gathered:
             position = ack_position(message.reply)
             deliveries.append(self._delivery(event, position))
-        traced = [(event, await self._trace_of(event)) for _, event in gathered]
-        began = time.perf_counter()
+        traced = [(event, await self._trace_of(event)) for _, event, _ in gathered]
+        # The events share one handling: each hop is charged all of it (the phases of a
+        # gathered hop say how long each event took, not what it cost).
+        shared = Hop()
+        began = time.perf_counter_ns()
         try:
-            admitted = await self._admitted(deliveries)
-            with gathered_spans(self._tracer, self._spec.durable, traced):
-                if admitted:
-                    await self._gatherer.handle_gathered(admitted)
+            with handling(shared):
+                admitted = await self._admitted(deliveries)
+                shared.admit = time.perf_counter_ns() - began
+                with gathered_spans(self._tracer, self._spec.durable, traced):
+                    if admitted:
+                        await self._gatherer.handle_gathered(admitted)
         except asyncio.CancelledError:
             raise
         except Exception:  # Each is handled alone, which decides its redelivery.
             logger.warning("%d events handled together failed", len(gathered), exc_info=True)
-            for message, event in gathered:
-                await self._handle(message, event)
+            for message, event, hop in gathered:
+                await self._handle(message, event, hop)
             return
-        seconds = time.perf_counter() - began
+        handled = time.perf_counter_ns()
+        shared.handle = handled - began - shared.admit
         # No await between them yields: the acks leave in one write.
-        for message, _ in gathered:
+        for message, _, _ in gathered:
             await message.ack()
+        acked = time.perf_counter_ns()
         if self._metrics is not None:
-            for _, event in gathered:
+            seconds = (handled - began) / 1e9
+            for _, event, hop in gathered:
                 self._metrics.handled(self._spec, event, "ok", seconds)
+                hop.charge(shared, queued_until=began, acked_ns=acked - handled)
+                self._metrics.hop(self._spec, hop)
 
     async def _handle_after(
-        self, previous: asyncio.Task[None] | None, message: Msg, event: Event | None
+        self, previous: asyncio.Task[None] | None, message: Msg, event: Event | None, hop: Hop
     ) -> None:
         if previous is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(previous)
-        await self._handle(message, event)
+        await self._handle(message, event, hop)
 
-    async def _handle(self, message: Msg, event: Event | None = None) -> None:
-        """Handle a message (`event`: its body, when it was decoded already)."""
+    async def _handle(self, message: Msg, event: Event | None, hop: Hop) -> None:
+        """Handle a message (`event`: its body, when it was decoded already), timing its
+        `hop`."""
+        began = time.perf_counter_ns()
+        hop.queue = began - hop.received_ns - hop.decode
         position = ack_position(message.reply)
         if event is None:
             try:
@@ -354,15 +371,18 @@ class EventConsumer:
                 reason = f"undecodable: {error}"
                 await self._dead_letter(message, "undecodable", reason, position.deliveries)
                 return
-        began = time.perf_counter()
+            hop.decode = time.perf_counter_ns() - began
+            began += hop.decode
         with self._context_of(event, await self._trace_of(event)) as span:
-            outcome = await self._settle(message, self._delivery(event, position))
-            seconds = time.perf_counter() - began
+            outcome = await self._settle(message, self._delivery(event, position), hop)
+            seconds = (time.perf_counter_ns() - began) / 1e9
             if outcome not in SETTLED:
                 span.set_status(Status(StatusCode.ERROR, outcome))
             logger.debug("handled %s: %s in %.1f ms", event.type, outcome, seconds * 1000)
         if self._metrics is not None:
             self._metrics.handled(self._spec, event, outcome, seconds)
+            if outcome == "ok":
+                self._metrics.hop(self._spec, hop)
 
     @contextlib.contextmanager
     def _context_of(self, event: Event, traceparent: str | None) -> Iterator[Span]:
@@ -399,13 +419,18 @@ class EventConsumer:
             self._session_traces[key] = traceparent
         return self._session_traces[key]
 
-    async def _settle(self, message: Msg, delivery: Delivery) -> str:
+    async def _settle(self, message: Msg, delivery: Delivery, hop: Hop) -> str:
         """Run the handler and ack, nak or dead-letter the message; say which."""
         deliveries = delivery.deliveries
         try:
+            began = time.perf_counter_ns()
             admitted = await self._admitted([delivery])
+            admitted_at = time.perf_counter_ns()
+            hop.admit = admitted_at - began
             if admitted:
-                await self._handler(admitted[0])
+                with handling(hop):
+                    await self._handler(admitted[0])
+                hop.handle = time.perf_counter_ns() - admitted_at
         except PermanentError as error:
             await self._dead_letter(message, "permanent", f"permanent error: {error}", deliveries)
             return "dead_letter"
@@ -435,7 +460,9 @@ class EventConsumer:
             delay = REDELIVERY_DELAYS_S[min(deliveries, len(REDELIVERY_DELAYS_S)) - 1]
             await message.nak(delay=delay)
             return "retry"
+        began = time.perf_counter_ns()
         await message.ack()
+        hop.ack = time.perf_counter_ns() - began
         return "ok"
 
     async def _admitted(self, deliveries: Sequence[Delivery]) -> list[Delivery]:

@@ -59,6 +59,7 @@ from helmline.contracts import (
     WorkspaceSnapshotted,
     event_type_filter,
 )
+from helmline.runtime._phases import PHASE_BUCKETS_S, PHASES, Hop
 
 NAMESPACE = "helmline"
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -104,6 +105,14 @@ class ServiceMetrics:
         self.handler_seconds = histogram(
             "handler_duration_seconds", "Time a handler took per event.", ("consumer",)
         )
+        self.hop_phase_seconds = histogram(
+            "hop_phase_seconds",
+            "Time one handled event spent in each phase of its hop, from its append to the "
+            "ack of its delivery (helmline.runtime._phases says where each is measured).",
+            ("consumer", "phase"),
+            buckets=PHASE_BUCKETS_S,
+        )
+        self._hop_phases: dict[str, list[tuple[str, Histogram]]] = {}
         self.consumer_pending = gauge(
             "consumer_pending_messages",
             "Messages not yet delivered to a consumer (its lag).",
@@ -283,6 +292,18 @@ class ServiceMetrics:
             and (consumer.counts_sessions or not isinstance(event.data, SessionStarted))
         ):
             observe(self, event)
+
+    def hop(self, consumer: ConsumerSpec, hop: Hop) -> None:
+        """A consumer's handler ended well: where the hop's time went."""
+        children = self._hop_phases.get(consumer.durable)
+        if children is None:
+            children = [
+                (phase, self.hop_phase_seconds.labels(consumer.durable, phase)) for phase in PHASES
+            ]
+            self._hop_phases[consumer.durable] = children
+        phases = hop.phases_ns()
+        for phase, child in children:
+            child.observe(phases[phase] / 1e9)
 
     # Observers: each takes the event whose type the tables map to it.
 

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from helmline.contracts import (
 from helmline.runtime._consumer import ack_position
 from helmline.runtime._elections import through_elections
 from helmline.runtime._errors import ConcurrencyConflict, EventTooLarge
+from helmline.runtime._phases import current_hop
 from helmline.runtime._tracing import record_appended, traceparent_for
 
 logger = logging.getLogger(__name__)
@@ -180,7 +182,10 @@ class EventStore:
         """
         if expected_last_seq is not None and expected_last_of_type is not None:
             raise ValueError("expect the session's last event or its last of a type, not both")
+        hop = current_hop()
+        began = time.perf_counter_ns()
         outgoing = _Outgoing.of(event, expected_last_seq, expected_last_of_type)
+        encoded = time.perf_counter_ns()
         try:
             ack = await self._publish(outgoing.subject, outgoing.body, outgoing.headers)
         except APIError as error:
@@ -194,6 +199,9 @@ class EventStore:
                         event.tenant, event.session_id, expected_last_of_type, event.type
                     ) from error
             raise
+        if hop is not None:
+            hop.encode += encoded - began
+            hop.append += time.perf_counter_ns() - encoded
         return self._appended(outgoing, ack)
 
     async def append_pipelined(self, events: Sequence[Event]) -> list[Appended]:
@@ -207,7 +215,10 @@ class EventStore:
         the others. So use it for events whose readers do not need them in order when one
         comes late: decisions taken together, not a chain of facts.
         """
+        hop = current_hop()
+        began = time.perf_counter_ns()
         outgoing = [_Outgoing.of(event, None) for event in events]
+        encoded = time.perf_counter_ns()
         pending = [
             # Awaiting each send (not its acknowledgement) keeps them in order.
             await self._js.publish_async(item.subject, item.body, headers=item.headers)
@@ -215,6 +226,9 @@ class EventStore:
         ]
         async with asyncio.timeout(self._timeout_s):
             acks = await asyncio.gather(*pending)
+        if hop is not None:
+            hop.encode += encoded - began
+            hop.append += time.perf_counter_ns() - encoded
         return [self._appended(item, ack) for item, ack in zip(outgoing, acks, strict=True)]
 
     async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> PubAck:
@@ -240,7 +254,10 @@ class EventStore:
             raise ValueError(f"{len(events)} events are more than one atomic batch holds")
         if not events:
             return []
+        hop = current_hop()
+        began = time.perf_counter_ns()
         outgoing = [_Outgoing.of(event, None) for event in events]
+        encoded = time.perf_counter_ns()
         batch = uuid.uuid4().hex
         nc = self._js._nc  # nats-py offers atomic batches on no public API yet
         for position, item in enumerate(outgoing, start=1):
@@ -256,6 +273,9 @@ class EventStore:
             reply = await nc.request(
                 item.subject, item.body, timeout=self._timeout_s, headers=headers
             )
+        if hop is not None:
+            hop.encode += encoded - began
+            hop.append += time.perf_counter_ns() - encoded
         answer = json.loads(reply.data)
         if "error" in answer:
             error = answer["error"]
@@ -275,8 +295,14 @@ class EventStore:
         """Store an event that belongs to no session's log (the tool registry, a breaker's
         change, a stream warning) on its own subject, de-duplicated by its id; `on_append` is
         told of it like of an appended one."""
+        hop = current_hop()
+        began = time.perf_counter_ns()
         body = encode_event(event)
+        encoded = time.perf_counter_ns()
         ack = await self._publish(subject, body, {Headers.MSG_ID: str(event.id)})
+        if hop is not None:
+            hop.encode += encoded - began
+            hop.append += time.perf_counter_ns() - encoded
         duplicate = bool(ack.duplicate)
         if self._on_append is not None:
             self._on_append(event, duplicate)
