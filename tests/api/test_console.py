@@ -734,7 +734,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     # debounce showed the count the page opened with until the session ended.
     assert len(lags) >= steps // 4, figures
     assert len(shown) >= 5, figures
-    assert figures["lag_p95_ms"] <= 3_000, figures
+    assert figures["lag_p95_ms"] <= 2_000, figures
 
 
 async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floods_events(

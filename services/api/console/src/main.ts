@@ -92,6 +92,22 @@ function throttle(work: () => Promise<void>, every = LIVE_EVERY_MS): () => void 
   return schedule;
 }
 
+const drawn = new WeakMap<HTMLElement, { keys: string[]; html: string[] }>();
+
+/** Draws `html`, one element per key, in `list`, touching only what changed since the last
+ * draw: a long session's plan is redrawn a step at a time, not whole on every update. */
+function patchList(list: HTMLElement, keys: string[], html: string[], empty = ""): void {
+  const before = drawn.get(list);
+  drawn.set(list, { keys, html });
+  const kept = before && before.keys.length <= keys.length && list.children.length === before.keys.length && before.keys.length > 0 ? before : null;
+  if (!kept || kept.keys.some((key, i) => key !== keys[i])) {
+    list.innerHTML = html.join("") || empty;
+    return;
+  }
+  for (let i = 0; i < kept.keys.length; i++) if (html[i] !== kept.html[i]) list.children[i].outerHTML = html[i];
+  if (keys.length > kept.keys.length) list.insertAdjacentHTML("beforeend", html.slice(kept.keys.length).join(""));
+}
+
 function follow(path: string, onEvent: (event: StreamEvent) => void): void {
   feed?.stop();
   feed = new EventFeed(path, onEvent, showConnection);
@@ -310,16 +326,18 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
       .join("");
     const from = retryPoint(s);
-    document.getElementById("steps")!.innerHTML = steps
-      .map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined))
-      .join("");
+    patchList(
+      document.getElementById("steps")!,
+      steps.map((step) => step.id),
+      steps.map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined)),
+    );
     document.getElementById("thinking")!.textContent = thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
     thoughts.innerHTML = s.thoughts
       .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
       .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>';
     thoughts.scrollTop = thoughts.scrollHeight;
-    document.getElementById("calls")!.innerHTML = [...calls.values()].map(callItem).join("") || "<p><small>No tool calls yet.</small></p>";
+    patchList(document.getElementById("calls")!, [...calls.keys()], [...calls.values()].map(callItem), "<p><small>No tool calls yet.</small></p>");
     renderCheckpoints(s);
   };
 
