@@ -153,6 +153,7 @@ async def test_a_playbook_session_waits_for_approval_and_is_listed_with_what_it_
     assert summary["waiting_for"][0]["request_id"] == request_id
     assert summary["waiting_for"][0]["tool"] == "run_command"
     assert summary["goal"] == HELLO["goal"]
+    assert summary["last_seq"] > started_seq  # The line says how far into the log it is.
     done = await client.get("/sessions", params={"status": "completed"}, headers=admin)
     assert all(s["session_id"] != session_id for s in done.json())
 

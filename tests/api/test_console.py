@@ -5,6 +5,7 @@ session view are kept in test-artifacts/console/."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,7 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import EventStore
+from helmline.runtime.testing import eventually
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import start, waiting_request
 
@@ -640,3 +642,143 @@ async def test_a_view_left_while_it_loads_does_not_take_over_the_view_opened_nex
     assert decided.status_code == 202, decided.text
     await expect(page.locator("#summary .badge").first).to_have_text("completed")
     await expect(page.locator("#session-rows")).to_have_count(0)
+
+
+def echo_chain(steps: int) -> dict[str, object]:
+    """A playbook of `steps` echo calls, each after the one before: events as fast as the
+    stack makes them, for as long as the chain lasts."""
+    return {
+        "goal": f"{steps} echoes",
+        "steps": [
+            {
+                "id": f"s{i}",
+                "tool": "echo",
+                "arguments": {"message": f"step {i}"},
+                "depends_on": [f"s{i - 1}"] if i else [],
+            }
+            for i in range(steps)
+        ],
+    }
+
+
+# Kept by the page from its first paint: each time the summary shows another count of
+# succeeded steps, when (the epoch in ms, as the log's event times) and which count.
+RECORD_SHOWN_COUNTS = """
+window.shownCounts = [];
+new MutationObserver(() => {
+  const text = document.getElementById("summary")?.textContent ?? "";
+  const found = /(\\d+)\\/(\\d+) steps/.exec(text);
+  const count = found ? Number(found[1]) : null;
+  if (count !== null && window.shownCounts.at(-1)?.[1] !== count) {
+    window.shownCounts.push([Date.now(), count]);
+  }
+}).observe(document, { childList: true, subtree: true, characterData: true });
+"""
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def keep_figures(name: str, figures: dict[str, object]) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"{name}.json").write_text(json.dumps(figures, indent=2))
+
+
+async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    steps = 1_000
+    session_id = await start(client, admin, echo_chain(steps))
+    await page.add_init_script(RECORD_SHOWN_COUNTS)
+    await open_session(page, api_url, admin, session_id)
+    await expect(page.locator("#summary .badge").first).to_have_text("completed", timeout=60_000)
+    await expect(page.locator("#summary")).to_contain_text(f"{steps}/{steps} steps")
+    shown: list[tuple[int, int]] = [tuple(x) for x in await page.evaluate("window.shownCounts")]
+
+    finished = sorted(
+        [
+            stored.event.time.timestamp() * 1000
+            async for stored in store.read(tenant, session_id)
+            if isinstance(stored.event.data, ToolCallCompleted)
+        ]
+    )
+    assert len(finished) == steps
+    # How long after the log had k steps succeeded the page first showed at least k: each
+    # step from the first shown count on (the page opens after the session started).
+    opened_at = shown[0][0]
+    lags = []
+    for k, at in enumerate(finished, start=1):
+        if at < opened_at:
+            continue
+        first_shown = next(when for when, count in shown if count >= k)
+        lags.append(max(0.0, first_shown - at))
+    ran_for_s = (finished[-1] - max(opened_at, finished[0])) / 1000
+    figures = {
+        "steps": steps,
+        "watched_s": round(ran_for_s, 2),
+        "counts_shown": len(shown),
+        "lag_p50_ms": round(percentile(lags, 0.5)),
+        "lag_p95_ms": round(percentile(lags, 0.95)),
+        "lag_max_ms": round(max(lags)),
+    }
+    keep_figures("long-session-lag", figures)
+    # The page was watched for a while as the steps ran, and moved with them all along: a
+    # debounce showed the count the page opened with until the session ended.
+    assert len(lags) >= steps // 4, figures
+    assert len(shown) >= 5, figures
+    assert figures["lag_p95_ms"] <= 2_000, figures
+
+
+async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floods_events(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    busy = await start(client, admin, echo_chain(1_500))
+    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
+    await expect(page.locator(f'tr[data-session="{busy}"] .badge').first).to_have_text("executing")
+    waiting = await start(client, admin)
+    row = f'tr[data-session="{waiting}"]'
+    shown = await page.wait_for_function(
+        f"""() => document.querySelector('{row} td:first-child .badge')?.textContent === "waiting"
+             && document.querySelector('{row}').textContent.includes("run_command")
+             && Date.now()""",
+        timeout=60_000,
+    )
+    shown_at: float = await shown.json_value()
+
+    async def asked_at() -> float | None:
+        async for stored in store.read(tenant, waiting):
+            if isinstance(stored.event.data, ApprovalRequested):
+                return stored.event.time.timestamp() * 1000
+        return None
+
+    asked = await eventually(asked_at, timeout_s=10, what="the approval request")
+    # The list is read from a projection that trails the stream: it reads again until the
+    # busy session's last event is in it, and says so meanwhile.
+    await expect(page.locator(f'tr[data-session="{busy}"] .badge').first).to_have_text(
+        "completed", timeout=60_000
+    )
+    await expect(page.locator("#list-state")).to_have_text("")
+    busy_end = (await client.get(f"/sessions/{busy}", headers=admin)).json()
+    ended_at = datetime.fromisoformat(busy_end["ended_at"]).timestamp() * 1000
+    figures = {
+        "shown_after_asked_ms": round(shown_at - asked),
+        "busy_ended_after_shown_ms": round(ended_at - shown_at),
+    }
+    keep_figures("list-shows-waiting", figures)
+    # Shown while the busy session still ran, not once its events stopped.
+    assert ended_at > shown_at, figures
+    assert figures["shown_after_asked_ms"] <= 5_000, figures

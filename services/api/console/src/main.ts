@@ -53,12 +53,59 @@ function showConnection(state: Connection): void {
   connection.dataset.state = state;
 }
 
-function debounce(work: () => void, ms = 120): () => void {
+/** How far behind its events a live view may fall while they keep coming. */
+const LIVE_EVERY_MS = 250;
+/** As many sessions as the API lists by default. */
+const LIST_LIMIT = 100;
+/** How long the list is read again while a line stays behind an event heard. */
+const CATCH_UP_FOR_MS = 10_000;
+
+/** A call of the function returned asks for `work` to run; a burst of calls is coalesced but
+ * never starved. One run at a time: the first call after a quiet spell runs at once, and calls
+ * that come while a run is due or under way make one more, begun no sooner than `every` ms
+ * after the last began. A steady stream of events so gets a run every `every` ms (back to back
+ * when a run takes longer), where a debounce waits for the stream to stop. Runs one at a time
+ * also means two reads never answer out of order and leave the older one on the page. */
+function throttle(work: () => Promise<void>, every = LIVE_EVERY_MS): () => void {
   let timer: number | undefined;
-  return () => {
-    clearTimeout(timer);
-    timer = window.setTimeout(work, ms);
+  let running = false;
+  let again = false;
+  let began = -Infinity;
+  const run = async (): Promise<void> => {
+    timer = undefined;
+    running = true;
+    again = false;
+    began = performance.now();
+    try {
+      await work();
+    } catch (error) {
+      fail(error);
+    } finally {
+      running = false;
+      if (again) schedule();
+    }
   };
+  const schedule = (): void => {
+    if (running) again = true;
+    else if (timer === undefined) timer = window.setTimeout(() => void run(), Math.max(0, began + every - performance.now()));
+  };
+  return schedule;
+}
+
+const drawn = new WeakMap<HTMLElement, { keys: string[]; html: string[] }>();
+
+/** Draws `html`, one element per key, in `list`, touching only what changed since the last
+ * draw: a long session's plan is redrawn a step at a time, not whole on every update. */
+function patchList(list: HTMLElement, keys: string[], html: string[], empty = ""): void {
+  const before = drawn.get(list);
+  drawn.set(list, { keys, html });
+  const kept = before && before.keys.length <= keys.length && list.children.length === before.keys.length && before.keys.length > 0 ? before : null;
+  if (!kept || kept.keys.some((key, i) => key !== keys[i])) {
+    list.innerHTML = html.join("") || empty;
+    return;
+  }
+  for (let i = 0; i < kept.keys.length; i++) if (html[i] !== kept.html[i]) list.children[i].outerHTML = html[i];
+  if (keys.length > kept.keys.length) list.insertAdjacentHTML("beforeend", html.slice(kept.keys.length).join(""));
 }
 
 function follow(path: string, onEvent: (event: StreamEvent) => void): void {
@@ -105,8 +152,13 @@ async function sessionList(current: Current): Promise<void> {
         <thead><tr><th>Status</th><th>Goal</th><th>Waiting for</th><th>Steps</th><th>Started</th></tr></thead>
         <tbody id="session-rows"><tr><td colspan="5">loading…</td></tr></tbody>
       </table>
+      <p id="list-state" class="hint" role="status" aria-live="polite"></p>
     </section>`;
   const filter = document.getElementById("status-filter") as HTMLSelectElement;
+  // The list is read from a projection that trails the event stream: each line says the last
+  // event it reflects, and while a line is behind an event heard, the list is read again.
+  const heard = new Map<string, number>();
+  let behindSince: number | null = null;
   const render = async (): Promise<void> => {
     const query = filter.value ? `?status=${encodeURIComponent(filter.value)}` : "";
     const sessions = await api<SessionSummary[]>(`/sessions${query}`);
@@ -126,12 +178,29 @@ async function sessionList(current: Current): Promise<void> {
           )
           .join("")
       : `<tr><td colspan="5">No sessions yet.</td></tr>`;
+    const listed = new Map(sessions.map((s) => [s.session_id, s.last_seq]));
+    // A session heard of but not listed is behind only where the list has room for it.
+    const complete = !filter.value && sessions.length < LIST_LIMIT;
+    const behind = [...heard].some(([id, seq]) => (listed.get(id) ?? (complete ? 0 : seq)) < seq);
+    const now = performance.now();
+    behindSince = behind ? (behindSince ?? now) : null;
+    const state = document.getElementById("list-state");
+    if (state) state.textContent = behind ? "behind the live events — catching up…" : "";
+    // Read again until caught up; a line that never catches up (a projection stopped) is
+    // not read for ever: the note stays, and the next event heard tries again.
+    if (behindSince !== null && now - behindSince < CATCH_UP_FOR_MS) refresh();
   };
-  filter.addEventListener("change", () => void render().catch(fail));
+  const refresh = throttle(render);
   await render();
   if (!current()) return;
-  const refresh = debounce(() => void render().catch(fail), 200);
-  follow("/events", refresh);
+  // The whole list is read again, at most every LIVE_EVERY_MS while any session's events
+  // flow: a busy session cannot hold back another that starts, or comes to wait, meanwhile.
+  filter.addEventListener("change", refresh);
+  follow("/events", (event) => {
+    heard.set(event.data.sessionid, event.seq);
+    behindSince = null;
+    refresh();
+  });
 }
 
 // ---- one session ----------------------------------------------------------------------------
@@ -257,16 +326,18 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
       .join("");
     const from = retryPoint(s);
-    document.getElementById("steps")!.innerHTML = steps
-      .map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined))
-      .join("");
+    patchList(
+      document.getElementById("steps")!,
+      steps.map((step) => step.id),
+      steps.map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined)),
+    );
     document.getElementById("thinking")!.textContent = thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
     thoughts.innerHTML = s.thoughts
       .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
       .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>';
     thoughts.scrollTop = thoughts.scrollHeight;
-    document.getElementById("calls")!.innerHTML = [...calls.values()].map(callItem).join("") || "<p><small>No tool calls yet.</small></p>";
+    patchList(document.getElementById("calls")!, [...calls.keys()], [...calls.values()].map(callItem), "<p><small>No tool calls yet.</small></p>");
     renderCheckpoints(s);
   };
 
@@ -306,29 +377,13 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       .join("");
   };
 
-  // One read at a time, and one more after it when events came meanwhile: two reads in
-  // flight could answer out of order and leave the older state on the page.
-  let reading = false;
-  let readAgain = false;
   const refresh = async (): Promise<void> => {
-    if (reading) {
-      readAgain = true;
-      return;
-    }
-    reading = true;
-    try {
-      do {
-        readAgain = false;
-        const fresh = await api<SessionState>(`/sessions/${sessionId}`);
-        if (!current()) return;
-        state = fresh;
-        render();
-      } while (readAgain);
-    } finally {
-      reading = false;
-    }
+    const fresh = await api<SessionState>(`/sessions/${sessionId}`);
+    if (!current()) return;
+    state = fresh;
+    render();
   };
-  const refreshSoon = debounce(() => void refresh().catch(fail), 80);
+  const refreshSoon = throttle(refresh);
 
   const onEvent = (event: StreamEvent): void => {
     heard(event);

@@ -17,6 +17,8 @@ export interface SessionSummary {
   steps_failed: number;
   outcome: string;
   waiting_for: WaitingFor[];
+  /** Stream sequence of the session's last event the line reflects. */
+  last_seq: number;
 }
 
 export interface Step {

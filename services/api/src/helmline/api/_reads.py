@@ -52,6 +52,10 @@ class SessionSummary(BaseModel):
     outcome: str
     waiting_for: list[WaitingFor]
     """Pending approval requests, oldest first."""
+    last_seq: int
+    """Stream sequence of the session's last event this line reflects. The list is read from
+    a projection that may trail the live event stream: a client that heard an event later
+    than this knows the line is behind, and reads again."""
 
 
 class SessionFilter(BaseModel):
@@ -73,7 +77,7 @@ async def load_session(
     return snapshot
 
 
-def summary_of(state: SessionState) -> SessionSummary:
+def summary_of(state: SessionState, last_seq: int) -> SessionSummary:
     steps = state.steps.values()
     return SessionSummary(
         session_id=state.session_id,
@@ -92,6 +96,7 @@ def summary_of(state: SessionState) -> SessionSummary:
             WaitingFor(request_id=a.request_id, step_id=a.step_id, tool=a.tool, risk=a.risk)
             for a in state.pending_approvals
         ],
+        last_seq=last_seq,
     )
 
 
@@ -137,14 +142,15 @@ class SessionLister:
         ids = list(dict.fromkeys(stored.event.session_id for stored in started))
         limit = asyncio.Semaphore(CONCURRENT_LOADS)
 
-        async def load(session_id: str) -> SessionState:
+        async def load(session_id: str) -> tuple[SessionState, int]:
             async with limit:
-                return (await self._store.load(tenant, session_id)).state
+                loaded = await self._store.load(tenant, session_id)
+                return loaded.state, loaded.last_seq
 
         states = await asyncio.gather(*(load(session_id) for session_id in ids))
         chosen = [
-            summary_of(state)
-            for state in reversed(states)
+            summary_of(state, last_seq)
+            for state, last_seq in reversed(states)
             if (not query.status or state.status in query.status)
             and (query.waiting is None or bool(state.pending_approvals) == query.waiting)
         ]
@@ -153,7 +159,7 @@ class SessionLister:
 
 SESSIONS_QUERY = """
 SELECT s.session_id, s.status, s.goal, s.mode, s.requested_by, s.started_at, s.updated_at,
-       s.ended_at, s.steps_total, s.steps_succeeded, s.steps_failed, s.outcome
+       s.ended_at, s.steps_total, s.steps_succeeded, s.steps_failed, s.outcome, s.last_seq
 FROM sessions s
 WHERE s.tenant = $1
   AND (cardinality($2::text[]) = 0 OR s.status = ANY($2::text[]))
