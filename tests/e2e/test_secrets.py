@@ -22,7 +22,6 @@ from nats.js import JetStreamContext
 
 from helmline.api import new_api_key, store_api_key
 from helmline.contracts import (
-    EVENTS_STREAM,
     Actor,
     PlanStep,
     Playbook,
@@ -33,7 +32,7 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import EventStore, SealingKey
-from helmline.runtime.testing import ServiceProcesses, eventually, free_port
+from helmline.runtime.testing import ServiceProcesses, eventually, free_port, stored_log
 from helmline.state import caught_up
 
 from .conftest import HELMLINE, SERVICES  # type: ignore[import-not-found]
@@ -137,15 +136,6 @@ async def _run(store: EventStore, tenant: str, playbook: Playbook) -> tuple[str,
     return session_id, state
 
 
-async def _raw_log(js: JetStreamContext) -> bytes:
-    last = (await js.stream_info(EVENTS_STREAM.name)).state.last_seq
-    raw = bytearray()
-    for seq in range(1, last + 1):
-        message = await js.get_msg(EVENTS_STREAM.name, seq)
-        raw += json.dumps(message.headers or {}).encode() + (message.data or b"")
-    return bytes(raw)
-
-
 async def _read_model(database_url: str, tenant: str) -> str:
     connection = await asyncpg.connect(database_url)
     try:
@@ -227,7 +217,7 @@ async def test_a_secret_used_by_reference_is_nowhere_in_any_encoding(
     # What the log says of the calls is the reference, never the value.
     assert state.steps["print"].arguments["env"] == {"TOKEN": {"secret": NAME}}
 
-    assert _leaked(await _raw_log(js)) == []
+    assert _leaked(await stored_log(js)) == []
     code, events, err = await _helmline(
         nats_url, "events", "session", session_id, "-t", tenant, "--json"
     )

@@ -89,6 +89,23 @@ def _script(model: ScriptedModel, key: str) -> None:
     )
 
 
+async def first_request(store: EventStore, tenant: str, session_id: str) -> ApprovalRequested:
+    """The session's first approval request, once it is made."""
+
+    async def asked() -> ApprovalRequested | None:
+        return next(
+            (
+                e.data
+                for e in await log_of(store, tenant, session_id)
+                if isinstance(e.data, ApprovalRequested)
+            ),
+            None,
+        )
+
+    request: ApprovalRequested = await eventually(asked, timeout_s=60, what="an approval request")
+    return request
+
+
 def _sent(ledger: Path) -> list[dict[str, str]]:
     if not ledger.exists():
         return []
@@ -109,17 +126,7 @@ async def test_an_address_read_in_a_mail_and_sent_to_waits_naming_the_mail(
     _script(model, key)
     session_id = await start(store, tenant, f"Answer the auditor's mail in my inbox {key}", "act")
 
-    async def asked() -> ApprovalRequested | None:
-        return next(
-            (
-                e.data
-                for e in await log_of(store, tenant, session_id)
-                if isinstance(e.data, ApprovalRequested)
-            ),
-            None,
-        )
-
-    request: ApprovalRequested = await eventually(asked, timeout_s=60, what="an approval request")
+    request = await first_request(store, tenant, session_id)
     log = await log_of(store, tenant, session_id)
     read = next(e.data for e in log if isinstance(e.data, ToolCallCompleted))
     assert read.tool == "mail__read_inbox"
@@ -241,17 +248,7 @@ async def test_a_replan_adding_a_send_after_a_flagged_mail_waits_for_a_person_as
     _script_replan(model, key, newsletter=True)
     session_id = await start(store, tenant, f"Deal with my newest newsletter {key}")
 
-    async def asked() -> ApprovalRequested | None:
-        return next(
-            (
-                e.data
-                for e in await log_of(store, tenant, session_id)
-                if isinstance(e.data, ApprovalRequested)
-            ),
-            None,
-        )
-
-    request: ApprovalRequested = await eventually(asked, timeout_s=60, what="an approval request")
+    request = await first_request(store, tenant, session_id)
     log = await log_of(store, tenant, session_id)
     read = next(e.data for e in log if isinstance(e.data, ToolCallCompleted))
     assert (read.tool, read.injection_suspected) == ("mail__read_newsletter", True)

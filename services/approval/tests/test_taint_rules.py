@@ -15,6 +15,8 @@ from helmline.contracts import (
     ApprovalDecisionSubmitted,
     ApprovalRequested,
     CallTaint,
+    Event,
+    Payload,
     PlanApproved,
     PlanProposed,
     PlanStep,
@@ -149,22 +151,26 @@ rules:
     )
 
 
+def _granted(goal: str, *asking: Payload) -> tuple[list[Event], ApprovalDecisionSubmitted]:
+    """A session's log up to Ana's grant of its last request (the last of `asking`), and
+    the grant."""
+    started = new_event(
+        SessionStarted(goal=goal, requested_by=ANA), tenant="t", session_id="s1", source="test"
+    )
+    asked = asking[-1]
+    assert isinstance(asked, ApprovalRequested)
+    vote = ApprovalDecisionSubmitted(request_id=asked.request_id, decision="grant", decided_by=ANA)
+    events = [started]
+    events += [started.derive(p, source="test", key=str(i)) for i, p in enumerate(asking)]
+    events.append(started.derive(vote, source="test", key="vote"))
+    return events, vote
+
+
 def test_a_person_may_grant_a_tainted_high_risk_call_under_the_rule_that_asked() -> None:
     asked = _judged("bank__wire", COPIED, to="exfil@evil.example")
     assert isinstance(asked, ApprovalRequested)
     assert asked.rule == "approve-destinations-from-untrusted-output"
-    started = new_event(
-        SessionStarted(goal="pay the invoice", requested_by=ANA),
-        tenant="t",
-        session_id="s1",
-        source="test",
-    )
-    vote = ApprovalDecisionSubmitted(request_id=asked.request_id, decision="grant", decided_by=ANA)
-    events = [
-        started,
-        started.derive(asked, source="test", key="1"),
-        started.derive(vote, source="test", key="2"),
-    ]
+    events, vote = _granted("pay the invoice", asked)
     (*_, released) = [d.payload for d in judge_vote(fold(events), vote, DEFAULT, NOW)]
     assert isinstance(released, ToolCallAuthorized)
     assert released.rule == "approve-destinations-from-untrusted-output"
@@ -230,23 +236,11 @@ def test_a_replan_that_adds_no_steered_effect_is_approved_by_policy(
 def test_a_person_who_grants_the_steered_replan_lets_its_steps_run_unchanged() -> None:
     asked = _plan_decision(_replan(SEND_STEP), earlier=(READ_STEP,))
     assert isinstance(asked, ApprovalRequested)
-    started = new_event(
-        SessionStarted(goal="answer the auditor", requested_by=ANA),
-        tenant="t",
-        session_id="s1",
-        source="test",
-    )
-    vote = ApprovalDecisionSubmitted(request_id=asked.request_id, decision="grant", decided_by=ANA)
-    events = [
-        started,
-        started.derive(_replan(SEND_STEP), source="test", key="0"),
-        started.derive(asked, source="test", key="1"),
-        started.derive(vote, source="test", key="2"),
-    ]
+    events, vote = _granted("answer the auditor", _replan(SEND_STEP), asked)
     decided = [d.payload for d in judge_vote(fold(events), vote, DEFAULT, NOW)]
     approved = next(d for d in decided if isinstance(d, PlanApproved))
     assert (approved.revision, approved.approved_by.id) == (2, "ana")
-    events += [started.derive(d, source="test", key=f"v{i}") for i, d in enumerate(decided)]
+    events += [events[0].derive(d, source="test", key=f"v{i}") for i, d in enumerate(decided)]
     scheduled = StepScheduled(
         step_id="send",
         call_id="send.1",

@@ -18,7 +18,7 @@ import typer
 
 from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir, Json
-from helmline.cli._session_commands import _fail, _nats_url, _run_async
+from helmline.cli._session_commands import _fail, _nats_url, _run_async, lasting
 
 if TYPE_CHECKING:
     from helmline.api import ApiKeyRecord
@@ -183,17 +183,7 @@ def rotate(
 
 
 def _expiry(written: str) -> timedelta | None:
-    from helmline.approval import parse_duration
-
-    if written == "never":
-        return None
-    try:
-        lasting = parse_duration(written)
-    except ValueError as error:
-        _fail(CliError(f"--expires-in: {error}", exit_code=2))
-    if lasting <= timedelta(0):
-        _fail(CliError("--expires-in must be longer than zero", exit_code=2))
-    return lasting
+    return None if written == "never" else lasting("--expires-in", written)
 
 
 def _show_made(key: str, record: ApiKeyRecord, as_json: bool) -> None:

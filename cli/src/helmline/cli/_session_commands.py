@@ -489,7 +489,6 @@ def _argument_change(arguments: str | None, set_fields: list[str]) -> ArgumentCh
 def _standing_grant(
     similar: int | None, similar_for: str | None, similar_where: list[str]
 ) -> StandingGrant | None:
-    from helmline.approval import parse_duration
     from helmline.cli._intents import StandingGrant
 
     if similar is None:
@@ -498,18 +497,11 @@ def _standing_grant(
         return None
     until = None
     if similar_for is not None:
-        try:
-            lasting = parse_duration(similar_for)
-        except ValueError as error:
-            _fail(CliError(f"--similar-for: {error}", exit_code=2))
-        if lasting <= timedelta(0):
-            _fail(CliError("--similar-for must be longer than zero", exit_code=2))
-        until = datetime.now(UTC) + lasting
+        until = datetime.now(UTC) + lasting("--similar-for", similar_for)
     return StandingGrant(similar, until, _argument_conditions(similar_where) or None)
 
 
 def _permission_grant(grant_for: str | None, expires_in: str | None) -> PermissionGrant | None:
-    from helmline.approval import parse_duration
     from helmline.cli._intents import PermissionGrant
 
     if grant_for is None and expires_in is None:
@@ -518,13 +510,7 @@ def _permission_grant(grant_for: str | None, expires_in: str | None) -> Permissi
         _fail(CliError(f"--for {grant_for!r}: write step or session", exit_code=2))
     until = None
     if expires_in is not None:
-        try:
-            lasting = parse_duration(expires_in)
-        except ValueError as error:
-            _fail(CliError(f"--expires-in: {error}", exit_code=2))
-        if lasting <= timedelta(0):
-            _fail(CliError("--expires-in must be longer than zero", exit_code=2))
-        until = datetime.now(UTC) + lasting
+        until = datetime.now(UTC) + lasting("--expires-in", expires_in)
     return PermissionGrant("session" if grant_for == "session" else "step", until)
 
 
@@ -687,6 +673,20 @@ def _run_async(work: Coroutine[Any, Any, T], *, interrupted: str | None = None) 
         if interrupted:
             typer.echo(interrupted, err=True)
         raise typer.Exit(INTERRUPTED) from None
+
+
+def lasting(option: str, written: str) -> timedelta:
+    """A positive duration given to `option` (`90s`, `15m`, `1h`...); else the command fails
+    naming the option."""
+    from helmline.approval import parse_duration
+
+    try:
+        duration = parse_duration(written)
+    except ValueError as error:
+        _fail(CliError(f"{option}: {error}", exit_code=2))
+    if duration <= timedelta(0):
+        _fail(CliError(f"{option} must be longer than zero", exit_code=2))
+    return duration
 
 
 def _fail(error: CliError) -> NoReturn:
