@@ -25,8 +25,8 @@ from helmline.contracts import (
     Playbook,
     SessionStarted,
     SessionState,
-    ToolCallAuthorized,
     ToolCallDenied,
+    authorizations,
     new_event,
 )
 from helmline.runtime import EventStore
@@ -265,10 +265,11 @@ async def test_two_distinct_sre_must_grant_and_the_tool_receives_the_modified_ar
 
     state = await _until(store, tenant, session_id, "completed", "failed")
     assert state.status == "completed", state.outcome
-    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+    log = [stored.event for stored in await store.read_all(tenant, session_id)]
+    events = [e.data for e in log]
     (requested,) = [e for e in events if isinstance(e, ApprovalRequested)]
     (granted,) = [e for e in events if isinstance(e, ApprovalGranted)]
-    (authorized,) = [e for e in events if isinstance(e, ToolCallAuthorized)]
+    (authorized,) = [call for _, call in authorizations(log)]
     assert not [e for e in events if isinstance(e, ToolCallDenied)]
     assert requested.arguments == {"command": "echo hello"}
     assert (requested.policy_hash or "").startswith("sha256:")
@@ -298,10 +299,11 @@ async def test_the_cli_answers_each_decision_refused_counted_or_approved_with_ch
 
     state = await _until(store, tenant, session_id, "completed", "failed")
     assert state.status == "completed", state.outcome
-    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
+    log = [stored.event for stored in await store.read_all(tenant, session_id)]
+    events = [e.data for e in log]
     (refused,) = [e for e in events if isinstance(e, ApprovalDecisionRefused)]
     (counted,) = [e for e in events if isinstance(e, ApprovalVoteCounted)]
-    (authorized,) = [e for e in events if isinstance(e, ToolCallAuthorized)]
+    (authorized,) = [call for _, call in authorizations(log)]
     assert (refused.decided_by.id, counted.decided_by.id) == ("eve", "bob")
     assert authorized.arguments == {"command": "echo changed"}
     assert state.approvals["cmd.1"].arguments == {"command": "echo hello"}
@@ -355,11 +357,11 @@ async def test_approve_similar_lets_the_next_matching_call_run_and_stops_at_its_
 
     state = await _until(store, tenant, session_id, "completed", "failed")
     assert state.status == "completed", state.outcome
-    events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
-    authorized = {e.step_id: e for e in events if isinstance(e, ToolCallAuthorized)}
+    log = [stored.event for stored in await store.read_all(tenant, session_id)]
+    authorized = {call.step_id: call for _, call in authorizations(log)}
     assert authorized["s1"].approval_request_id == request.request_id
     assert authorized["s2"].approval_request_id == second.request_id
-    assert len([e for e in events if isinstance(e, ApprovalRequested)]) == 2
+    assert len([e for e in log if isinstance(e.data, ApprovalRequested)]) == 2
     assert state.approvals[request.request_id].similar_used == 1
 
 
@@ -424,9 +426,9 @@ async def test_a_plan_approved_once_runs_its_risky_steps_without_asking_again(
 
         state = await _until(store, tenant, session_id, "completed", "failed")
         assert state.status == "completed", state.outcome
-        events = [stored.event.data for stored in await store.read_all(tenant, session_id)]
-        assert len([e for e in events if isinstance(e, ApprovalRequested)]) == 1
-        authorized = {e.step_id: e for e in events if isinstance(e, ToolCallAuthorized)}
+        log = [stored.event for stored in await store.read_all(tenant, session_id)]
+        assert len([e for e in log if isinstance(e.data, ApprovalRequested)]) == 1
+        authorized = {call.step_id: call for _, call in authorizations(log)}
         assert authorized["a"].approval_request_id == "plan-1"
         assert authorized["b"].approval_request_id == "plan-1"
         assert authorized["c"].approval_request_id is None

@@ -21,8 +21,8 @@ from helmline.contracts import (
     SessionPauseRequested,
     SessionState,
     StepScheduled,
-    ToolCallAuthorized,
     ToolCallFailed,
+    authorizations,
     fold,
 )
 from helmline.runtime import EventStore
@@ -236,7 +236,7 @@ async def test_a_call_approved_while_the_session_is_paused_runs_only_once_it_res
 
     log: list[Event] = await eventually(answered, timeout_s=20, what="the second vote answered")
     assert any(isinstance(e.data, ApprovalGranted) for e in log)
-    assert not any(isinstance(e.data, ToolCallAuthorized) for e in log)
+    assert not list(authorizations(log))
     state = fold(log)
     assert (state.status, state.steps["tally"].status) == ("paused", "scheduled")
     tally = services.data_dir / "workspaces" / tenant / session_id / "tally"
@@ -248,7 +248,7 @@ async def test_a_call_approved_while_the_session_is_paused_runs_only_once_it_res
     assert state.status == "completed", state.outcome
     assert await asyncio.to_thread(tally.read_text) == "ran\n"
     log = [item.event for item in await store.read_all(tenant, session_id)]
-    authorized = [e.data for e in log if isinstance(e.data, ToolCallAuthorized)]
+    authorized = [call for _, call in authorizations(log)]
     assert [a.approval_request_id for a in authorized] == ["tally.1"]
 
 

@@ -21,8 +21,8 @@ from helmline.contracts import (
     ModelExchangeRecorded,
     PlanProposed,
     SandboxExecutionRequested,
-    ToolCallAuthorized,
     ToolCallCompleted,
+    authorizations,
     tenant_filter,
 )
 from helmline.planner import PlannerSettings, shadow_replay
@@ -125,7 +125,7 @@ async def test_a_goal_is_planned_run_under_policy_and_completed_with_its_criteri
     assert "hello" in second.last_result()
     assert "Every step succeeded" in second.last_result()
     log = await log_of(store, tenant, session_id)
-    authorized = [e.data.rule for e in log if isinstance(e.data, ToolCallAuthorized)]
+    authorized = [call.rule for _, call in authorizations(log)]
     assert authorized == ["allow-low-and-medium-risk"] * 3
     sandboxed = [e.data.tool for e in log if isinstance(e.data, SandboxExecutionRequested)]
     assert sandboxed == ["write_file", "read_file"]

@@ -20,9 +20,9 @@ from helmline.contracts import (
     PlanStep,
     Playbook,
     SessionState,
-    ToolCallAuthorized,
     ToolCallDenied,
     ToolCallStarted,
+    authorizations,
 )
 from helmline.runtime import EventStore
 from helmline.runtime.testing import ServiceProcesses, ended, eventually, start_playbook
@@ -139,7 +139,8 @@ async def test_a_host_granted_from_the_cli_for_the_session_lets_its_steps_run(
     assert [e.request_id for e in events if isinstance(e, PermissionRequested)] == [
         "permission-fetch.1"
     ]
-    authorized = {e.call_id: e for e in events if isinstance(e, ToolCallAuthorized)}
+    log = [stored.event for stored in await store.read_all(tenant, session_id)]
+    authorized = {call.call_id: call for _, call in authorizations(log)}
     assert set(authorized) == {"fetch.1", "again.1", "status.1"}
     assert all(call.network for call in authorized.values())
     assert final.steps["again"].output is not None

@@ -21,8 +21,8 @@ from helmline.contracts import (
     ApprovalRequested,
     PlanApproved,
     StepScheduled,
-    ToolCallAuthorized,
     ToolCallCompleted,
+    authorizations,
     new_event,
 )
 from helmline.planner.testing import Reply, ScriptedModel, with_asides
@@ -153,9 +153,7 @@ async def test_an_address_read_in_a_mail_and_sent_to_waits_naming_the_mail(
         e.data for e in log if isinstance(e.data, StepScheduled) and e.data.tool == "mail__send"
     )
     assert scheduled.taint == request.taint
-    assert not any(
-        isinstance(e.data, ToolCallAuthorized) and e.data.tool == "mail__send" for e in log
-    )
+    assert not any(call.tool == "mail__send" for _, call in authorizations(log))
     assert _sent(ledger) == []
     # People see the source in the approval queue.
     code, listed, errors = await helmline("approvals", "-t", tenant, "--json")
@@ -190,11 +188,7 @@ async def test_the_same_send_to_an_address_the_goal_gives_runs_without_a_person(
     assert send.taint is not None
     assert send.taint.influenced_by_untrusted
     assert send.taint.arguments_from_untrusted == ()
-    authorized = next(
-        e.data
-        for e in log
-        if isinstance(e.data, ToolCallAuthorized) and e.data.tool == "mail__send"
-    )
+    authorized = next(call for _, call in authorizations(log) if call.tool == "mail__send")
     assert authorized.rule == "allow-low-and-medium-risk"
     assert {"to": ADDRESS, "body": "Q3: revenue and costs as agreed"} in _sent(ledger)
 
@@ -277,11 +271,7 @@ async def test_a_replan_adding_a_send_after_a_flagged_mail_waits_for_a_person_as
     )
     assert approved.approved_by.id == OPERATOR.id
     # The person approved the plan: its step ran as approved, without being asked again.
-    authorized = next(
-        e.data
-        for e in log
-        if isinstance(e.data, ToolCallAuthorized) and e.data.tool == "mail__send"
-    )
+    authorized = next(call for _, call in authorizations(log) if call.tool == "mail__send")
     assert authorized.approval_request_id == request.request_id
     assert [r for r in _sent(ledger) if r["body"] == "Q3: 42, 17"] == [
         {"to": ADDRESS, "body": "Q3: 42, 17"}

@@ -20,9 +20,9 @@ from helmline.contracts import (
     ApprovalRequested,
     Event,
     SessionStarted,
-    ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallStarted,
+    authorizations,
     new_event,
 )
 from helmline.planner.testing import Received, Reply, Responder
@@ -126,9 +126,9 @@ async def test_a_model_obeying_every_injection_runs_nothing_unauthorised(stack: 
 
     every = [event for log in logs.values() for event in log]
     authorised = {
-        (e.session_id, e.data.call_id): e.data
-        for e in every
-        if isinstance(e.data, ToolCallAuthorized)
+        (e.session_id, call.call_id): call
+        for log in logs.values()
+        for e, call in authorizations(log)
     }
     started = [(e.session_id, e.data) for e in every if isinstance(e.data, ToolCallStarted)]
     # A start the log has no authorisation for (a real run the log has no start for is in a

@@ -30,10 +30,10 @@ from helmline.contracts import (
     Event,
     SessionStarted,
     StepScheduled,
-    ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallFailed,
     ToolCallStarted,
+    authorizations,
     new_event,
 )
 from helmline.planner.testing import Received, Reply, Responder, with_asides
@@ -296,7 +296,7 @@ async def test_models_obeying_injections_in_pages_mails_and_issues_run_nothing_u
     # the attacks (a perform, a mail to an attacker, a command's witness file).
     unauthorised_in_log = []
     for session_id, log in logs.items():
-        authorised = {e.data.call_id for e in log if isinstance(e.data, ToolCallAuthorized)}
+        authorised = {call.call_id for _, call in authorizations(log)}
         unauthorised_in_log += [
             (sessions[session_id].key, e.data.tool)
             for e in log
@@ -407,9 +407,9 @@ async def test_models_obeying_injections_in_pages_mails_and_issues_run_nothing_u
     for session_id, scenario in benign.items():
         if session_id not in extra:
             done = [
-                e.data
-                for e in logs[session_id]
-                if isinstance(e.data, ToolCallAuthorized) and e.data.tool == scenario.task()[0]
+                call
+                for _, call in authorizations(logs[session_id])
+                if call.tool == scenario.task()[0]
             ]
             assert [d.rule for d in done] == [DEFAULT_ALLOW_RULE], scenario.key
 

@@ -24,6 +24,7 @@ from helmline.contracts import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepAuthorization,
     StepScheduled,
     StepSkipped,
     ToolCallCompleted,
@@ -32,6 +33,7 @@ from helmline.contracts import (
     ToolCircuitChanged,
     ToolError,
     WorkspaceRestored,
+    call_digest,
     fold,
     new_event,
 )
@@ -313,3 +315,23 @@ def test_a_fork_runs_only_what_its_origin_had_not_done_once_its_workspace_is_res
     assert isinstance(scheduled, StepScheduled)
     assert scheduled.step_id == "b"
     assert fold(session.events).steps["a"].tool == "echo"
+
+
+def test_a_step_its_approved_plan_authorised_is_scheduled_as_authorised() -> None:
+    steps = (PlanStep(id="a", tool="echo"), PlanStep(id="b", tool="echo", depends_on=("a",)))
+    session = Session(Playbook(goal="g", steps=steps))
+    authorized = StepAuthorization(
+        step_id="a", call_digest=call_digest("echo", {}), risk="low", rule="the-rest"
+    )
+    (first,) = session.happen(
+        PlanApproved(revision=1, approved_by=ANA, authorized_steps=(authorized,))
+    )
+    assert isinstance(first, StepScheduled)
+    assert first.authorized_by_plan == 1
+    state = fold(session.events)
+    # The log says the call may run: the fold shows it as authorised, as a decision would.
+    assert (state.steps["a"].status, state.steps["a"].risk) == ("authorized", "low")
+    (second,) = session.complete("a")
+    assert isinstance(second, StepScheduled)
+    assert second.authorized_by_plan is None  # Not authorised with the plan: judged.
+    assert fold(session.events).steps["b"].status == "scheduled"

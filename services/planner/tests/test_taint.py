@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import JsonValue
 
 from helmline.contracts import (
     EXCERPT_CHARS,
@@ -16,9 +17,13 @@ from helmline.contracts import (
     ModelReply,
     ModelRequestRecord,
     Payload,
+    PlanApproved,
     SessionStarted,
+    StepAuthorization,
+    StepScheduled,
     ToolCallAuthorized,
     ToolCallCompleted,
+    call_digest,
     new_event,
 )
 from helmline.planner._taint import (
@@ -260,3 +265,29 @@ def test_a_result_that_forged_the_data_delimiters_is_a_suspected_injection() -> 
     plain = taint_of(reading(_log(forged)), {"path": "notes.md"})
     assert plain is not None
     assert not plain.after_injection_suspected
+
+
+def test_a_network_call_authorised_with_its_plan_also_makes_the_workspace_outside_content() -> None:
+    clone: dict[str, JsonValue] = {"command": "git clone https://example.org/repo ."}
+    approval = PlanApproved(
+        revision=1,
+        approved_by=Actor(id="policy"),
+        authorized_steps=(
+            StepAuthorization(
+                step_id="t2",
+                call_digest=call_digest("run_command", clone),
+                risk="high",
+                rule="clones",
+                network=True,
+            ),
+        ),
+    )
+    scheduled = StepScheduled(
+        step_id="t2", call_id="t2.1", tool="run_command", arguments=clone, authorized_by_plan=1
+    )
+    cloned = ToolCallCompleted(call_id="t2.1", step_id="t2", tool="run_command", output={})
+    after = _workspace_read("t3", "anything")
+    assert outside_results(_log(approval, scheduled, cloned, after)) == {"t2.1", "t3.1"}
+    # Scheduled otherwise than the plan authorised, the call is not authorised by it.
+    elsewhere = scheduled.model_copy(update={"arguments": {"command": "ls"}})
+    assert outside_results(_log(approval, elsewhere, cloned, after)) == set()

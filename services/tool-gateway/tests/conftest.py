@@ -17,9 +17,14 @@ from nats.js import JetStreamContext
 from helmline.contracts import (
     EVENTS_STREAM,
     TOOL_GATEWAY_CONSUMER,
+    Actor,
     ConsumerSpec,
+    Event,
     Payload,
+    PlanApproved,
     Risk,
+    StepAuthorization,
+    StepScheduled,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallFailed,
@@ -78,17 +83,22 @@ def write_servers_file(
     return path
 
 
+HANDLED = (ToolCallAuthorized, StepScheduled)
+"""What the gateway runs calls on: authorised calls, and steps their plan authorised."""
+
+
 def gateway_consumer(
     tenant: str, ack_wait_s: float = 30.0, session_id: str | None = None
 ) -> ConsumerSpec:
     """The gateway's consumer, for one tenant's calls only, or one session's."""
     if session_id is None:
-        durable, calls = f"gateway-{tenant}", event_type_filter(ToolCallAuthorized.TYPE, tenant)
+        durable = f"gateway-{tenant}"
+        calls = tuple(event_type_filter(kind.TYPE, tenant) for kind in HANDLED)
     else:
         durable = f"gateway-{tenant}-{session_id}"
-        calls = event_subject(tenant, session_id, ToolCallAuthorized.TYPE)
+        calls = tuple(event_subject(tenant, session_id, kind.TYPE) for kind in HANDLED)
     return TOOL_GATEWAY_CONSUMER.model_copy(
-        update={"durable": durable, "filter_subjects": (calls,), "ack_wait_s": ack_wait_s}
+        update={"durable": durable, "filter_subjects": calls, "ack_wait_s": ack_wait_s}
     )
 
 
@@ -179,6 +189,21 @@ class Calls:
             )
         )
         return call_id
+
+    async def approve_plan(self, *authorized: StepAuthorization, revision: int = 1) -> None:
+        """Record the approval of a plan revision that authorises these steps' calls."""
+        approval = PlanApproved(
+            revision=revision, approved_by=Actor(id="policy"), authorized_steps=authorized
+        )
+        await self.store.append(self._event(approval, "test/approval"))
+
+    async def schedule(self, scheduled: StepScheduled) -> str:
+        """Schedule a step as the planner would; its call id."""
+        await self.store.append(self._event(scheduled, "test/planner"))
+        return scheduled.call_id
+
+    def _event(self, payload: Payload, source: str) -> Event:
+        return new_event(payload, tenant=self.tenant, session_id=self.session_id, source=source)
 
     async def events(self, call_id: str) -> list[Payload]:
         return [

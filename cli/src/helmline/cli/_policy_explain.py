@@ -17,6 +17,7 @@ from helmline.contracts import (
     SessionState,
     ToolCallAuthorized,
     ToolCallDenied,
+    authorizations,
 )
 
 Recorded = ApprovalRequested | ToolCallAuthorized | ToolCallDenied
@@ -156,8 +157,10 @@ class _Decided:
 
 
 def _first_decision(events: Sequence[Event], call_id: str) -> _Decided | None:
+    # A step scheduled as its approved plan authorised it carries that decision.
+    authorized = {event.id: call for event, call in authorizations(events)}
     for position, event in enumerate(events):
-        data = event.data
+        data = authorized.get(event.id, event.data)
         if (
             isinstance(data, ApprovalRequested | ToolCallAuthorized | ToolCallDenied)
             and data.call_id == call_id

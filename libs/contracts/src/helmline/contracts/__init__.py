@@ -54,6 +54,7 @@ from helmline.contracts._catalogue import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepAuthorization,
     StepRetryDeferred,
     StepScheduled,
     StepSkipped,
@@ -72,6 +73,7 @@ from helmline.contracts._catalogue import (
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
+    call_digest,
 )
 from helmline.contracts._deadletters import DeadLetter
 from helmline.contracts._envelope import (
@@ -120,6 +122,7 @@ from helmline.contracts._state import (
     StepState,
     StepStatus,
     ThoughtState,
+    authorizations,
     evolve,
     fold,
 )
@@ -364,6 +367,7 @@ __all__ = [
     "SessionStarted",
     "SessionState",
     "SessionStatus",
+    "StepAuthorization",
     "StepId",
     "StepRetryDeferred",
     "StepScheduled",
@@ -402,7 +406,9 @@ __all__ = [
     "WorkspaceSnapshotsPruned",
     "WorkspaceSnapshotted",
     "api_key_subject",
+    "authorizations",
     "bounded_message",
+    "call_digest",
     "circuit_subject",
     "consumer_for",
     "critical_path_s",

@@ -7,7 +7,10 @@ type string, carried in the envelope. Type strings never change; a breaking chan
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
+from functools import cached_property
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, JsonValue, StringConstraints, model_validator
@@ -219,6 +222,34 @@ class PlanProposed(Payload):
         return self
 
 
+class StepAuthorization(Contract):
+    """Policy's verdict on a step's call, given with its plan: the call may run when it is
+    scheduled as the plan declares it, without being judged again (one durable decision
+    fewer on each step's path). Given only where the verdict cannot change before then: it
+    depends on no time window, no count of the session's calls, no taint and no person."""
+
+    step_id: StepId
+    """The step."""
+    call_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """`call_digest` of the tool and arguments the plan declares: a call scheduled with any
+    others is not authorised by this."""
+    risk: Risk
+    """The risk the decision was made at."""
+    rule: str = Field(min_length=1, max_length=256)
+    """The policy rule that allows the call."""
+    sandbox_profile: str | None = None
+    """Sandbox profile granted by the rule."""
+    network: bool = False
+    """Whether the call may use the network."""
+
+
+def call_digest(tool: str, arguments: Arguments) -> str:
+    """Identifies a call by its tool and arguments (in any key order): the SHA-256 of their
+    canonical JSON."""
+    canonical = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 class PlanApproved(Payload):
     """A plan revision may be executed, by policy or by a person."""
 
@@ -229,6 +260,32 @@ class PlanApproved(Payload):
     """The policy rule or person that approved it."""
     policy_hash: str | None = None
     """Hash of the policy in force when deciding."""
+    authorized_steps: tuple[StepAuthorization, ...] = ()
+    """The steps whose calls the policy allowed with the plan: each runs when scheduled
+    unchanged (`StepScheduled.authorized_by_plan`), without a `tool.call.authorized`. The
+    others are judged one by one when scheduled."""
+
+    @model_validator(mode="after")
+    def _authorizes_each_step_once(self) -> PlanApproved:
+        ids = [authorization.step_id for authorization in self.authorized_steps]
+        if len(ids) != len(set(ids)):
+            raise ValueError("authorized_steps names a step more than once")
+        return self
+
+    def authorization_of(
+        self, step_id: str, tool: str, arguments: Arguments
+    ) -> StepAuthorization | None:
+        """The plan's authorisation of the step's call with exactly this tool and these
+        arguments, if it gave one."""
+        authorization = self._authorizations_by_step.get(step_id)
+        if authorization is None or authorization.call_digest != call_digest(tool, arguments):
+            return None
+        return authorization
+
+    @cached_property
+    def _authorizations_by_step(self) -> dict[str, StepAuthorization]:
+        # Looked up once per step: a scan would make a long plan's steps cost its length.
+        return {authorization.step_id: authorization for authorization in self.authorized_steps}
 
 
 class PlanRejected(Payload):
@@ -558,6 +615,32 @@ class StepScheduled(Payload):
     """What untrusted content the model had read when it proposed the call, as its plan
     step records it; None when none was in its context (or a playbook or rollback made the
     call)."""
+    authorized_by_plan: int | None = Field(default=None, ge=1)
+    """The approved plan revision whose `authorized_steps` allowed this call: the tool
+    gateway runs it on this event, once it has checked that authorisation against the
+    call, and the approval service does not judge it. None: the call is judged when
+    scheduled (`tool.call.authorized` or another decision follows)."""
+
+    def authorized_by(self, approved: PlanApproved) -> ToolCallAuthorized | None:
+        """The call as `approved` authorised it: None unless this event names that plan
+        revision, and the plan authorised this step's call with exactly this tool and these
+        arguments."""
+        if self.authorized_by_plan != approved.revision or self.compensation_id is not None:
+            return None
+        authorization = approved.authorization_of(self.step_id, self.tool, self.arguments)
+        if authorization is None:
+            return None
+        return ToolCallAuthorized(
+            call_id=self.call_id,
+            step_id=self.step_id,
+            tool=self.tool,
+            arguments=self.arguments,
+            risk=authorization.risk,
+            rule=authorization.rule,
+            policy_hash=approved.policy_hash,
+            sandbox_profile=authorization.sandbox_profile,
+            network=authorization.network,
+        )
 
 
 class StepSkipped(Payload):

@@ -46,6 +46,7 @@ from helmline.contracts._catalogue import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepAuthorization,
     StepRetryDeferred,
     StepScheduled,
     StepSkipped,
@@ -64,6 +65,7 @@ from helmline.contracts._catalogue import (
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
+    call_digest,
 )
 from helmline.contracts._envelope import Event, new_event
 from helmline.contracts._exchanges import (
@@ -134,7 +136,19 @@ EXAMPLE_PAYLOADS: tuple[Payload, ...] = (
         confidence=1.0,
         permissions=("run_command", "write_file"),
     ),
-    PlanApproved(revision=1, approved_by=_POLICY),
+    PlanApproved(
+        revision=1,
+        approved_by=_POLICY,
+        policy_hash="sha256:9f2c",
+        authorized_steps=(
+            StepAuthorization(
+                step_id="write",
+                call_digest=call_digest(_WRITE.tool, _WRITE.arguments),
+                risk="medium",
+                rule="workspace-writes",
+            ),
+        ),
+    ),
     PlanRejected(revision=1, reason="plans touching production need a person", rejected_by=_POLICY),
     ModelExchangeRecorded(
         turn=1,

@@ -12,7 +12,7 @@ whole state per event; `evolve` is the same fold over a single event.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal, TypeVar, assert_never, get_args
@@ -120,7 +120,7 @@ StepStatus = Literal[
 IN_FLIGHT_STEPS: frozenset[StepStatus] = frozenset({"scheduled", "authorized", "running"})
 """Statuses of a step whose call may still run (or is still being decided on)."""
 
-FOLD_VERSION = 4
+FOLD_VERSION = 5
 """Bump whenever the fold yields a different state for the same events: folded states stored
 by another version are then ignored (the field layout is checked on its own)."""
 
@@ -407,6 +407,9 @@ class SessionState:
     """Latest proposed plan revision; 0 before any plan."""
     plan_approved_revision: int = 0
     """Latest approved plan revision; 0 before approval."""
+    plan_approval: PlanApproved | None = None
+    """The approval of the plan in force, with the steps it authorised; None while a
+    revision waits for one."""
     plan_confidence: float | None = None
     """Confidence of the latest plan."""
     plan_estimated_duration_s: float | None = None
@@ -535,6 +538,25 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
     for event in events:
         folding.apply(event)
     return folding.state()
+
+
+def authorizations(events: Iterable[Event]) -> Iterator[tuple[Event, ToolCallAuthorized]]:
+    """Each call authorised among a session's `events` (oldest first), with the event that
+    authorised it: a `tool.call.authorized`, or a step scheduled as its approved plan
+    authorised it (`StepScheduled.authorized_by`), which is the same decision."""
+    approval: PlanApproved | None = None
+    for event in events:
+        match event.data:
+            case ToolCallAuthorized() as decided:
+                yield event, decided
+            case PlanApproved() as approval:
+                pass
+            case StepScheduled(authorized_by_plan=int()) as scheduled if approval is not None:
+                by_plan = scheduled.authorized_by(approval)
+                if by_plan is not None:
+                    yield event, by_plan
+            case _:
+                pass
 
 
 def evolve(state: SessionState, event: Event) -> SessionState:
@@ -717,15 +739,16 @@ class SessionFold:
                 self.own("calls")[data.call_id] = data.step_id
                 if v["status"] == "planning":
                     self.set_status("executing")
-            case ToolCallAuthorized():
-                self.update_call(
-                    data.call_id,
-                    data.step_id,
-                    status="authorized",
-                    arguments=data.arguments,
-                    risk=data.risk,
+                approved = v["plan_approval"]
+                authorized = (
+                    data.authorized_by(approved)
+                    if data.authorized_by_plan is not None and approved is not None
+                    else None
                 )
-                self._count_similar_use(data)
+                if authorized is not None:
+                    self._authorize(authorized)
+            case ToolCallAuthorized():
+                self._authorize(data)
             case ToolCallStarted():
                 self.update_call(data.call_id, data.step_id, status="running")
             case ToolCallCompleted():
@@ -873,6 +896,7 @@ class SessionFold:
                 v["plan_confidence"] = data.confidence
                 v["plan_reasoning"] = data.reasoning
                 v["plan_rejection"] = None
+                v["plan_approval"] = None
                 v["plan_estimated_duration_s"] = data.estimated_duration_s
                 v["plan_permissions"] = data.permissions
                 if data.completion_criteria:
@@ -882,6 +906,7 @@ class SessionFold:
                 self.set_status("planning")
             case PlanApproved():
                 v["plan_approved_revision"] = data.revision
+                v["plan_approval"] = data
                 self.set_status("executing")
             case PlanRejected():
                 v["plan_rejection"] = data.reason
@@ -1075,6 +1100,17 @@ class SessionFold:
         if self.v["status"] == "waiting" and not self._any_pending_approval():
             self.v["status"] = "paused" if self.v["pause_requested"] else "executing"
         return True
+
+    def _authorize(self, authorized: ToolCallAuthorized) -> None:
+        """A call may run: authorised when scheduled, by its approved plan, or on its own."""
+        self.update_call(
+            authorized.call_id,
+            authorized.step_id,
+            status="authorized",
+            arguments=authorized.arguments,
+            risk=authorized.risk,
+        )
+        self._count_similar_use(authorized)
 
     def _count_similar_use(self, authorized: ToolCallAuthorized) -> None:
         # A later call authorised under a standing "approve similar" grant uses it up.

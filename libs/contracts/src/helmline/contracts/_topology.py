@@ -453,8 +453,10 @@ APPROVAL_CONSUMER = consumer_for(
 )
 TOOL_GATEWAY_CONSUMER = consumer_for(
     "tool-gateway",
-    (ToolCallAuthorized,),
-    "Validates authorised calls, runs pure tools, hands the rest to the sandbox.",
+    # A step whose call its approved plan authorised runs when scheduled.
+    (ToolCallAuthorized, StepScheduled),
+    "Validates authorised calls (and calls scheduled as their approved plan authorised "
+    "them), runs pure tools, hands the rest to the sandbox.",
 )
 SANDBOX_CONSUMER = consumer_for(
     "sandbox",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,9 +25,11 @@ from helmline.contracts import (
     ArgumentCondition,
     Event,
     Payload,
+    PlanApproved,
     PlanProposed,
     PlanStep,
     Playbook,
+    StepAuthorization,
     StepId,
     new_event,
 )
@@ -139,6 +142,13 @@ def _for_field(name: str, info: FieldInfo) -> st.SearchStrategy[Any]:
     return _for_annotation(info.annotation, list(info.metadata), name)
 
 
+def _fields_of(model: type[BaseModel], *, but: str) -> dict[str, st.SearchStrategy[Any]]:
+    """Strategies for every field of `model` except `but`, which its caller draws."""
+    return {
+        name: _for_field(name, info) for name, info in model.model_fields.items() if name != but
+    }
+
+
 def _for_model(model: type[BaseModel]) -> st.SearchStrategy[Any]:
     fields = {name: _for_field(name, info) for name, info in model.model_fields.items()}
     return st.fixed_dictionaries(fields).map(lambda values: model.model_validate(values))
@@ -161,19 +171,30 @@ def _playbooks(draw: st.DrawFn) -> Playbook:
 @st.composite
 def _plans(draw: st.DrawFn) -> PlanProposed:
     # A plan requires at most as many criteria as it declares, which no annotation tells.
-    fields = {
-        name: _for_field(name, info)
-        for name, info in PlanProposed.model_fields.items()
-        if name != "criteria_required"
-    }
-    values = draw(st.fixed_dictionaries(fields))
+    values = draw(st.fixed_dictionaries(_fields_of(PlanProposed, but="criteria_required")))
     declared = len(values["completion_criteria"])
     required = draw(st.none() | st.integers(1, declared)) if declared else None
     return PlanProposed.model_validate({**values, "criteria_required": required})
 
 
+@st.composite
+def _plan_approvals(draw: st.DrawFn) -> PlanApproved:
+    # A plan authorises each step once, which no annotation tells.
+    values = draw(st.fixed_dictionaries(_fields_of(PlanApproved, but="authorized_steps")))
+    authorized = draw(
+        st.lists(_for_model(StepAuthorization), max_size=3, unique_by=lambda a: a.step_id)
+    )
+    return PlanApproved.model_validate({**values, "authorized_steps": tuple(authorized)})
+
+
+_STRATEGIES: dict[type[Payload], Callable[[], st.SearchStrategy[Any]]] = {
+    PlanProposed: _plans,
+    PlanApproved: _plan_approvals,
+}
+"""Payloads with rules across fields, drawn by their own strategies."""
+
 payloads: st.SearchStrategy[Payload] = st.one_of(
-    *(_plans() if c is PlanProposed else _for_model(c) for c in PAYLOAD_CLASSES)
+    *(_STRATEGIES[c]() if c in _STRATEGIES else _for_model(c) for c in PAYLOAD_CLASSES)
 )
 """A payload of any event type of the catalogue."""
 

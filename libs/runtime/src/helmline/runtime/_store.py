@@ -472,6 +472,20 @@ class EventStore:
         )
         return stored
 
+    async def read_last(self, tenant: str, session_id: str, event_type: str) -> StoredEvent | None:
+        """The session's last event of one type (from the stream's leader: current on a
+        cluster too); None when it has none."""
+        subject = event_subject(tenant, session_id, event_type)
+        try:
+            message = await through_elections(lambda: self._js.get_last_msg(self._stream, subject))
+        except NotFoundError:
+            return None
+        if message.seq is None or message.data is None:
+            return None
+        found: list[StoredEvent] = []
+        _deliver_stored(message.seq, message.data, subject, found.append)
+        return found[0] if found else None
+
     async def log_end(self) -> int:
         """Sequence of the last event of any session; 0 when the log is empty."""
         return await self._last_seq_matching(ALL_EVENTS)

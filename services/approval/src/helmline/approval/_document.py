@@ -113,7 +113,7 @@ class TimeWindow(_Strict):
         start_h, start_m, end_h, end_m = parts
         if start_h > 23 or start_m > 59 or end_m > 59 or end_h > 24 or (end_h == 24 and end_m):
             raise ValueError(f"{hours!r} names a time of day that does not exist")
-        if (start_h, start_m) == (end_h % 24, end_m):
+        if (start_h, start_m) == (end_h, end_m):
             raise ValueError(f"{hours!r} is empty: a whole day is 00:00-24:00")
         return hours
 

@@ -108,11 +108,9 @@ class ApprovalHandler:
         match data:
             case PlanProposed():
                 earlier = await self._earlier_steps(event, data)
-                if policy.document.plan_approval is None and earlier is None:
-                    await self._append(event, judge_plan(data, policy))
-                    return
-                # A step whose tool requires a permission the requester lacks is refused
-                # when scheduled: people are not asked about it with the plan.
+                # A step whose tool requires a permission the requester lacks is neither
+                # authorised with the plan nor asked about with it: it is refused when
+                # scheduled.
                 needs_requester = any(policy.needs_requester(step.tool) for step in data.steps)
                 requester = await self._requester(event) if needs_requester else None
                 decisions = judge_plan(
@@ -124,6 +122,8 @@ class ApprovalHandler:
                     earlier=earlier,
                 )
                 await self._append(event, decisions)
+            case StepScheduled() if data.authorized_by_plan is not None:
+                pass  # Its approved plan authorised it: the tool gateway runs it.
             case StepScheduled():
                 if delivery.maybe_handled and await self._already_judged(event, data):
                     return

@@ -48,10 +48,12 @@ from helmline.contracts import (
     PlanRejected,
     PlanStep,
     SessionState,
+    StepAuthorization,
     StepScheduled,
     ToolCallAuthorized,
     ToolCallDenied,
     ToolCallFailed,
+    call_digest,
 )
 from helmline.runtime import ArgumentChecker, StoredEvent, unknown_arguments
 
@@ -115,18 +117,28 @@ def judge_plan(
     Tool output never adds steps on its own: given the steps of the session's `earlier`
     plans (a plan-mode session's replan), a revision that adds steps changing something
     after the model read content flagged as a suspected injection (`steered_steps`) waits
-    for a person, whatever the policy's plan approval says."""
-    approved = [
-        Decision(
-            PlanApproved(revision=proposed.revision, approved_by=POLICY, policy_hash=policy.hash),
-            f"plan.approved/{proposed.revision}",
-        )
-    ]
+    for a person, whatever the policy's plan approval says.
+
+    Judged at `now`, the approval authorises the calls of the steps that the policy allows
+    whenever they are scheduled (`_authorized_steps`): those run without a decision of
+    their own."""
+    judged = _judged_steps(proposed, policy, tenant, requester, now) if now is not None else []
+    approval = PlanApproved(
+        revision=proposed.revision,
+        approved_by=POLICY,
+        policy_hash=policy.hash,
+        authorized_steps=_authorized_steps(judged, policy, tenant),
+    )
+    approved = [Decision(approval, f"plan.approved/{proposed.revision}")]
     steered = steered_steps(proposed, earlier, policy) if earlier is not None else []
     terms = policy.document.plan_approval
     if now is None or (terms is None and not steered):
         return approved
-    risky = _risky_steps(proposed, policy, tenant, requester, now)
+    risky = [
+        (step.id, step.tool, verdict)
+        for step, verdict in judged
+        if verdict.effect == "require_approval"
+    ]
     if steered:
         return [Decision(_steered_request(proposed, steered, risky, policy, now), _asked(proposed))]
     if not risky or terms is None:
@@ -182,11 +194,11 @@ def _asked(proposed: PlanProposed) -> str:
     return f"plan.asked/{proposed.revision}"
 
 
-def _risky_steps(
+def _judged_steps(
     proposed: PlanProposed, policy: Policy, tenant: str, requester: Actor | None, now: datetime
-) -> list[tuple[str, str, Verdict]]:
-    """The plan's steps that would wait for a person when scheduled."""
-    risky = []
+) -> list[tuple[PlanStep, Verdict]]:
+    """The plan's steps, each with the verdict its call would get if scheduled `now`."""
+    judged = []
     for step in proposed.steps:
         verdict = policy.judge(
             tenant=tenant,
@@ -195,13 +207,44 @@ def _risky_steps(
             declared_risk=step.risk,
             requester=requester,
             at=now,
+            hosts=step.hosts,
             taint=step.taint,
         )
         if step.requires_approval:
             verdict = as_the_plan_asks(verdict, policy)
-        if verdict.effect == "require_approval":
-            risky.append((step.id, step.tool, verdict))
-    return risky
+        judged.append((step, verdict))
+    return judged
+
+
+def _authorized_steps(
+    judged: Iterable[tuple[PlanStep, Verdict]], policy: Policy, tenant: str
+) -> tuple[StepAuthorization, ...]:
+    """The steps whose calls the policy allows now and would allow whenever scheduled: the
+    verdict is an outright allow (no person, nothing lacking), no rule that may decide the
+    tool reads the time or counts calls, the model read nothing untrusted before proposing
+    it, and its arguments are valid. Anything else is judged when scheduled."""
+    authorized = []
+    for step, verdict in judged:
+        spec = policy.tools.get(step.tool)
+        if (
+            verdict.effect == "allow"
+            and not verdict.missing
+            and step.taint is None
+            and spec is not None
+            and _ARGUMENTS.problem(spec, step.arguments) is None
+            and policy.judges_alike_whenever(tenant=tenant, tool=step.tool)
+        ):
+            authorized.append(
+                StepAuthorization(
+                    step_id=step.id,
+                    call_digest=call_digest(step.tool, step.arguments),
+                    risk=verdict.risk,
+                    rule=verdict.rule,
+                    sandbox_profile=verdict.sandbox_profile,
+                    network=verdict.network,
+                )
+            )
+    return tuple(authorized)
 
 
 def _steered_request(

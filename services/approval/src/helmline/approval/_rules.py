@@ -601,6 +601,9 @@ class Policy:
             _CANDIDATE_CACHE_LIMIT
         )
         self._counts_calls = any(rule.at_most is not None for rule in document.rules)
+        self._times_or_counts = self._counts_calls or any(
+            rule.during is not None for rule in document.rules
+        )
         self._counted_spans: LRUCache[tuple[str, str], timedelta | None] = LRUCache(
             _CANDIDATE_CACHE_LIMIT
         )
@@ -624,25 +627,42 @@ class Policy:
             return None  # Most policies: no read, and not even a lookup, on the steps' path.
         key = (tenant, tool)
         if key not in self._counted_spans:
-            facts = self.facts(
-                tenant=tenant,
-                tool=tool,
-                arguments={},
-                declared_risk=None,
-                requester=None,
-                at=datetime.now(UTC),
-            )
-            candidates = self._candidates_for(facts) if facts is not None else ()
             self._counted_spans[key] = max(
                 (
-                    rule.verdict_template.at_most.per
-                    for block in candidates
-                    for rule in block.rules
-                    if rule.verdict_template.at_most is not None
+                    rule.at_most.per
+                    for rule in self._rules_for(tenant=tenant, tool=tool)
+                    if rule.at_most is not None
                 ),
                 default=None,
             )
         return self._counted_spans[key]
+
+    def judges_alike_whenever(self, *, tenant: str, tool: str) -> bool:
+        """Whether a call of `tool` in `tenant` is judged the same at any time and after any
+        other calls: no rule that may decide it has a time window (`during`) or counts the
+        session's calls (`at_most`). Such a call's verdict, given with its plan, holds when
+        it is scheduled."""
+        if not self._times_or_counts:
+            return True
+        return not any(
+            rule.during is not None or rule.at_most is not None
+            for rule in self._rules_for(tenant=tenant, tool=tool)
+        )
+
+    def _rules_for(self, *, tenant: str, tool: str) -> list[RuleDocument]:
+        """The rules that may decide a call of `tool` in `tenant` (those whose conditions on
+        tenant, tool and server hold), in order."""
+        # Only the conditions on tenant, tool and server are read: the rest may be anything.
+        facts = self.facts(
+            tenant=tenant,
+            tool=tool,
+            arguments={},
+            declared_risk=None,
+            requester=None,
+            at=datetime.now(UTC),
+        )
+        candidates = self._candidates_for(facts) if facts is not None else ()
+        return [rule.verdict_template for block in candidates for rule in block.rules]
 
     def approval_terms(self, rule: str | None) -> Approval | None:
         """The approval terms of requests made under a rule, by name: a require_approval

@@ -157,7 +157,7 @@ def _advance(
             _status(state, d, skipping) == "succeeded" for d in step.depends_on
         ):
             # A step a rollback undid runs again as a new attempt (a new call).
-            decisions.append(_schedule(step, attempt=step.attempts + 1))
+            decisions.append(_schedule(state, step, attempt=step.attempts + 1))
     scheduled = any(isinstance(d.payload, StepScheduled) for d in decisions)
     if not scheduled and all(s.status in DONE or s.id in skipping for s in state.steps.values()):
         succeeded = sum(1 for s in state.steps.values() if s.status == "succeeded")
@@ -173,8 +173,16 @@ def _status(state: SessionState, step_id: str, skipping: set[str]) -> str:
     return step.status if step else "missing"
 
 
-def _schedule(step: StepState, attempt: int) -> Decision:
+def _schedule(state: SessionState, step: StepState, attempt: int) -> Decision:
+    """The step's next attempt, saying so when its approved plan authorised the call (it
+    then runs without a decision of its own)."""
     call_id = f"{step.id}.{attempt}"
+    approval = state.plan_approval
+    authorized = (
+        approval is not None
+        and not step.requires_approval
+        and approval.authorization_of(step.id, step.tool, step.arguments) is not None
+    )
     scheduled = StepScheduled(
         step_id=step.id,
         call_id=call_id,
@@ -185,6 +193,7 @@ def _schedule(step: StepState, attempt: int) -> Decision:
         requires_approval=step.requires_approval,
         hosts=step.hosts,
         taint=step.taint,
+        authorized_by_plan=approval.revision if approval is not None and authorized else None,
     )
     return Decision(scheduled, f"step/{step.id}/{attempt}")
 
@@ -194,7 +203,7 @@ def _after_failure(state: SessionState, failed: ToolCallFailed) -> list[Decision
     if step is None or step.call_id != failed.call_id:
         return []
     if step.error is not None and step.error.retryable and step.attempts < MAX_ATTEMPTS:
-        return [_schedule(step, attempt=step.attempts + 1)]
+        return [_schedule(state, step, attempt=step.attempts + 1)]
     reason = f"step {step.id!r} failed: {failed.error.message}"
     return [Decision(SessionFailed(reason=reason, step_id=step.id), _once(state, "end"))]
 

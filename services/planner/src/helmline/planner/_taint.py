@@ -33,8 +33,8 @@ from helmline.contracts import (
     ModelExchangeRecorded,
     SessionStarted,
     TaintSource,
-    ToolCallAuthorized,
     ToolCallCompleted,
+    authorizations,
 )
 from helmline.runtime import NEUTRALISED
 
@@ -106,11 +106,11 @@ def outside_results(log: Sequence[Event]) -> frozenset[str]:
     tool, which may read back what came in. A rollback past that call does not make the
     workspace trusted again: what else the call left is not known."""
     outside: set[str] = set()
+    networked = {event.id for event, call in authorizations(log) if call.network}
     filled = False
     for event in log:
+        filled = filled or event.id in networked
         match event.data:
-            case ToolCallAuthorized(network=True):
-                filled = True
             case ToolCallCompleted(call_id=call_id, tool=tool) as done if done.untrusted or (
                 filled and _in_sandbox(tool)
             ):

@@ -31,6 +31,7 @@ from helmline.contracts import (
     Event,
     InverseCall,
     Risk,
+    StepScheduled,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
@@ -59,6 +60,7 @@ from helmline.tool_gateway._config import RateLimit
 from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
+from helmline.tool_gateway._plans import PlanApprovals
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import RawOutputs, raw_output_name
 from helmline.tool_gateway._registry import rate_limit_of
@@ -117,10 +119,11 @@ class GatewayHandler:
         self._max_output_bytes = max_output_bytes
         self._limits_by_risk = limits_by_risk or {}
         self._checker = ArgumentChecker()
+        self._plans = PlanApprovals(store)
 
     async def __call__(self, delivery: Delivery) -> None:
-        call = delivery.event.data
-        if not isinstance(call, ToolCallAuthorized):
+        call = await self._authorized_call(delivery.event)
+        if call is None:
             return
         if call.tool not in self._federation.tools:
             # A federated tool whose server is not connected (yet: the gateway may have just
@@ -142,6 +145,27 @@ class GatewayHandler:
             await self._store.append(delivery.event.derive(next_step, source=SOURCE))
             return
         await self._run_on_server(delivery, call, next_step.tool)
+
+    async def _authorized_call(self, event: Event) -> ToolCallAuthorized | None:
+        """The call to run on `event`: an authorised call, or a step scheduled as its
+        approved plan authorised it. A step that claims an authorisation its plan's approval
+        does not hold is failed, not run (nor judged: the approval service leaves it here)."""
+        match event.data:
+            case ToolCallAuthorized() as call:
+                return call
+            case StepScheduled(authorized_by_plan=int(revision)) as scheduled:
+                authorized = await self._plans.authorized_call(event, scheduled)
+                if authorized is None:
+                    refusal = ToolError(
+                        kind="permission",
+                        message=f"the call was scheduled as authorised by plan revision "
+                        f"{revision}, whose approval does not authorise it",
+                        suggestion="report it: the planner and the approval disagree",
+                    )
+                    await self._record(event, _refused(scheduled, refusal))
+                return authorized
+            case _:
+                return None
 
     async def _run_on_server(
         self, delivery: Delivery, call: ToolCallAuthorized, tool: ToolSpec
@@ -360,6 +384,12 @@ class GatewayHandler:
             return await self._store.append(cause.derive(data, source=SOURCE, key=key))
         except Exception as error:
             raise RetryableError(f"could not record {data.TYPE} of {cause.id}") from error
+
+
+def _refused(scheduled: StepScheduled, error: ToolError) -> ToolCallFailed:
+    return ToolCallFailed(
+        call_id=scheduled.call_id, step_id=scheduled.step_id, tool=scheduled.tool, error=error
+    )
 
 
 _UNKNOWN_OUTCOME = ToolError(
