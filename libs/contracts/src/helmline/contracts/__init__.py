@@ -123,6 +123,7 @@ from helmline.contracts._state import (
     evolve,
     fold,
 )
+from helmline.contracts._tables import Table, Vector
 from helmline.contracts._taint import EXCERPT_CHARS, CallTaint, TaintKind, TaintSource
 from helmline.contracts._tools import (
     BUILTIN_SERVER,
@@ -372,6 +373,7 @@ __all__ = [
     "StepStatus",
     "StreamLimitApproaching",
     "StreamSpec",
+    "Table",
     "TaintKind",
     "TaintSource",
     "TenantId",
@@ -398,6 +400,7 @@ __all__ = [
     "UnknownSchemaVersion",
     "Upcaster",
     "UpcasterRegistry",
+    "Vector",
     "WorkspaceRestored",
     "WorkspaceSnapshotsPruned",
     "WorkspaceSnapshotted",
