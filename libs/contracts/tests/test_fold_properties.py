@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
 from helmline.contracts import (
     Actor,
@@ -16,6 +17,7 @@ from helmline.contracts import (
     SessionCompleted,
     SessionFold,
     SessionStarted,
+    SessionState,
     StepScheduled,
     ThoughtRecorded,
     ToolCallAuthorized,
@@ -77,6 +79,29 @@ def test_states_taken_during_a_fold_never_change_afterwards(events: list[Event])
         taken.append(folding.state())
     for index, state in enumerate(taken):
         assert state == fold(events[: index + 1])
+
+
+STATES = TypeAdapter(SessionState)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=sessions(), data=st.data())
+def test_folding_on_from_a_state_changes_neither_it_nor_another_branch(
+    events: list[Event], data: st.DataObject
+) -> None:
+    # A state shares its tables with every state folded on from it: a write that reached a
+    # shared part would show in the state before, or in a branch folded from it as well.
+    cut = data.draw(st.integers(min_value=0, max_value=len(events)))
+    before = fold(events[:cut])
+    states, shown = [before], [STATES.dump_json(before)]
+    for event in events[cut:]:
+        states.append(evolve(states[-1], event))
+        shown.append(STATES.dump_json(states[-1]))
+    fold(reversed(events[cut:]), before)
+    for state in states[:-1]:
+        fold(events[cut:], state)
+    assert [STATES.dump_json(state) for state in states] == shown
+    assert states[-1] == fold(events)
 
 
 def _three_steps_run() -> list[Event]:

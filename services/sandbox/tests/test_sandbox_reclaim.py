@@ -21,6 +21,7 @@ from helmline.contracts import (
     SessionCompleted,
     SessionState,
     StepState,
+    Table,
     ToolCallCompleted,
     ToolCallFailed,
     ToolCallStarted,
@@ -190,7 +191,7 @@ def test_workspaces_a_crash_left_half_removed_are_deleted_at_start(tmp_path: Pat
 ENDED = SessionState(
     status="completed",
     latest_snapshot_id="snap-9",
-    steps={"a": StepState(id="a", status="succeeded")},
+    steps=Table({"a": StepState(id="a", status="succeeded")}),
 )
 
 
@@ -206,20 +207,22 @@ def ended(**changes: Any) -> SessionState:
         (ended(status="paused"), Keep("the session was reopened")),
         (
             ended(
-                rollbacks={
-                    "rb": RollbackState(
-                        rollback_id="rb", checkpoint_id="cp", requested_by=ANA, status="running"
-                    )
-                }
+                rollbacks=Table(
+                    {
+                        "rb": RollbackState(
+                            rollback_id="rb", checkpoint_id="cp", requested_by=ANA, status="running"
+                        )
+                    }
+                )
             ),
             Keep("a rollback is under way"),
         ),
-        (ended(steps={"b": StepState(id="b", status="running")}), Wait("step b")),
-        (ended(steps={"b": StepState(id="b", status="authorized")}), Wait("step b")),
-        (ended(steps={"b": StepState(id="b", status="scheduled")}), Reclaim("snap-9")),
+        (ended(steps=Table({"b": StepState(id="b", status="running")})), Wait("step b")),
+        (ended(steps=Table({"b": StepState(id="b", status="authorized")})), Wait("step b")),
+        (ended(steps=Table({"b": StepState(id="b", status="scheduled")})), Reclaim("snap-9")),
         (ended(latest_snapshot_id=None), Keep("no snapshot holds the workspace")),
         (
-            ended(unrestorable_snapshots={"snap-9": "above the cap"}),
+            ended(unrestorable_snapshots=Table({"snap-9": "above the cap"})),
             Keep("its latest snapshot snap-9 was not stored: above the cap"),
         ),
     ],

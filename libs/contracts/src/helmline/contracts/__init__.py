@@ -126,6 +126,7 @@ from helmline.contracts._state import (
     evolve,
     fold,
 )
+from helmline.contracts._tables import Table, Vector
 from helmline.contracts._taint import EXCERPT_CHARS, CallTaint, TaintKind, TaintSource
 from helmline.contracts._tools import (
     BUILTIN_SERVER,
@@ -376,6 +377,7 @@ __all__ = [
     "StepStatus",
     "StreamLimitApproaching",
     "StreamSpec",
+    "Table",
     "TaintKind",
     "TaintSource",
     "TenantId",
@@ -402,6 +404,7 @@ __all__ = [
     "UnknownSchemaVersion",
     "Upcaster",
     "UpcasterRegistry",
+    "Vector",
     "WorkspaceRestored",
     "WorkspaceSnapshotsPruned",
     "WorkspaceSnapshotted",

@@ -5,9 +5,11 @@ event that does not fit the state it meets (a result for a step never planned, a
 terminal event) is absorbed as well as it can be, because the log is the truth and a fold
 that refuses part of it would hide facts.
 
-States are frozen and never change once returned. Folding many events works on one private
-working copy, so replaying a long session costs O(1) per event rather than a copy of the
-whole state per event; `evolve` is the same fold over a single event.
+States are frozen and never change once returned. What grows with a session is persistent:
+its steps, calls, approval requests, rollbacks and unrestorable snapshots are `Table`s, its
+checkpoints and thoughts `Vector`s. A state one event later shares all but what changed with
+the state before, so folding one more event (`evolve`) costs the same in a session of
+10,000 steps as in one of 200.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ from helmline.contracts._catalogue import (
 from helmline.contracts._envelope import Event
 from helmline.contracts._exchanges import CriterionResult
 from helmline.contracts._plans import PlanStep
+from helmline.contracts._tables import Table, Vector
 from helmline.contracts._taint import CallTaint
 from helmline.contracts._tools import ToolEffect
 from helmline.contracts._values import (
@@ -381,6 +384,11 @@ def _tallied(
     return (*tallies[:index], after, *tallies[index + 1 :])
 
 
+_NOTHING_YET: Vector[Any] = Vector()
+"""The checkpoints and thoughts of a new session: a default, not a factory, so that the
+state's JSON Schema shows it (as `[]`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionState:
     """Everything known about a session, folded from its events. Never mutate its containers."""
@@ -420,17 +428,17 @@ class SessionState:
     """Reasoning behind the latest plan."""
     plan_rejection: str | None = None
     """Why the latest plan was rejected, if it was."""
-    steps: dict[str, StepState] = field(default_factory=dict)
+    steps: Table[str, StepState] = field(default_factory=Table)
     """Steps by id, in plan order."""
-    calls: dict[str, str] = field(default_factory=dict)
+    calls: Table[str, str] = field(default_factory=Table)
     """Step id of every tool call ever scheduled, by call id."""
-    approvals: dict[str, ApprovalState] = field(default_factory=dict)
+    approvals: Table[str, ApprovalState] = field(default_factory=Table)
     """Approval requests by id."""
-    checkpoints: tuple[CheckpointState, ...] = ()
+    checkpoints: Vector[CheckpointState] = _NOTHING_YET
     """Checkpoints in the order they were made."""
-    rollbacks: dict[str, RollbackState] = field(default_factory=dict)
+    rollbacks: Table[str, RollbackState] = field(default_factory=Table)
     """Rollbacks by id."""
-    thoughts: tuple[ThoughtState, ...] = ()
+    thoughts: Vector[ThoughtState] = _NOTHING_YET
     """The planner's thoughts in order."""
     latest_snapshot_id: str | None = None
     """The newest workspace snapshot."""
@@ -440,7 +448,7 @@ class SessionState:
     """What that call changed in the workspace."""
     initial_snapshot_id: str | None = None
     """The workspace before the session first changed it (the sandbox's first snapshot)."""
-    unrestorable_snapshots: dict[str, str] = field(default_factory=dict)
+    unrestorable_snapshots: Table[str, str] = field(default_factory=Table)
     """Snapshots whose contents were not stored, with why: the workspace cannot return to
     them."""
     pause_requested: bool = False
@@ -564,9 +572,6 @@ def evolve(state: SessionState, event: Event) -> SessionState:
     return fold((event,), state)
 
 
-_DICTS = ("steps", "calls", "approvals", "rollbacks")
-"""The fold's dicts, which states handed out share with it until it writes to them."""
-
 Record = TypeVar("Record", "StepState", "ApprovalState", "RollbackState")
 
 
@@ -587,55 +592,42 @@ _STATE_FIELDS = tuple(f.name for f in fields(SessionState))
 
 
 class SessionFold:
-    """A fold in progress: events are applied one by one to a private working copy.
+    """A fold in progress: events are applied one by one.
 
     For replaying a stream without keeping its events: apply each as it arrives, then take
-    `state()`. The starting state is never changed.
+    `state()`. The starting state is never changed: each write makes a new table or vector
+    that shares the rest with the one before.
     """
 
     __slots__ = (
         "approvals",
         "calls",
         "checkpoints",
-        "checkpoints_added",
         "fresh_steps",
         "rollbacks",
-        "shared",
         "steps",
         "thoughts",
-        "thoughts_added",
         "v",
     )
 
     def __init__(self, state: SessionState | None = None) -> None:
         state = state or SessionState()
-        # Scalars live in `v`; the input state's dicts are shared until first written to.
+        # Scalars (and the tables only rarely written to) live in `v`.
         self.v: dict[str, Any] = {name: getattr(state, name) for name in _STATE_FIELDS}
-        self.steps: dict[str, StepState] = state.steps
-        self.calls: dict[str, str] = state.calls
-        self.approvals: dict[str, ApprovalState] = state.approvals
-        self.rollbacks: dict[str, RollbackState] = state.rollbacks
-        self.checkpoints: tuple[CheckpointState, ...] = state.checkpoints
-        self.thoughts: tuple[ThoughtState, ...] = state.thoughts
-        # Appended here, joined to the tuples above when a state is taken: once per state,
-        # not once per checkpoint (which made a replay's cost grow with its square).
-        self.checkpoints_added: list[CheckpointState] = []
-        self.thoughts_added: list[ThoughtState] = []
-        self.shared: set[str] = set(_DICTS)
+        self.steps: Table[str, StepState] = state.steps
+        self.calls: Table[str, str] = state.calls
+        self.approvals: Table[str, ApprovalState] = state.approvals
+        self.rollbacks: Table[str, RollbackState] = state.rollbacks
+        self.checkpoints: Vector[CheckpointState] = state.checkpoints
+        self.thoughts: Vector[ThoughtState] = state.thoughts
         # Step records this fold made since it last handed out a state: no state holds
         # them, so they are changed in place (a replay updates each step four times or so).
         self.fresh_steps: set[str] = set()
 
     def state(self) -> SessionState:
-        """The state after every event applied so far.
-
-        The state shares its dicts with this fold until the fold next writes to one, which
-        it then copies first (copy on write, dict by dict): taking a state after every event
-        stays cheap, and a state handed out never changes.
-        """
-        self.shared = set(_DICTS)
+        """The state after every event applied so far: cheap to take after every event, as
+        the tables are shared, not copied."""
         self.fresh_steps = set()
-        self.join_added()
         return SessionState(
             **{
                 **self.v,
@@ -647,23 +639,6 @@ class SessionFold:
                 "thoughts": self.thoughts,
             }
         )
-
-    def join_added(self) -> None:
-        """Join the checkpoints and thoughts appended since the last join to their tuples."""
-        if self.checkpoints_added:
-            self.checkpoints += tuple(self.checkpoints_added)
-            self.checkpoints_added.clear()
-        if self.thoughts_added:
-            self.thoughts += tuple(self.thoughts_added)
-            self.thoughts_added.clear()
-
-    def own(self, name: str) -> dict[str, Any]:
-        """The dict `name`, to write to: copied first if a state handed out shares it."""
-        if name in self.shared:
-            self.shared.discard(name)
-            setattr(self, name, dict(getattr(self, name)))
-        mine: dict[str, Any] = getattr(self, name)
-        return mine
 
     @property
     def terminal(self) -> bool:
@@ -688,14 +663,18 @@ class SessionFold:
             for name, value in changes.items():
                 object.__setattr__(step, name, value)
             return
-        self.own("steps")[step_id] = _copy_with(step or StepState(id=step_id), **changes)
+        self.steps = self.steps.set(step_id, _copy_with(step or StepState(id=step_id), **changes))
         self.fresh_steps.add(step_id)
+
+    def set_approval(self, request: ApprovalState) -> None:
+        self.approvals = self.approvals.set(request.request_id, request)
+
+    def set_rollback(self, rollback: RollbackState) -> None:
+        self.rollbacks = self.rollbacks.set(rollback.rollback_id, rollback)
 
     def update_call(self, call_id: str, step_id: str, **changes: Any) -> None:
         if self.calls.get(call_id) != step_id:
-            # Most events of a call find it recorded: copying the calls to write the same
-            # entry again made each event cost in proportion to the session's length.
-            self.own("calls")[call_id] = step_id
+            self.calls = self.calls.set(call_id, step_id)
         step = self.steps.get(step_id)
         if step is None and self._compensates(call_id):
             return  # A rollback's undo call: recorded in the rollback, not a step of the plan.
@@ -714,7 +693,7 @@ class SessionFold:
         data = event.data
         match data:
             case StepScheduled() if data.compensation_id is not None:
-                self.own("calls")[data.call_id] = data.step_id
+                self.calls = self.calls.set(data.call_id, data.step_id)
             case StepScheduled():
                 previous = self.steps.get(data.step_id)
                 self.update_step(
@@ -736,7 +715,7 @@ class SessionFold:
                     duration_ms=None,
                     retry_at=None,
                 )
-                self.own("calls")[data.call_id] = data.step_id
+                self.calls = self.calls.set(data.call_id, data.step_id)
                 if v["status"] == "planning":
                     self.set_status("executing")
                 approved = v["plan_approval"]
@@ -782,7 +761,7 @@ class SessionFold:
                     finished_at=event.time,
                 )
             case CheckpointCreated():
-                self.checkpoints_added.append(
+                self.checkpoints = self.checkpoints.append(
                     CheckpointState(
                         checkpoint_id=data.checkpoint_id,
                         step_id=data.step_id,
@@ -819,15 +798,13 @@ class SessionFold:
                 v["latest_snapshot_changes"] = data.changes
                 v["initial_snapshot_id"] = v["initial_snapshot_id"] or data.snapshot_id
                 if data.irreversible_reason is not None:
-                    v["unrestorable_snapshots"] = {
-                        **v["unrestorable_snapshots"],
-                        data.snapshot_id: data.irreversible_reason,
-                    }
+                    v["unrestorable_snapshots"] = v["unrestorable_snapshots"].set(
+                        data.snapshot_id, data.irreversible_reason
+                    )
             case WorkspaceSnapshotsPruned():
-                v["unrestorable_snapshots"] = {
-                    **v["unrestorable_snapshots"],
-                    **dict.fromkeys(data.snapshot_ids, f"pruned: {data.reason}"),
-                }
+                v["unrestorable_snapshots"] = v["unrestorable_snapshots"].update(
+                    dict.fromkeys(data.snapshot_ids, f"pruned: {data.reason}")
+                )
             case WorkspaceRestored():
                 v["latest_snapshot_id"] = data.snapshot_id
                 v["latest_snapshot_call_id"] = None
@@ -841,7 +818,7 @@ class SessionFold:
                 if step is not None and step.call_id == data.call_id:
                     self.update_step(data.step_id, retry_at=data.retry_at, reason=data.reason)
             case ThoughtRecorded():
-                self.thoughts_added.append(
+                self.thoughts = self.thoughts.append(
                     ThoughtState(
                         kind=data.kind,
                         text=data.text,
@@ -911,22 +888,26 @@ class SessionFold:
             case PlanRejected():
                 v["plan_rejection"] = data.reason
             case ApprovalRequested():
-                self.own("approvals")[data.request_id] = ApprovalState(
-                    request_id=data.request_id,
-                    scope=data.scope,
-                    risk=data.risk,
-                    reason=data.reason,
-                    expires_at=data.expires_at,
-                    requested_at=event.time,
-                    step_id=data.step_id,
-                    call_id=data.call_id,
-                    tool=data.tool,
-                    arguments=data.arguments,
-                    taint=data.taint,
-                    rule=data.rule,
-                    approver_roles=data.approver_roles,
-                    quorum=data.quorum,
-                    permissions=data.permissions if isinstance(data, PermissionRequested) else (),
+                self.set_approval(
+                    ApprovalState(
+                        request_id=data.request_id,
+                        scope=data.scope,
+                        risk=data.risk,
+                        reason=data.reason,
+                        expires_at=data.expires_at,
+                        requested_at=event.time,
+                        step_id=data.step_id,
+                        call_id=data.call_id,
+                        tool=data.tool,
+                        arguments=data.arguments,
+                        taint=data.taint,
+                        rule=data.rule,
+                        approver_roles=data.approver_roles,
+                        quorum=data.quorum,
+                        permissions=(
+                            data.permissions if isinstance(data, PermissionRequested) else ()
+                        ),
+                    )
                 )
                 if data.step_id is not None and not self._compensates(data.call_id or ""):
                     self.update_step(data.step_id, approval_request_id=data.request_id)
@@ -936,9 +917,7 @@ class SessionFold:
             case ApprovalDecisionSubmitted():
                 request = self.approvals.get(data.request_id)
                 if request is not None:
-                    self.own("approvals")[data.request_id] = _copy_with(
-                        request, votes=(*request.votes, data)
-                    )
+                    self.set_approval(_copy_with(request, votes=(*request.votes, data)))
             case ApprovalGranted():
                 granted = self._decide(
                     event,
@@ -949,13 +928,15 @@ class SessionFold:
                     data.modified_arguments,
                 )
                 if granted and (data.similar_limit is not None or data.grant_scope is not None):
-                    self.own("approvals")[data.request_id] = _copy_with(
-                        self.approvals[data.request_id],
-                        similar_limit=data.similar_limit,
-                        similar_until=data.similar_until,
-                        similar_where=data.similar_where,
-                        grant_scope=data.grant_scope,
-                        grant_until=data.grant_until,
+                    self.set_approval(
+                        _copy_with(
+                            self.approvals[data.request_id],
+                            similar_limit=data.similar_limit,
+                            similar_until=data.similar_until,
+                            similar_where=data.similar_where,
+                            grant_scope=data.grant_scope,
+                            grant_until=data.grant_until,
+                        )
                     )
             case ApprovalDenied():
                 self._decide(
@@ -973,12 +954,14 @@ class SessionFold:
             case ApprovalDecisionRefused() | ApprovalVoteCounted():
                 pass  # Answers to the person who decided; the request is unchanged.
             case RollbackRequested():
-                self.own("rollbacks")[data.rollback_id] = RollbackState(
-                    rollback_id=data.rollback_id,
-                    checkpoint_id=data.checkpoint_id,
-                    requested_by=data.requested_by,
-                    accept_partial=data.accept_partial,
-                    reason=data.reason,
+                self.set_rollback(
+                    RollbackState(
+                        rollback_id=data.rollback_id,
+                        checkpoint_id=data.checkpoint_id,
+                        requested_by=data.requested_by,
+                        accept_partial=data.accept_partial,
+                        reason=data.reason,
+                    )
                 )
             case RollbackRefused():
                 self._update_rollback(
@@ -1069,8 +1052,7 @@ class SessionFold:
         for laid_out in steps.values():
             for dependency in laid_out.depends_on:
                 dependants.setdefault(dependency, []).append(laid_out.id)
-        self.steps = steps
-        self.shared.discard("steps")
+        self.steps = Table(steps)
         self.fresh_steps |= made
         for step_id, laid_out in steps.items():
             if laid_out.dependants != (wanted := tuple(dependants[step_id])):
@@ -1089,13 +1071,15 @@ class SessionFold:
         request = self.approvals.get(request_id)
         if request is None or request.status != "pending":
             return False
-        self.own("approvals")[request_id] = _copy_with(
-            request,
-            status=status,
-            decided_by=decided_by,
-            comment=comment,
-            modified_arguments=modified_arguments,
-            decided_at=event.time,
+        self.set_approval(
+            _copy_with(
+                request,
+                status=status,
+                decided_by=decided_by,
+                comment=comment,
+                modified_arguments=modified_arguments,
+                decided_at=event.time,
+            )
         )
         if self.v["status"] == "waiting" and not self._any_pending_approval():
             self.v["status"] = "paused" if self.v["pause_requested"] else "executing"
@@ -1121,9 +1105,7 @@ class SessionFold:
             and request.similar_limit is not None
             and request.call_id != authorized.call_id
         ):
-            self.own("approvals")[request.request_id] = _copy_with(
-                request, similar_used=request.similar_used + 1
-            )
+            self.set_approval(_copy_with(request, similar_used=request.similar_used + 1))
 
     def _compensates(self, call_id: str) -> bool:
         return any(call_id in rollback.compensations for rollback in self.rollbacks.values())
@@ -1131,7 +1113,7 @@ class SessionFold:
     def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
         rollback = self.rollbacks.get(rollback_id)
         if rollback is not None:
-            self.own("rollbacks")[rollback_id] = _copy_with(rollback, **changes)
+            self.set_rollback(_copy_with(rollback, **changes))
 
     def _compensation(
         self,
@@ -1145,7 +1127,6 @@ class SessionFold:
             self._update_rollback(rollback_id, status="running", compensations=compensations)
 
     def _keep_checkpoints_up_to(self, checkpoint_id: str) -> None:
-        self.join_added()
         for index, checkpoint in enumerate(self.checkpoints):
             if checkpoint.checkpoint_id == checkpoint_id:
                 self.checkpoints = self.checkpoints[: index + 1]

@@ -672,7 +672,7 @@ def _grant_permissions(
         grant_scope=scope,
         grant_until=until,
     )
-    after = replace(state, approvals={**state.approvals, request.request_id: held})
+    after = replace(state, approvals=state.approvals.set(request.request_id, held))
     if not (after.status == "paused" and after.plan_step_of(held)):
         decisions += _judged_again(after, held, policy, now, rule_uses)
     return decisions

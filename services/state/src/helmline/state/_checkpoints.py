@@ -79,7 +79,7 @@ def _workspace_undo(state: SessionState, after: str | None) -> tuple[bool, str]:
     if before in unstored:
         return False, f"the workspace before it was not stored: {unstored[before]}"
     how = f"restore the workspace to snapshot {before}"
-    if after in unstored:
+    if after is not None and after in unstored:
         how += f"; the workspace after it was not stored ({unstored[after]}), so no rollback "
         how += "can return to this checkpoint"
     return True, how
