@@ -782,3 +782,95 @@ async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floo
     # Shown while the busy session still ran, not once its events stopped.
     assert ended_at > shown_at, figures
     assert figures["shown_after_asked_ms"] <= 5_000, figures
+
+
+AXE = Path(__file__).resolve().parents[2] / "services/api/console/node_modules/axe-core/axe.min.js"
+"""axe-core, a dev dependency of the console that `make install` puts there (npm ci)."""
+
+
+async def serious_violations(page: Page) -> list[dict[str, object]]:
+    """What axe-core finds on the page as it is now, of serious or critical impact."""
+    assert AXE.is_file(), f"{AXE} is missing: run `make install` (npm ci of the console)"
+    await page.add_script_tag(path=AXE)
+    found = await page.evaluate(
+        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+    )
+    return [
+        {"id": v["id"], "impact": v["impact"], "nodes": [n["html"] for n in v["nodes"][:3]]}
+        for v in found
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+async def test_axe_finds_no_serious_violation_on_the_list_a_session_and_its_approval(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin)
+    await waiting_request(client, admin, session_id)
+    await page.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
+    await expect(page.locator(f'tr[data-session="{session_id}"] .badge').first).to_have_text(
+        "waiting"
+    )
+    assert await serious_violations(page) == []
+
+    await page.goto(f"{api_url}/#/sessions/{session_id}")
+    approvals = page.get_by_role("region", name="Approvals")
+    await expect(approvals.locator("form.approval")).to_contain_text("run_command")
+    # A new request is announced, politely, to a screen reader.
+    await expect(approvals).to_have_attribute("aria-live", "polite")
+    await expect(page.locator('li[data-step-id="write"] .badge').first).to_have_text("succeeded")
+    assert await serious_violations(page) == []
+
+    # The skip link is the first stop and leads into the page's main landmark.
+    await page.keyboard.press("Tab")
+    skip = page.get_by_role("link", name="Skip to main content")
+    await expect(skip).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(page.get_by_role("main")).to_be_focused()
+    await expect(page).to_have_url(re.compile(f"#/sessions/{session_id}$"))
+
+
+async def overflow(page: Page) -> int:
+    """How far the page is wider than the window (0: nothing to scroll sideways)."""
+    return int(await page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))
+
+
+async def test_the_list_and_a_session_with_checkpoints_fit_a_320_px_window(
+    browser: Browser, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    operator = await make_key(tenant, "operator")
+    playbook = {
+        "goal": "write two files, with a goal long enough to wrap on a phone's narrow screen",
+        "steps": [
+            {"id": "first", "tool": "write_file", "arguments": {"path": "1.txt", "content": "1"}},
+            {
+                "id": "second",
+                "tool": "write_file",
+                "arguments": {"path": "2.txt", "content": "2"},
+                "depends_on": ["first"],
+            },
+        ],
+    }
+    session_id = await start(client, operator, playbook)
+    context = await browser.new_context(viewport={"width": 320, "height": 640})
+    try:
+        page = await context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        await page.goto(f"{api_url}/#key={operator['Authorization'].removeprefix('Bearer ')}")
+        row = page.locator(f'tr[data-session="{session_id}"]')
+        await expect(row.locator("a")).to_be_visible()
+        assert await overflow(page) == 0
+        await screenshot(page, "list-320px")
+
+        await row.locator("a").click()
+        await expect(page.locator("#summary .badge").first).to_have_text("completed")
+        rollback = page.get_by_role("button", name="Roll back to here").first
+        await expect(rollback).to_be_enabled()
+        box = await rollback.bounding_box()
+        assert box is not None
+        assert 0 <= box["x"] <= box["x"] + box["width"] <= 320, box
+        assert await overflow(page) == 0
+        await screenshot(page, "session-320px")
+    finally:
+        await context.close()

@@ -169,11 +169,11 @@ async function sessionList(current: Current): Promise<void> {
           .map(
             (s) => `
         <tr data-session="${esc(s.session_id)}">
-          <td>${badge(s.status, s.status)}</td>
+          <td data-label="Status">${badge(s.status, s.status)}</td>
           <td><a href="#/sessions/${esc(s.session_id)}" class="session-link">${esc(s.goal)}</a></td>
-          <td>${s.waiting_for.map((w) => `${badge(w.risk, w.risk)} ${esc(w.tool ?? "plan")} <small>(${esc(w.step_id ?? "")})</small>`).join("<br>")}</td>
-          <td>${s.steps_succeeded}/${s.steps_total}${s.steps_failed ? ` · ${s.steps_failed} failed` : ""}</td>
-          <td>${esc(when(s.started_at))}</td>
+          <td data-label="Waiting for">${s.waiting_for.map((w) => `${badge(w.risk, w.risk)} ${esc(w.tool ?? "plan")} <small>(${esc(w.step_id ?? "")})</small>`).join("<br>")}</td>
+          <td data-label="Steps">${s.steps_succeeded}/${s.steps_total}${s.steps_failed ? ` · ${s.steps_failed} failed` : ""}</td>
+          <td data-label="Started">${esc(when(s.started_at))}</td>
         </tr>`,
           )
           .join("")
@@ -224,7 +224,7 @@ interface ToolCall {
 
 async function sessionView(sessionId: string, current: Current): Promise<void> {
   main.innerHTML = `
-    <section class="session" aria-live="off">
+    <section class="session">
       <p><a href="#/">← Sessions</a></p>
       <div id="summary"></div>
       <div id="controls" class="controls" role="toolbar" aria-label="Session controls">
@@ -233,7 +233,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         <button data-action="cancel" class="danger" accesskey="c">Cancel</button>
       </div>
       <p id="notice" role="status" aria-live="polite"></p>
-      <section id="approvals" aria-label="Approvals"></section>
+      <section id="approvals" aria-label="Approvals" aria-live="polite"></section>
       <div id="grants"></div>
       <div class="columns">
         <section><h2>Plan</h2><ol id="steps" class="timeline"></ol></section>
@@ -754,6 +754,17 @@ document.addEventListener("keydown", (event) => {
     links[next].focus();
     event.preventDefault();
   }
+});
+
+// In-page links (skip links) move focus without touching the address, which routes.
+document.addEventListener("click", (event) => {
+  const link = (event.target as HTMLElement).closest<HTMLAnchorElement>("a[data-skip]");
+  const target = link && document.getElementById(link.dataset.skip!);
+  if (!target) return;
+  event.preventDefault();
+  if (!target.hasAttribute("tabindex")) target.tabIndex = -1;
+  target.focus();
+  target.scrollIntoView({ block: "start" });
 });
 
 window.addEventListener("hashchange", () => void route());
