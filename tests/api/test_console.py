@@ -695,7 +695,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     tenant: str,
 ) -> None:
     admin = await make_key(tenant, "admin")
-    steps = 1_000
+    steps = 3_000
     session_id = await start(client, admin, echo_chain(steps))
     await page.add_init_script(RECORD_SHOWN_COUNTS)
     await open_session(page, api_url, admin, session_id)
@@ -728,6 +728,8 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
         "lag_p50_ms": round(percentile(lags, 0.5)),
         "lag_p95_ms": round(percentile(lags, 0.95)),
         "lag_max_ms": round(max(lags)),
+        # The steps and calls lists draw what is on screen, not the session.
+        "dom_elements": await page.evaluate("document.getElementsByTagName('*').length"),
     }
     keep_figures("long-session-lag", figures)
     # The page was watched for a while as the steps ran, and moved with them all along: a
@@ -735,6 +737,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     assert len(lags) >= steps // 4, figures
     assert len(shown) >= 5, figures
     assert figures["lag_p95_ms"] <= 2_000, figures
+    assert figures["dom_elements"] <= 1_500, figures
 
 
 async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floods_events(
@@ -874,3 +877,46 @@ async def test_the_list_and_a_session_with_checkpoints_fit_a_320_px_window(
         await screenshot(page, "session-320px")
     finally:
         await context.close()
+
+
+async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walked_by_keys(
+    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    playbook = echo_chain(400)
+    playbook["steps"][-1]["requires_approval"] = True  # It waits at the last step.
+    session_id = await start(client, admin, playbook)
+    await waiting_request(client, admin, session_id)
+    await open_session(page, api_url, admin, session_id)
+    await expect(page.locator("#summary")).to_contain_text("399/400 steps")
+    rows = page.locator("#steps > li[data-step-id]")
+    await expect(rows.first).to_have_attribute("data-step-id", "s0")
+    # Only the rows on screen (and a few either side) are in the page.
+    assert 5 <= await rows.count() <= 60
+    assert await page.locator("#calls > li").count() <= 60
+
+    # One tab stop for the whole plan: the active row.
+    assert await page.locator("#steps summary[tabindex='0']").count() == 1
+
+    # Jump to a step far down: it is drawn, focused, and the keys walk on from there.
+    await page.get_by_label("Go to step").fill("s350")
+    await page.get_by_role("button", name="Go", exact=True).click()
+    await expect(page.locator('details[data-step="s350"] summary')).to_be_focused()
+    await page.keyboard.press("ArrowDown")
+    await expect(page.locator('details[data-step="s351"] summary')).to_be_focused()
+    await page.keyboard.press("End")
+    await expect(page.locator('details[data-step="s399"] summary')).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(page.locator('details[data-step="s399"]')).to_have_attribute("open", "")
+    assert await rows.count() <= 60
+
+    # Filtered by status: the one step not succeeded (it waits, scheduled).
+    offered = await page.get_by_label("Status").locator("option").all_text_contents()
+    assert offered == ["any", "scheduled", "succeeded"]
+    await page.get_by_label("Status").select_option("scheduled")
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_have_attribute("data-step-id", "s399")
+    await page.get_by_label("Status").select_option("")
+    await expect(rows.first).to_be_visible()
+    assert await serious_violations(page) == []
+    await screenshot(page, "long-plan")

@@ -73,6 +73,7 @@ from helmline.contracts._catalogue import (
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
 )
+from helmline.contracts._changes import EVERY_ROW, Touched, touched
 from helmline.contracts._deadletters import DeadLetter
 from helmline.contracts._envelope import (
     EVENT_CLASSES,
@@ -241,6 +242,7 @@ __all__ = [
     "EVENTS_STREAM",
     "EVENT_CLASSES",
     "EVENT_PUBLISHERS",
+    "EVERY_ROW",
     "EXAMPLE_PAYLOADS",
     "EXCERPT_CHARS",
     "FOLD_VERSION",
@@ -392,6 +394,7 @@ __all__ = [
     "ToolServerHealthChanged",
     "ToolServerStatus",
     "ToolSpec",
+    "Touched",
     "Trust",
     "UndecodableEvent",
     "UnknownEventType",
@@ -433,4 +436,5 @@ __all__ = [
     "session_filter",
     "source_of",
     "tenant_filter",
+    "touched",
 ]
