@@ -31,6 +31,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     app.state.js = host.js
     # States are read from the nearest one the state service stored, plus the events after.
     app.state.states = FoldedStates(host.js, host.store)
+    app.state.latest_states = _session_parts.LatestStates(app.state.states)
     app.state.authenticator = Authenticator(settings, host.js)
     app.state.lister = SessionLister(host.store, settings.database_url)
     app.state.fan_out = FanOut(host.js)

@@ -9,10 +9,10 @@ events after N to learn which steps they touched.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, SerializeAsAny
 
 from helmline.api._auth import Viewer
@@ -23,8 +23,7 @@ from helmline.api._problems import (
     invalid,
     not_found,
 )
-from helmline.api._reads import load_session
-from helmline.api._routes import NOT_FOUND, SessionPath, _states
+from helmline.api._routes import NOT_FOUND, SessionPath
 from helmline.contracts import (
     IN_FLIGHT_STEPS,
     Event,
@@ -33,7 +32,7 @@ from helmline.contracts import (
     StepStatus,
     touched,
 )
-from helmline.runtime import SessionSnapshot
+from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
 
 router = APIRouter(tags=["sessions"], responses={**PROBLEM_RESPONSES, **NOT_FOUND})
 
@@ -46,6 +45,75 @@ Offset = Annotated[int, Query(ge=0, le=1_000_000, description="The first item's 
 Limit = Annotated[int, Query(ge=1, le=500, description="How many items at most")]
 StatusFilter = Annotated[list[StepStatus], Query(description="Only steps in one of these statuses")]
 ToolFilter = Annotated[list[str], Query(description="Only steps calling one of these tools")]
+
+
+class LatestStates:
+    """The latest folded state of the sessions whose parts were read most recently.
+
+    A view of a long session reads it in parts, again every few hundred milliseconds while
+    it runs: each read folds only the events since the state kept (one request when there
+    are none), where a load from the stored states would decode the whole session each time.
+    """
+
+    def __init__(self, states: FoldedStates, capacity: int = 32) -> None:
+        self._states = states
+        self._capacity = capacity
+        self._kept: OrderedDict[tuple[str, str], SessionSnapshot] = OrderedDict()
+
+    @property
+    def store(self) -> EventStore:
+        return self._states.store
+
+    async def load(self, tenant: str, session_id: str) -> SessionSnapshot:
+        """The session now; 404 when it has no events."""
+        key = (tenant, session_id)
+        kept = self._kept.get(key)
+        if kept is None:
+            snapshot = await self._states.load(tenant, session_id)
+        else:
+            snapshot = await self._states.store.load(tenant, session_id, start=kept)
+        if snapshot.last_seq == 0:
+            raise not_found(f"no session {session_id}")
+        # Requests overlap: the one that read furthest is kept.
+        latest = self._kept.get(key)
+        if latest is None or latest.last_seq < snapshot.last_seq:
+            self._kept[key] = snapshot
+        self._kept.move_to_end(key)
+        while len(self._kept) > self._capacity:
+            self._kept.popitem(last=False)
+        return snapshot
+
+
+def _latest(request: Request) -> LatestStates:
+    latest: LatestStates = request.app.state.latest_states
+    return latest
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Which items of a list: a range, of those whose step matches a filter."""
+
+    offset: int
+    limit: int
+    status: list[StepStatus]
+    tool: list[str]
+
+    def matches(self, step: StepState) -> bool:
+        return (not self.status or step.status in self.status) and (
+            not self.tool or step.tool in self.tool
+        )
+
+
+def _part(
+    offset: Offset = 0,
+    limit: Limit = 100,
+    status: StatusFilter = [],  # noqa: B006 - FastAPI copies it
+    tool: ToolFilter = [],  # noqa: B006
+) -> Part:
+    return Part(offset, limit, status, tool)
+
+
+PartQuery = Annotated[Part, Depends(_part)]
 
 
 class SessionOverview(BaseModel):
@@ -148,10 +216,6 @@ class _Indexed:
         return StepAt(position=self.positions[step.id], call_index=call, step=step)
 
 
-def _matches(step: StepState, status: list[StepStatus], tool: list[str]) -> bool:
-    return (not status or step.status in status) and (not tool or step.tool in tool)
-
-
 def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
     state = snapshot.state
     steps = state.steps.values()
@@ -186,25 +250,19 @@ async def session_overview(
 ) -> SessionOverview:
     """The session without its steps: status, plan facts, approvals, rollbacks, counts of
     steps by status and tool, its latest checkpoints and thoughts."""
-    return overview_of(await load_session(_states(request), principal.tenant, session_id))
+    return overview_of(await _latest(request).load(principal.tenant, session_id))
 
 
 @router.get("/sessions/{session_id}/steps")
 async def session_steps(
-    session_id: SessionPath,
-    principal: Viewer,
-    request: Request,
-    offset: Offset = 0,
-    limit: Limit = 100,
-    status: StatusFilter = [],  # noqa: B006 - FastAPI copies it
-    tool: ToolFilter = [],  # noqa: B006
+    session_id: SessionPath, principal: Viewer, request: Request, part: PartQuery
 ) -> StepPage:
     """The session's steps in plan order, from `offset`, of those matching the filter."""
-    state = (await load_session(_states(request), principal.tenant, session_id)).state
+    state = (await _latest(request).load(principal.tenant, session_id)).state
     indexed = _Indexed(state)
-    chosen = [step for step in state.steps.values() if _matches(step, status, tool)]
-    items = [indexed.at(step) for step in chosen[offset : offset + limit]]
-    return StepPage(total=len(chosen), offset=offset, items=items)
+    chosen = [step for step in state.steps.values() if part.matches(step)]
+    items = [indexed.at(step) for step in chosen[part.offset : part.offset + part.limit]]
+    return StepPage(total=len(chosen), offset=part.offset, items=items)
 
 
 @router.get(
@@ -215,7 +273,7 @@ async def session_step(
     session_id: SessionPath, step_id: str, principal: Viewer, request: Request
 ) -> StepAt:
     """One step, with its position in the plan (to jump to it)."""
-    state = (await load_session(_states(request), principal.tenant, session_id)).state
+    state = (await _latest(request).load(principal.tenant, session_id)).state
     step = state.steps.get(step_id)
     if step is None:
         raise not_found(f"session {session_id} has no step {step_id[:128]}")
@@ -224,28 +282,22 @@ async def session_step(
 
 @router.get("/sessions/{session_id}/calls")
 async def session_calls(
-    session_id: SessionPath,
-    principal: Viewer,
-    request: Request,
-    offset: Offset = 0,
-    limit: Limit = 100,
-    status: StatusFilter = [],  # noqa: B006
-    tool: ToolFilter = [],  # noqa: B006
+    session_id: SessionPath, principal: Viewer, request: Request, part: PartQuery
 ) -> CallPage:
     """The session's tool calls in the order they were scheduled, from `offset`, of those
     whose step matches the filter; each with its step as it is now."""
-    state = (await load_session(_states(request), principal.tenant, session_id)).state
+    state = (await _latest(request).load(principal.tenant, session_id)).state
     indexed = _Indexed(state)
     chosen = [
         (index, call_id, state.steps[step_id])
         for index, (call_id, step_id) in enumerate(state.calls.items())
-        if step_id in state.steps and _matches(state.steps[step_id], status, tool)
+        if step_id in state.steps and part.matches(state.steps[step_id])
     ]
     items = [
         CallAt(index=index, call_id=call_id, latest=step.call_id == call_id, step=indexed.at(step))
-        for index, call_id, step in chosen[offset : offset + limit]
+        for index, call_id, step in chosen[part.offset : part.offset + part.limit]
     ]
-    return CallPage(total=len(chosen), offset=offset, items=items)
+    return CallPage(total=len(chosen), offset=part.offset, items=items)
 
 
 @router.get("/sessions/{session_id}/log")
@@ -258,13 +310,13 @@ async def session_log(
 ) -> EventPage:
     """The session's events after a sequence, oldest first, at most `limit`: page on with
     the last item's `seq`."""
-    states = _states(request)
-    last_seq = await states.store.last_seq(principal.tenant, session_id)
+    store = _latest(request).store
+    last_seq = await store.last_seq(principal.tenant, session_id)
     if last_seq == 0:
         raise not_found(f"no session {session_id}")
     if after_seq > last_seq:
         raise _past_the_end("after_seq", after_seq, last_seq)
-    stored = await states.store.read_all(
+    stored = await store.read_all(
         principal.tenant, session_id, after_seq=after_seq, up_to_seq=last_seq
     )
     items = [LoggedEvent(seq=s.seq, event=s.event) for s in stored[:limit]]
@@ -280,12 +332,12 @@ async def session_changes(
 ) -> SessionChanges:
     """The overview now and the steps the events after `since` touched, as they are now;
     `reset` when too much changed to say step by step."""
-    states = _states(request)
-    snapshot = await load_session(states, principal.tenant, session_id)
+    latest = _latest(request)
+    snapshot = await latest.load(principal.tenant, session_id)
     if since > snapshot.last_seq:
         raise _past_the_end("since", since, snapshot.last_seq)
     overview = overview_of(snapshot)
-    events = await states.store.read_all(
+    events = await latest.store.read_all(
         principal.tenant, session_id, after_seq=since, up_to_seq=snapshot.last_seq
     )
     changed = [touched(stored.event.data) for stored in events]
