@@ -8,7 +8,13 @@ after a garbage collection), the bytes the page read from the API, and the longe
 while the plan is scrolled from top to bottom. Then the live lag: a 3,000-step session runs
 at full speed with its page open, and each step's success is timed from its event's time in
 the log to the moment the page first counts it. `HELMLINE_CONSOLE_STEPS=10,100` and
-`HELMLINE_CONSOLE_LIVE_STEPS=1000` run other lengths.
+`HELMLINE_CONSOLE_LIVE_STEPS=1000` run other lengths (0: no live session).
+
+A session of 10,000 steps cannot be started from a playbook (see `STEPS`), so its page is
+measured on a log written here as the planner and the tool gateway would write an `act`
+session's (a step scheduled, then its call completed, 10,000 times, then the end), with the
+folded states the state service would have stored of it, on a nats-server with only the API
+running (`SYNTHETIC_STEPS`).
 
 Needs Debian's chromium (`tools/system_packages.py`); without it the lines say so.
 """
@@ -18,21 +24,34 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import nats
 from playwright.async_api import Browser, Page, async_playwright
 from steps import echo_chain, percentile, run_sessions, services_running
 
 from helmline.api import new_api_key, store_api_key
-from helmline.contracts import Actor, SessionStarted, ToolCallCompleted, new_event
-from helmline.runtime import EventStore
+from helmline.contracts import (
+    Actor,
+    Event,
+    Payload,
+    SessionCompleted,
+    SessionStarted,
+    StepScheduled,
+    ToolCallCompleted,
+    new_event,
+)
+from helmline.runtime import EventStore, FoldedStates, ensure_topology
 from helmline.runtime.testing import (
     CHROMIUM,
     CHROMIUM_FLAGS,
     SHOWN_STEP_COUNTS,
+    NatsServer,
+    ServiceProcesses,
     display_lags,
     free_port,
 )
@@ -41,6 +60,8 @@ STEPS = (10, 1_000, 4_500)
 """The longest a playbook can be: a session's start carries its playbook, and an echo chain
 of 10,000 steps is 2.1 MB, more than the log takes in one event (1 MiB); 4,500 steps fit."""
 LIVE_STEPS = 3_000
+SYNTHETIC_STEPS = 10_000
+WRITE_BATCH = 500
 TENANT = "console"
 TIMEOUT_MS = 600_000
 
@@ -90,11 +111,60 @@ async def run() -> list[dict[str, Any]]:
                 (session_id,), _ = await run_sessions(nc, store, TENANT, [echo_chain(steps)])
                 figures.append(await _opened(browser, base, key, session_id, steps))
             live = int(os.environ.get("HELMLINE_CONSOLE_LIVE_STEPS", LIVE_STEPS))
-            figures.append(await _live(browser, store, base, key, live))
+            if live:
+                figures.append(await _live(browser, store, base, key, live))
             await browser.close()
+        figures.append(await _synthetic(port))
     finally:
         os.environ.pop("HELMLINE_API_PORT", None)
     return figures
+
+
+async def _synthetic(port: int) -> dict[str, Any]:
+    """A 10,000-step session's page, its log written here with only the API running."""
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        services = ServiceProcesses(server.url, Path(folder))
+        try:
+            await asyncio.to_thread(services.start, "api")
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            await ensure_topology(js)
+            store = EventStore(js)
+            key, record = new_api_key(TENANT, ("admin",), name="bench")
+            await store_api_key(js, record, by=Actor(id="bench"))
+            session_id = uuid.uuid4().hex
+            events = _act_session(session_id, SYNTHETIC_STEPS)
+            for first in range(0, len(events), WRITE_BATCH):
+                appended = await store.append_pipelined(events[first : first + WRITE_BATCH])
+            # The states the state service would have stored of it as it ran.
+            await FoldedStates(js, store).keep_up(TENANT, session_id, appended[-1].seq)
+            await nc.close()
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(
+                    executable_path=str(CHROMIUM), args=list(CHROMIUM_FLAGS)
+                )
+                base = f"http://127.0.0.1:{port}"
+                figure = await _opened(browser, base, key, session_id, SYNTHETIC_STEPS)
+                await browser.close()
+        finally:
+            await asyncio.to_thread(services.stop_all)
+    return {**figure, "log": "written as an act session's, only the API running"}
+
+
+def _act_session(session_id: str, steps: int) -> list[Event]:
+    """The events an act session of `steps` echo calls leaves, in order."""
+
+    def event(payload: Payload) -> Event:
+        return new_event(payload, tenant=TENANT, session_id=session_id, source="bench")
+
+    goal = f"{steps} echoes, one at a time"
+    events = [event(SessionStarted(goal=goal, mode="act", requested_by=Actor(id="bench")))]
+    for i in range(steps):
+        call = {"step_id": f"s{i}", "call_id": f"c{i}", "tool": "echo"}
+        events.append(event(StepScheduled(**call, arguments={"message": f"step {i}"})))
+        events.append(event(ToolCallCompleted(**call, output={"message": f"step {i}"})))
+    events.append(event(SessionCompleted(summary=f"{steps} echoes")))
+    return events
 
 
 async def _signed_in(browser: Browser, base: str, key: str, script: str = "") -> Page:
