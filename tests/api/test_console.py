@@ -23,6 +23,7 @@ from helmline.contracts import (
     ModelRequestRecord,
     ModelUsage,
     TaintSource,
+    ThoughtRecorded,
     ToolCallAttemptFailed,
     ToolCallCompleted,
     ToolError,
@@ -845,7 +846,12 @@ async def test_the_list_and_a_session_with_checkpoints_fit_a_320_px_window(
 
 
 async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walked_by_keys(
-    page: Page, api_url: str, client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
 ) -> None:
     admin = await make_key(tenant, "admin")
     playbook = echo_chain(400)
@@ -885,3 +891,11 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
     await expect(rows.first).to_be_visible()
     assert await serious_violations(page) == []
     await screenshot(page, "long-plan")
+
+    # A rollback button a keyboard user reached keeps the focus while the session changes.
+    rollback = page.locator("#checkpoints").get_by_role("button", name="Roll back to here")
+    await rollback.first.focus()
+    thought = ThoughtRecorded(kind="reasoning", text="the last step waits for a person")
+    await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
+    await expect(page.locator("#thoughts")).to_contain_text("the last step waits for a person")
+    await expect(rollback.first).to_be_focused()

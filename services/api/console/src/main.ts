@@ -2,7 +2,7 @@
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
 import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt } from "./types";
-import { VirtualList } from "./virtual";
+import { patchRows, setHtml, VirtualList } from "./virtual";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -333,7 +333,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const s = state;
     const o = overview;
     tellRollback(s);
-    document.getElementById("summary")!.innerHTML = `
+    setHtml(document.getElementById("summary")!, `
       <h1>${esc(s.goal)}</h1>
       <p>${badge(s.status, s.status)} ${s.pause_requested && s.status !== "paused" ? badge("paused", "pause requested") : ""}
         <small>${esc(s.mode)} · ${o.steps_by_status.succeeded ?? 0}/${o.steps_total} steps
@@ -341,25 +341,32 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       ${criteriaList(s)}
       ${modelUsage(s)}
       ${s.fork_of ? `<p class="fork">started from <a href="#/sessions/${esc(s.fork_of.session_id)}">${esc(s.fork_of.session_id.slice(0, 12))}</a>${s.fork_of.completed_steps.length ? ` after ${esc(s.fork_of.completed_steps.join(", "))}` : ""}</p>` : ""}
-      ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`;
+      ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`);
     const ended = ["completed", "failed", "cancelled"].includes(s.status);
     for (const button of document.querySelectorAll<HTMLButtonElement>("#controls button")) {
       const action = button.dataset.action;
       button.disabled = ended || (action === "pause" && (s.pause_requested || s.status === "paused")) || (action === "resume" && !s.pause_requested && s.status !== "paused");
     }
     renderApprovals(s);
-    document.getElementById("grants")!.innerHTML = Object.values(s.approvals)
-      .filter((a) => a.status === "granted" && (a.similar_limit || a.permissions.length))
-      .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
-      .join("");
+    setHtml(
+      document.getElementById("grants")!,
+      Object.values(s.approvals)
+        .filter((a) => a.status === "granted" && (a.similar_limit || a.permissions.length))
+        .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
+        .join(""),
+    );
     offerChoices(statusField, STEP_STATUSES.filter((x) => o.steps_by_status[x]));
     offerChoices(toolField, Object.keys(o.tools).sort());
     document.getElementById("thinking")!.textContent = !o.steps_underway && thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
-    thoughts.innerHTML = s.thoughts
-      .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
-      .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>';
-    thoughts.scrollTop = thoughts.scrollHeight;
+    const thoughtsWere = thoughts.innerHTML;
+    setHtml(
+      thoughts,
+      s.thoughts
+        .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
+        .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>',
+    );
+    if (thoughts.innerHTML !== thoughtsWere) thoughts.scrollTop = thoughts.scrollHeight;
     const earlierThoughts = o.thoughts_total - s.thoughts.length;
     document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s);
@@ -378,30 +385,29 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const total = overview?.checkpoints_total ?? list.length;
     document.getElementById("checkpoints-more")!.textContent =
       total > list.length ? `The latest ${list.length} of ${total} checkpoints: a rollback goes back to one of them.` : "";
-    document.getElementById("checkpoints")!.innerHTML = list
-      .map((c, index) => {
-        const later = list.slice(index + 1);
-        const blocking = later.filter((x) => !x.reversible);
-        const locked = blocking.length > 0;
-        const undone = overview?.checkpoint_steps[c.step_id] === "undone";
-        const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
-        return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
-          <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
-            <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
-            ${c.changes ? filesChanged(c.changes) : ""}</span>
-          ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
-          <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
-            title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
-            ${locked ? "Locked" : "Roll back to here"}</button>
-        </li>`;
-      })
-      .join("") || '<li class="empty"><small>No checkpoints yet.</small></li>';
-    document.getElementById("rollbacks")!.innerHTML = Object.values(s.rollbacks)
+    const rows = list.map((c, index) => {
+      const later = list.slice(index + 1);
+      const blocking = later.filter((x) => !x.reversible);
+      const locked = blocking.length > 0;
+      const undone = overview?.checkpoint_steps[c.step_id] === "undone";
+      const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
+      return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
+        <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
+          <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
+          ${c.changes ? filesChanged(c.changes) : ""}</span>
+        ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
+        <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
+          title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
+          ${locked ? "Locked" : "Roll back to here"}</button>
+      </li>`;
+    });
+    patchRows(document.getElementById("checkpoints")!, list.map((c) => c.checkpoint_id), rows, '<li class="empty"><small>No checkpoints yet.</small></li>');
+    setHtml(document.getElementById("rollbacks")!, Object.values(s.rollbacks)
       .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id)}
         ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
         ${r.blocking_steps.length ? ` · blocked by: ${esc(r.blocking_steps.join(", "))}` : ""}
         ${r.reason ? ` · ${esc(r.reason)}` : ""}</p>`)
-      .join("");
+      .join(""));
   };
 
   const adopt = (fresh: SessionOverview): void => {

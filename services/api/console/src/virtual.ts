@@ -252,3 +252,40 @@ function marginOf(row: HTMLElement): number {
   const style = getComputedStyle(row);
   return parseFloat(style.marginTop) + parseFloat(style.marginBottom);
 }
+
+const patched = new WeakMap<HTMLElement, { keys: string[]; html: string[] }>();
+
+/** Draws `html` (one element per key) in `list`, touching only what changed since the last
+ * draw: rows that left are removed, changed ones replaced, new ones appended. A row that
+ * stays keeps its element, and so the focus a keyboard user left on it. */
+export function patchRows(list: HTMLElement, keys: string[], html: string[], empty = ""): void {
+  const before = patched.get(list);
+  patched.set(list, { keys, html });
+  if (!before || list.children.length !== before.keys.length || keys.length === 0) {
+    list.innerHTML = html.join("") || empty;
+    return;
+  }
+  const wanted = new Set(keys);
+  const kept: { key: string; html: string; element: Element }[] = [];
+  before.keys.forEach((key, i) => {
+    const element = list.children[i];
+    if (wanted.has(key)) kept.push({ key, html: before.html[i], element });
+  });
+  // Rows that stay must stay in their order, ahead of the new ones; else draw afresh.
+  if (kept.some((row, i) => row.key !== keys[i])) {
+    list.innerHTML = html.join("");
+    return;
+  }
+  for (const element of [...list.children]) if (!kept.some((row) => row.element === element)) element.remove();
+  kept.forEach((row, i) => {
+    if (row.html !== html[i]) row.element.outerHTML = html[i];
+  });
+  list.insertAdjacentHTML("beforeend", html.slice(kept.length).join(""));
+}
+
+/** Sets an element's markup, unless it is that already (what is focused in it stays). */
+export function setHtml(element: HTMLElement, html: string): void {
+  if (patched.get(element)?.html[0] === html) return;
+  patched.set(element, { keys: [], html: [html] });
+  element.innerHTML = html;
+}
