@@ -30,9 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import nats
 from playwright.async_api import Browser, Page, async_playwright
-from steps import echo_chain, percentile, run_sessions, services_running
+from steps import api_alone, echo_chain, percentile, run_sessions, services_running
 
 from helmline.api import new_api_key, store_api_key
 from helmline.contracts import (
@@ -45,13 +44,11 @@ from helmline.contracts import (
     ToolCallCompleted,
     new_event,
 )
-from helmline.runtime import EventStore, FoldedStates, ensure_topology
+from helmline.runtime import EventStore, FoldedStates
 from helmline.runtime.testing import (
     CHROMIUM,
     CHROMIUM_FLAGS,
     SHOWN_STEP_COUNTS,
-    NatsServer,
-    ServiceProcesses,
     display_lags,
     free_port,
 )
@@ -122,23 +119,14 @@ async def run() -> list[dict[str, Any]]:
 
 async def _synthetic(port: int) -> dict[str, Any]:
     """A 10,000-step session's page, its log written here with only the API running."""
-    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
-        services = ServiceProcesses(server.url, Path(folder))
-        try:
-            await asyncio.to_thread(services.start, "api")
-            nc = await nats.connect(server.url)
-            js = nc.jetstream()
-            await ensure_topology(js)
-            store = EventStore(js)
-            key, record = new_api_key(TENANT, ("admin",), name="bench")
-            await store_api_key(js, record, by=Actor(id="bench"))
+    with tempfile.TemporaryDirectory() as folder:
+        async with api_alone(Path(folder), port, TENANT, "admin") as (nc, store, _, key):
             session_id = uuid.uuid4().hex
             events = _act_session(session_id, SYNTHETIC_STEPS)
             for first in range(0, len(events), WRITE_BATCH):
                 appended = await store.append_pipelined(events[first : first + WRITE_BATCH])
             # The states the state service would have stored of it as it ran.
-            await FoldedStates(js, store).keep_up(TENANT, session_id, appended[-1].seq)
-            await nc.close()
+            await FoldedStates(nc.jetstream(), store).keep_up(TENANT, session_id, appended[-1].seq)
             async with async_playwright() as pw:
                 browser = await pw.chromium.launch(
                     executable_path=str(CHROMIUM), args=list(CHROMIUM_FLAGS)
@@ -146,8 +134,6 @@ async def _synthetic(port: int) -> dict[str, Any]:
                 base = f"http://127.0.0.1:{port}"
                 figure = await _opened(browser, base, key, session_id, SYNTHETIC_STEPS)
                 await browser.close()
-        finally:
-            await asyncio.to_thread(services.stop_all)
     return {**figure, "log": "written as an act session's, only the API running"}
 
 

@@ -98,18 +98,13 @@ export class VirtualList<T> {
     if (index < 0 || index >= this.total) return;
     const offsets = this.offsets();
     const box = this.options.box;
-    const top = offsets[index] - this.listTop();
-    const bottom = offsets[index + 1] - this.listTop();
+    const top = offsets[index];
+    const bottom = offsets[index + 1];
     if (top < box.scrollTop) box.scrollTop = top;
     else if (bottom > box.scrollTop + box.clientHeight) box.scrollTop = bottom - box.clientHeight;
     this.setActive(index);
     if (focus) this.focusWanted = index;
     this.draw();
-  }
-
-  private listTop(): number {
-    // The list's own offset inside the box (a heading above it, say).
-    return 0;
   }
 
   private setActive(index: number): void {
@@ -168,7 +163,7 @@ export class VirtualList<T> {
       return;
     }
     const offsets = this.offsets();
-    const top = box.scrollTop - this.listTop();
+    const top = box.scrollTop;
     const bottom = top + (box.clientHeight || 600);
     let first = upperBound(offsets, top) - 1;
     let last = first;
@@ -211,7 +206,9 @@ export class VirtualList<T> {
     const wanted = this.focusWanted ?? (hadFocus ? this.active : null);
     const row = wanted === null ? null : list.querySelector<HTMLElement>(`li[data-index="${wanted}"]:not(.placeholder)`);
     if (row) {
-      this.handle(row).focus({ preventScroll: true });
+      // A row asked for is brought into view (its height may have differed from the guess
+      // the scroll was set by); one that merely kept the focus is not.
+      this.handle(row).focus({ preventScroll: this.focusWanted === null });
       this.focusWanted = null;
     }
     for (const page of missing) void this.load(page);
