@@ -23,6 +23,7 @@ from typing import Any
 
 import approval
 import burst
+import console
 import follow
 import gateway
 import growth
@@ -62,6 +63,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "listing": listing.run,
     "follow": follow.run,
     "hops": hops.run,
+    "console": console.run,
 }
 
 

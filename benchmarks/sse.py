@@ -7,7 +7,6 @@ API's CPU time per delivered frame is reported beside it."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import statistics
 import tempfile
@@ -16,13 +15,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import nats
 import psutil
+from steps import api_alone
 
-from helmline.api import new_api_key, store_api_key
 from helmline.contracts import Actor, SessionStarted, ThoughtRecorded, new_event
-from helmline.runtime import EventStore, ensure_topology
-from helmline.runtime.testing import NatsServer, ServiceProcesses, free_port
+from helmline.runtime.testing import free_port
 
 CLIENTS = 200
 EVENTS = 300
@@ -65,49 +62,33 @@ async def follower(
 
 async def fan_out(folder: Path) -> dict[str, Any]:
     port = free_port()
-    with NatsServer(folder) as server:
-        services = ServiceProcesses(server.url, folder)
-        os.environ["HELMLINE_API_PORT"] = str(port)
-        try:
-            await asyncio.to_thread(services.start, "api")
-            nc = await nats.connect(server.url)
-            js = nc.jetstream()
-            await ensure_topology(js)
-            store = EventStore(js)
-            key, record = new_api_key(TENANT, ("viewer",), name="bench")
-            await store_api_key(js, record, by=Actor(id="bench"))
-            session_id = uuid.uuid4().hex
-            actor = Actor(id="bench")
-            started = SessionStarted(goal="busy", requested_by=actor, mode="plan")
-            await store.append(
-                new_event(started, tenant=TENANT, session_id=session_id, source="bench")
-            )
-            appended: dict[int, float] = {}
-            readies = [asyncio.Event() for _ in range(CLIENTS)]
-            after = await store.last_seq(TENANT, session_id)
-            path = f"/sessions/{session_id}/events?after={after}"
-            clients = [
-                asyncio.create_task(follower(port, path, key, ready, EVENTS)) for ready in readies
-            ]
-            await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), timeout=60)
-            await asyncio.sleep(1)  # Every follower has joined the live feed by now.
-            api = psutil.Process(services.processes["api"].pid)
-            cpu_before = sum(api.cpu_times()[:2])
-            began = time.perf_counter()
-            for index in range(EVENTS):
-                thought = ThoughtRecorded(kind="reasoning", text=f"thinking {index} " + "x" * 200)
-                event = new_event(thought, tenant=TENANT, session_id=session_id, source="bench")
-                before = time.perf_counter()
-                appended[(await store.append(event)).seq] = before
-                pause = began + (index + 1) / RATE_PER_S - time.perf_counter()
-                if pause > 0:
-                    await asyncio.sleep(pause)
-            arrivals = await asyncio.wait_for(asyncio.gather(*clients), timeout=120)
-            api_cpu_s = sum(api.cpu_times()[:2]) - cpu_before
-            await nc.close()
-        finally:
-            os.environ.pop("HELMLINE_API_PORT", None)
-            await asyncio.to_thread(services.stop_all)
+    async with api_alone(folder, port, TENANT, "viewer") as (_, store, services, key):
+        session_id = uuid.uuid4().hex
+        actor = Actor(id="bench")
+        started = SessionStarted(goal="busy", requested_by=actor, mode="plan")
+        await store.append(new_event(started, tenant=TENANT, session_id=session_id, source="bench"))
+        appended: dict[int, float] = {}
+        readies = [asyncio.Event() for _ in range(CLIENTS)]
+        after = await store.last_seq(TENANT, session_id)
+        path = f"/sessions/{session_id}/events?after={after}"
+        clients = [
+            asyncio.create_task(follower(port, path, key, ready, EVENTS)) for ready in readies
+        ]
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), timeout=60)
+        await asyncio.sleep(1)  # Every follower has joined the live feed by now.
+        api = psutil.Process(services.processes["api"].pid)
+        cpu_before = sum(api.cpu_times()[:2])
+        began = time.perf_counter()
+        for index in range(EVENTS):
+            thought = ThoughtRecorded(kind="reasoning", text=f"thinking {index} " + "x" * 200)
+            event = new_event(thought, tenant=TENANT, session_id=session_id, source="bench")
+            before = time.perf_counter()
+            appended[(await store.append(event)).seq] = before
+            pause = began + (index + 1) / RATE_PER_S - time.perf_counter()
+            if pause > 0:
+                await asyncio.sleep(pause)
+        arrivals = await asyncio.wait_for(asyncio.gather(*clients), timeout=120)
+        api_cpu_s = sum(api.cpu_times()[:2]) - cpu_before
     delays = [(at - appended[seq]) * 1000 for each in arrivals for seq, at in each]
     return {
         "figure": "sse_fanout_delay_ms",

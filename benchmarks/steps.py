@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import statistics
 import tempfile
 import time
@@ -23,6 +24,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from helmline.api import new_api_key, store_api_key
 from helmline.contracts import (
     Actor,
     PlanStep,
@@ -120,6 +122,30 @@ async def services_running(
             yield nc, EventStore(nc.jetstream()), services
             await nc.close()
         finally:
+            await asyncio.to_thread(services.stop_all)
+
+
+@contextlib.asynccontextmanager
+async def api_alone(
+    folder: Path, port: int, tenant: str, role: str
+) -> AsyncIterator[tuple[NATS, EventStore, ServiceProcesses, str]]:
+    """A nats-server of its own with only the API service on it, on `port`; a connection,
+    the event store, the processes and an API key of `tenant` with `role`. Everything is
+    stopped when the block ends."""
+    with NatsServer(folder) as server:
+        services = ServiceProcesses(server.url, folder)
+        os.environ["HELMLINE_API_PORT"] = str(port)
+        try:
+            await asyncio.to_thread(services.start, "api")
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            await ensure_topology(js)
+            key, record = new_api_key(tenant, (role,), name="bench")
+            await store_api_key(js, record, by=Actor(id="bench"))
+            yield nc, EventStore(js), services, key
+            await nc.close()
+        finally:
+            os.environ.pop("HELMLINE_API_PORT", None)
             await asyncio.to_thread(services.stop_all)
 
 

@@ -21,7 +21,7 @@ import pytest
 from playwright.async_api import async_playwright, expect
 
 from helmline.cli._processes import wait_until
-from tests.api.test_console import CHROMIUM, CHROMIUM_FLAGS
+from helmline.runtime.testing import CHROMIUM, CHROMIUM_FLAGS
 
 pytestmark = [pytest.mark.stack, pytest.mark.browser]
 
@@ -166,7 +166,9 @@ async def console_shows_the_session(clone: Path, path: str, api_url: str, sessio
     """The console the bare machine built loads in Chromium and shows the session done."""
     key = (clone / ".helmline" / "api-key").read_text().strip()
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=list(CHROMIUM_FLAGS)
+        )
         try:
             page = await browser.new_page()
             await page.goto(f"{api_url}/#key={key}")

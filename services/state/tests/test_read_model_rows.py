@@ -17,12 +17,14 @@ from helmline.contracts import (
     ForkOrigin,
     SessionStarted,
     SessionState,
+    Touched,
     evolve,
     fold,
     new_event,
+    touched,
 )
 from helmline.contracts.testing import sessions
-from helmline.state._readmodel import Touched, session_rows, touched
+from helmline.state._readmodel import session_rows
 
 KEYS = 3
 """Tenant, session and the row's own id: the key of every row but the session's."""

@@ -1,7 +1,8 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
-import type { Approval, Checkpoint, FileChanges, Me, PermissionNeed, SessionState, SessionSummary, Step } from "./types";
+import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt } from "./types";
+import { patchRows, setHtml, VirtualList } from "./virtual";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -92,22 +93,6 @@ function throttle(work: () => Promise<void>, every = LIVE_EVERY_MS): () => void 
   return schedule;
 }
 
-const drawn = new WeakMap<HTMLElement, { keys: string[]; html: string[] }>();
-
-/** Draws `html`, one element per key, in `list`, touching only what changed since the last
- * draw: a long session's plan is redrawn a step at a time, not whole on every update. */
-function patchList(list: HTMLElement, keys: string[], html: string[], empty = ""): void {
-  const before = drawn.get(list);
-  drawn.set(list, { keys, html });
-  const kept = before && before.keys.length <= keys.length && list.children.length === before.keys.length && before.keys.length > 0 ? before : null;
-  if (!kept || kept.keys.some((key, i) => key !== keys[i])) {
-    list.innerHTML = html.join("") || empty;
-    return;
-  }
-  for (let i = 0; i < kept.keys.length; i++) if (html[i] !== kept.html[i]) list.children[i].outerHTML = html[i];
-  if (keys.length > kept.keys.length) list.insertAdjacentHTML("beforeend", html.slice(kept.keys.length).join(""));
-}
-
 function follow(path: string, onEvent: (event: StreamEvent) => void): void {
   feed?.stop();
   feed = new EventFeed(path, onEvent, showConnection);
@@ -169,11 +154,11 @@ async function sessionList(current: Current): Promise<void> {
           .map(
             (s) => `
         <tr data-session="${esc(s.session_id)}">
-          <td>${badge(s.status, s.status)}</td>
+          <td data-label="Status">${badge(s.status, s.status)}</td>
           <td><a href="#/sessions/${esc(s.session_id)}" class="session-link">${esc(s.goal)}</a></td>
-          <td>${s.waiting_for.map((w) => `${badge(w.risk, w.risk)} ${esc(w.tool ?? "plan")} <small>(${esc(w.step_id ?? "")})</small>`).join("<br>")}</td>
-          <td>${s.steps_succeeded}/${s.steps_total}${s.steps_failed ? ` · ${s.steps_failed} failed` : ""}</td>
-          <td>${esc(when(s.started_at))}</td>
+          <td data-label="Waiting for">${s.waiting_for.map((w) => `${badge(w.risk, w.risk)} ${esc(w.tool ?? "plan")} <small>(${esc(w.step_id ?? "")})</small>`).join("<br>")}</td>
+          <td data-label="Steps">${s.steps_succeeded}/${s.steps_total}${s.steps_failed ? ` · ${s.steps_failed} failed` : ""}</td>
+          <td data-label="Started">${esc(when(s.started_at))}</td>
         </tr>`,
           )
           .join("")
@@ -205,26 +190,19 @@ async function sessionList(current: Current): Promise<void> {
 
 // ---- one session ----------------------------------------------------------------------------
 
-interface ToolCall {
-  call_id: string;
-  step_id: string;
-  tool: string;
-  arguments?: unknown;
-  status: string;
-  output?: unknown;
-  error?: unknown;
-  duration_ms?: number;
-  truncated?: boolean;
-  redactions?: number;
-  /** The earlier call whose result this one reused (a pure tool, called again alike). */
-  cached_from?: string;
-  /** Tries the gateway made again, each with why the one before failed. */
-  retries: { attempt: number; error: unknown; retry_in_s: number }[];
+/** A try of a call that failed and that the gateway made again, as heard live. */
+interface RetryHeard {
+  attempt: number;
+  error: unknown;
+  retry_in_s: number;
 }
+
+/** Step statuses (the contract's StepStatus), in the order the filter offers them. */
+const STEP_STATUSES = ["pending", "scheduled", "authorized", "running", "succeeded", "failed", "denied", "skipped", "undone"];
 
 async function sessionView(sessionId: string, current: Current): Promise<void> {
   main.innerHTML = `
-    <section class="session" aria-live="off">
+    <section class="session">
       <p><a href="#/">← Sessions</a></p>
       <div id="summary"></div>
       <div id="controls" class="controls" role="toolbar" aria-label="Session controls">
@@ -233,20 +211,69 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
         <button data-action="cancel" class="danger" accesskey="c">Cancel</button>
       </div>
       <p id="notice" role="status" aria-live="polite"></p>
-      <section id="approvals" aria-label="Approvals"></section>
+      <section id="approvals" aria-label="Approvals" aria-live="polite"></section>
       <div id="grants"></div>
+      <nav class="page-nav" aria-label="Parts of the session">
+        <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#calls-box" data-skip="calls-box">Tool calls</a>
+        <a href="#thoughts" data-skip="thoughts">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a>
+      </nav>
+      <form id="list-tools" class="list-tools" role="search" aria-label="Steps and calls">
+        <label>Status <select id="step-status" name="status"><option value="">any</option></select></label>
+        <label>Tool <select id="step-tool" name="tool"><option value="">any</option></select></label>
+        <label>Go to step <input id="jump-to" name="step" autocomplete="off" size="10"></label>
+        <button type="submit">Go</button>
+      </form>
       <div class="columns">
-        <section><h2>Plan</h2><ol id="steps" class="timeline"></ol></section>
-        <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts"></ol></section>
+        <section><h2 id="plan-title">Plan</h2>
+          <div id="steps-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="plan-title" aria-describedby="list-keys">
+            <ol id="steps" class="timeline virtual"></ol></div>
+          <p id="list-keys" class="hint">In a list: <kbd>↑</kbd>/<kbd>↓</kbd>, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>, <kbd>Home</kbd>/<kbd>End</kbd> move; <kbd>Enter</kbd> opens.</p></section>
+        <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts" tabindex="-1"></ol><p id="thoughts-more" class="hint"></p></section>
       </div>
-      <section><h2>Tool calls</h2><div id="calls"></div></section>
-      <section><h2>Checkpoints</h2><ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
+      <section><h2 id="calls-title">Tool calls</h2>
+        <div id="calls-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="calls-title" aria-describedby="list-keys">
+          <ol id="calls" class="virtual calls"></ol></div></section>
+      <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p><ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
     </section>`;
 
+  let overview: SessionOverview | null = null;
   let state: SessionState | null = null;
+  /** The stream sequence the page reflects: changes are asked for since it. */
+  let applied = 0;
   const openDetails = new Set<string>();
-  const calls = new Map<string, ToolCall>();
+  const openCalls = new Set<string>();
+  const retriesHeard = new Map<string, RetryHeard[]>();
   let approvalKey: string | null = null;
+  const statusField = document.getElementById("step-status") as HTMLSelectElement;
+  const toolField = document.getElementById("step-tool") as HTMLSelectElement;
+  const filtered = (): boolean => statusField.value !== "" || toolField.value !== "";
+  const rangeQuery = (offset: number, limit: number): string => {
+    const query = new URLSearchParams({ offset: String(offset), limit: String(limit) });
+    if (statusField.value) query.append("status", statusField.value);
+    if (toolField.value) query.append("tool", toolField.value);
+    return query.toString();
+  };
+  const steps = new VirtualList<StepAt>({
+    box: document.getElementById("steps-box")!,
+    list: document.getElementById("steps")!,
+    fetch: (offset, limit) => api<RangePage<StepAt>>(`/sessions/${sessionId}/steps?${rangeQuery(offset, limit)}`),
+    render: (at) => {
+      const s = state;
+      const retry = s && s.status === "failed" && ["failed", "denied"].includes(at.step.status) ? retryPoint(s) : undefined;
+      return stepItem(at.step, openDetails.has(at.step.id), retry);
+    },
+    empty: '<li class="empty"><small>No steps.</small></li>',
+    onError: fail,
+  });
+  const calls = new VirtualList<CallAt>({
+    box: document.getElementById("calls-box")!,
+    list: document.getElementById("calls")!,
+    fetch: (offset, limit) => api<RangePage<CallAt>>(`/sessions/${sessionId}/calls?${rangeQuery(offset, limit)}`),
+    render: (call) => callItem(call, openCalls.has(call.call_id), retriesHeard.get(call.call_id) ?? []),
+    empty: '<li class="empty"><small>No tool calls yet.</small></li>',
+    estimate: 36,
+    onError: fail,
+  });
 
   const notice = (text: string, error = false): void => {
     const el = document.getElementById("notice");
@@ -302,42 +329,46 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   };
 
   const render = (): void => {
-    if (!state) return;
+    if (!state || !overview) return;
     const s = state;
+    const o = overview;
     tellRollback(s);
-    const steps = Object.values(s.steps);
-    document.getElementById("summary")!.innerHTML = `
+    setHtml(document.getElementById("summary")!, `
       <h1>${esc(s.goal)}</h1>
       <p>${badge(s.status, s.status)} ${s.pause_requested && s.status !== "paused" ? badge("paused", "pause requested") : ""}
-        <small>${esc(s.mode)} · ${steps.filter((x) => x.status === "succeeded").length}/${steps.length} steps
+        <small>${esc(s.mode)} · ${o.steps_by_status.succeeded ?? 0}/${o.steps_total} steps
         ${planFacts(s)} · started ${esc(when(s.started_at))}</small></p>
       ${criteriaList(s)}
       ${modelUsage(s)}
       ${s.fork_of ? `<p class="fork">started from <a href="#/sessions/${esc(s.fork_of.session_id)}">${esc(s.fork_of.session_id.slice(0, 12))}</a>${s.fork_of.completed_steps.length ? ` after ${esc(s.fork_of.completed_steps.join(", "))}` : ""}</p>` : ""}
-      ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`;
+      ${s.outcome ? `<p class="outcome">${esc(s.outcome)}</p>` : ""}`);
     const ended = ["completed", "failed", "cancelled"].includes(s.status);
     for (const button of document.querySelectorAll<HTMLButtonElement>("#controls button")) {
       const action = button.dataset.action;
       button.disabled = ended || (action === "pause" && (s.pause_requested || s.status === "paused")) || (action === "resume" && !s.pause_requested && s.status !== "paused");
     }
     renderApprovals(s);
-    document.getElementById("grants")!.innerHTML = Object.values(s.approvals)
-      .filter((a) => a.status === "granted" && (a.similar_limit || a.permissions.length))
-      .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
-      .join("");
-    const from = retryPoint(s);
-    patchList(
-      document.getElementById("steps")!,
-      steps.map((step) => step.id),
-      steps.map((step) => stepItem(step, openDetails.has(step.id), s.status === "failed" && ["failed", "denied"].includes(step.status) ? from : undefined)),
+    setHtml(
+      document.getElementById("grants")!,
+      Object.values(s.approvals)
+        .filter((a) => a.status === "granted" && (a.similar_limit || a.permissions.length))
+        .map((a) => (a.permissions.length ? permissionGrant(a) : standingGrant(a)))
+        .join(""),
     );
-    document.getElementById("thinking")!.textContent = thinking(s) ? "thinking…" : "";
+    offerChoices(statusField, STEP_STATUSES.filter((x) => o.steps_by_status[x]));
+    offerChoices(toolField, Object.keys(o.tools).sort());
+    document.getElementById("thinking")!.textContent = !o.steps_underway && thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
-    thoughts.innerHTML = s.thoughts
-      .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
-      .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>';
-    thoughts.scrollTop = thoughts.scrollHeight;
-    patchList(document.getElementById("calls")!, [...calls.keys()], [...calls.values()].map(callItem), "<p><small>No tool calls yet.</small></p>");
+    const thoughtsWere = thoughts.innerHTML;
+    setHtml(
+      thoughts,
+      s.thoughts
+        .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
+        .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>',
+    );
+    if (thoughts.innerHTML !== thoughtsWere) thoughts.scrollTop = thoughts.scrollHeight;
+    const earlierThoughts = o.thoughts_total - s.thoughts.length;
+    document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s);
   };
 
@@ -351,62 +382,106 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
 
   const renderCheckpoints = (s: SessionState): void => {
     const list = s.checkpoints;
-    document.getElementById("checkpoints")!.innerHTML = list
-      .map((c, index) => {
-        const later = list.slice(index + 1);
-        const blocking = later.filter((x) => !x.reversible);
-        const locked = blocking.length > 0;
-        const undone = s.steps[c.step_id]?.status === "undone";
-        const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
-        return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
-          <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
-            <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
-            ${c.changes ? filesChanged(c.changes) : ""}</span>
-          ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
-          <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
-            title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
-            ${locked ? "Locked" : "Roll back to here"}</button>
-        </li>`;
-      })
-      .join("") || '<li class="empty"><small>No checkpoints yet.</small></li>';
-    document.getElementById("rollbacks")!.innerHTML = Object.values(s.rollbacks)
+    const total = overview?.checkpoints_total ?? list.length;
+    document.getElementById("checkpoints-more")!.textContent =
+      total > list.length ? `The latest ${list.length} of ${total} checkpoints: a rollback goes back to one of them.` : "";
+    const rows = list.map((c, index) => {
+      const later = list.slice(index + 1);
+      const blocking = later.filter((x) => !x.reversible);
+      const locked = blocking.length > 0;
+      const undone = overview?.checkpoint_steps[c.step_id] === "undone";
+      const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
+      return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
+        <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
+          <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
+          ${c.changes ? filesChanged(c.changes) : ""}</span>
+        ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
+        <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
+          title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
+          ${locked ? "Locked" : "Roll back to here"}</button>
+      </li>`;
+    });
+    patchRows(document.getElementById("checkpoints")!, list.map((c) => c.checkpoint_id), rows, '<li class="empty"><small>No checkpoints yet.</small></li>');
+    setHtml(document.getElementById("rollbacks")!, Object.values(s.rollbacks)
       .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id)}
         ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
         ${r.blocking_steps.length ? ` · blocked by: ${esc(r.blocking_steps.join(", "))}` : ""}
         ${r.reason ? ` · ${esc(r.reason)}` : ""}</p>`)
-      .join("");
+      .join(""));
   };
 
-  const refresh = async (): Promise<void> => {
-    const fresh = await api<SessionState>(`/sessions/${sessionId}`);
-    if (!current()) return;
-    state = fresh;
+  const adopt = (fresh: SessionOverview): void => {
+    overview = fresh;
+    state = fresh.state;
+    applied = fresh.last_seq;
     render();
+  };
+  /** What changed since the page last looked: the overview, and the steps (and so the
+   * calls) the events since touched, redrawn where they are on screen. */
+  const refresh = async (): Promise<void> => {
+    const changes = await api<SessionChanges>(`/sessions/${sessionId}/changes?since=${applied}`);
+    if (!current()) return;
+    adopt(changes.overview);
+    if (changes.reset || filtered()) {
+      // A filter's matches (and so every index) may have moved: the rows shown are read again.
+      steps.reload(filtered() ? undefined : changes.overview.steps_total);
+      calls.reload(filtered() ? undefined : changes.overview.calls_total);
+      return;
+    }
+    steps.setTotal(changes.overview.steps_total);
+    calls.setTotal(changes.overview.calls_total);
+    for (const at of changes.steps) {
+      steps.put(at.position, at);
+      if (at.call_index !== null && at.step.call_id) calls.put(at.call_index, { index: at.call_index, call_id: at.step.call_id, latest: true, step: at });
+    }
   };
   const refreshSoon = throttle(refresh);
 
   const onEvent = (event: StreamEvent): void => {
     heard(event);
     const data = event.data.data as Record<string, unknown>;
-    const callId = data.call_id as string | undefined;
-    if (callId && event.type.startsWith("tool.call.")) {
-      const call: ToolCall = calls.get(callId) ?? { call_id: callId, step_id: String(data.step_id), tool: String(data.tool), status: "", retries: [] };
-      if (event.type === "tool.call.attempt_failed") {
-        call.status = "retrying";
-        call.retries.push({ attempt: Number(data.attempt), error: data.error, retry_in_s: Number(data.retry_in_s) });
-      } else call.status = event.type.slice("tool.call.".length);
-      if (event.type === "tool.call.authorized") call.arguments = data.arguments;
-      if (event.type === "tool.call.completed") Object.assign(call, { output: data.output, duration_ms: data.duration_ms, truncated: data.truncated, redactions: data.redactions, cached_from: data.cached_from ?? undefined });
-      if (event.type === "tool.call.failed") Object.assign(call, { error: data.error, duration_ms: data.duration_ms });
-      calls.set(callId, call);
+    if (event.type === "tool.call.attempt_failed") {
+      const callId = String(data.call_id);
+      retriesHeard.set(callId, [...(retriesHeard.get(callId) ?? []), { attempt: Number(data.attempt), error: data.error, retry_in_s: Number(data.retry_in_s) }]);
     }
     refreshSoon();
+  };
+
+  const refilter = (): void => {
+    steps.reload(filtered() ? undefined : overview?.steps_total, true);
+    calls.reload(filtered() ? undefined : overview?.calls_total, true);
+  };
+  statusField.addEventListener("change", refilter);
+  toolField.addEventListener("change", refilter);
+  (document.getElementById("list-tools") as HTMLFormElement).addEventListener("submit", (event) => {
+    event.preventDefault();
+    void jump((document.getElementById("jump-to") as HTMLInputElement).value.trim());
+  });
+  const jump = async (stepId: string): Promise<void> => {
+    if (!stepId) return;
+    try {
+      const at = await api<StepAt>(`/sessions/${sessionId}/steps/${encodeURIComponent(stepId)}`);
+      if (filtered()) {
+        statusField.value = toolField.value = "";
+        refilter();
+      }
+      steps.put(at.position, at);
+      steps.scrollTo(at.position, true);
+    } catch (error) {
+      if (error instanceof ApiError) notice(error.detail, true);
+      else throw error;
+    }
   };
 
   main.addEventListener("toggle", (event) => {
     const details = event.target as HTMLDetailsElement;
     const id = details.dataset?.step;
     if (id) (details.open ? openDetails.add(id) : openDetails.delete(id));
+    const call = details.dataset?.call;
+    if (call) (details.open ? openCalls.add(call) : openCalls.delete(call));
+    // Drawn again with the row's details in (or out), and measured anew.
+    if (id) steps.redraw();
+    if (call) calls.redraw();
   }, true);
 
   main.onclick = (event) => {
@@ -511,9 +586,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     );
   };
 
-  await refresh();
+  adopt(await api<SessionOverview>(`/sessions/${sessionId}/overview`));
   if (!current()) return;
-  follow(`/sessions/${sessionId}/events`, onEvent);
+  steps.setTotal(overview!.steps_total);
+  calls.setTotal(overview!.calls_total);
+  // Live from the sequence the overview reflects: the events before are in it.
+  follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
   teardown = () => {
     main.onclick = null;
   };
@@ -607,15 +685,43 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
     </details>${retry}</li>`;
 }
 
-function callItem(call: ToolCall): string {
-  return `<details class="call"><summary>${badge(call.status, call.status)} ${esc(call.tool)} <small>step ${esc(call.step_id)}</small>
-      ${call.duration_ms !== undefined ? `<small>${Number(call.duration_ms).toFixed(0)} ms</small>` : ""}
-      ${call.retries.length ? badge("warning", retries(call.retries.length)) : ""}${call.cached_from ? badge("cached", `result of ${call.cached_from}`) : ""}${call.truncated ? badge("warning", "output truncated") : ""}${call.redactions ? badge("warning", `${call.redactions} redacted`) : ""}</summary>
-    ${call.arguments !== undefined ? `<h4>Input</h4><pre>${json(call.arguments)}</pre>` : ""}
-    ${call.output !== undefined ? `<h4>Output</h4><pre>${json(call.output)}</pre>` : ""}
-    ${call.error !== undefined ? `<h4>Error</h4><pre class="error">${errorText(call.error)}</pre>` : ""}
-    ${call.retries.map((r) => `<h4>Try ${r.attempt} failed, tried again after ${r.retry_in_s.toFixed(1)} s</h4><pre class="error">${errorText(r.error)}</pre>`).join("")}
-  </details>`;
+/** How a call stands, from its step: the step's result is its latest call's. */
+function callStatus(call: CallAt): string {
+  if (!call.latest) return "earlier try";
+  const status = call.step.step.status;
+  return status === "succeeded" ? "completed" : status;
+}
+
+function callItem(call: CallAt, open: boolean, heard: RetryHeard[]): string {
+  const step = call.step.step;
+  const mine = call.latest;
+  const tries = mine ? Math.max(step.retries, heard.length) : heard.length;
+  const redactions = mine ? Object.values(step.redacted_by ?? {}).reduce((a, b) => a + b, 0) : 0;
+  return `<li class="call-row" data-call-id="${esc(call.call_id)}"><details class="call" data-call="${esc(call.call_id)}" ${open ? "open" : ""}><summary>${badge(callStatus(call), callStatus(call))} ${esc(step.tool)} <small>step ${esc(step.id)}</small>
+      ${mine && step.duration_ms !== null ? `<small>${Number(step.duration_ms).toFixed(0)} ms</small>` : ""}
+      ${tries ? badge("warning", retries(tries)) : ""}${mine && step.cached_from ? badge("cached", `result of ${step.cached_from}`) : ""}${redactions ? badge("warning", `${redactions} redacted`) : ""}</summary>
+    ${open ? callDetail(call, heard) : ""}
+  </details></li>`;
+}
+
+/** What an opened call shows: drawn only when open, so a closed row stays small. */
+function callDetail(call: CallAt, heard: RetryHeard[]): string {
+  const step = call.step.step;
+  if (!call.latest) return `<p><small>An earlier try of step ${esc(step.id)}; its latest call is further on.</small></p>`;
+  return `<h4>Input</h4><pre>${json(step.arguments)}</pre>
+    ${step.output !== null ? `<h4>Output</h4><pre>${json(step.output)}</pre>` : ""}
+    ${step.error ? `<h4>Error</h4><pre class="error">${errorText(step.error)}</pre>` : ""}
+    ${heard.map((r) => `<h4>Try ${r.attempt} failed, tried again after ${r.retry_in_s.toFixed(1)} s</h4><pre class="error">${errorText(r.error)}</pre>`).join("")}`;
+}
+
+/** Sets a select's options to `values` (after its first, "any"), keeping what is chosen. */
+function offerChoices(select: HTMLSelectElement, values: string[]): void {
+  const chosen = select.value;
+  const wanted = ["", ...new Set([...values, ...(chosen ? [chosen] : [])])];
+  const have = [...select.options].map((o) => o.value);
+  if (have.join("\n") === wanted.join("\n")) return;
+  select.innerHTML = wanted.map((v) => `<option value="${esc(v)}">${v ? esc(v) : "any"}</option>`).join("");
+  select.value = chosen;
 }
 
 /** What a step changed in the workspace: counts, and the paths on hover. */
@@ -754,6 +860,17 @@ document.addEventListener("keydown", (event) => {
     links[next].focus();
     event.preventDefault();
   }
+});
+
+// In-page links (skip links) move focus without touching the address, which routes.
+document.addEventListener("click", (event) => {
+  const link = (event.target as HTMLElement).closest<HTMLAnchorElement>("a[data-skip]");
+  const target = link && document.getElementById(link.dataset.skip!);
+  if (!target) return;
+  event.preventDefault();
+  if (!target.hasAttribute("tabindex")) target.tabIndex = -1;
+  target.focus();
+  target.scrollIntoView({ block: "start" });
 });
 
 window.addEventListener("hashchange", () => void route());

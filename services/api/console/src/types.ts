@@ -184,3 +184,50 @@ export interface Me {
   tenant: string;
   roles: string[];
 }
+
+/** A session without its steps (`GET /sessions/{id}/overview`). */
+export interface SessionOverview {
+  /** The folded state with no steps, and only its latest checkpoints and thoughts. */
+  state: SessionState;
+  /** Stream sequence of the last event it reflects: ask for changes since this one. */
+  last_seq: number;
+  steps_total: number;
+  steps_by_status: Record<string, number>;
+  tools: Record<string, number>;
+  calls_total: number;
+  steps_underway: boolean;
+  checkpoints_total: number;
+  thoughts_total: number;
+  /** The status of each step a carried checkpoint was made after. */
+  checkpoint_steps: Record<string, string>;
+}
+
+/** A step with where it is in the plan and in the call list. */
+export interface StepAt {
+  position: number;
+  call_index: number | null;
+  step: Step & { call_id: string | null; redacted_by: Record<string, number> };
+}
+
+export interface CallAt {
+  index: number;
+  call_id: string;
+  /** Whether it is its step's latest call (the step's result, error and timing are its). */
+  latest: boolean;
+  step: StepAt;
+}
+
+export interface RangePage<T> {
+  total: number;
+  offset: number;
+  items: T[];
+}
+
+/** `GET /sessions/{id}/changes?since=N`. */
+export interface SessionChanges {
+  since: number;
+  overview: SessionOverview;
+  /** Too much changed to say step by step: read the rows shown again. */
+  reset: boolean;
+  steps: StepAt[];
+}

@@ -75,6 +75,7 @@ from helmline.contracts._catalogue import (
     WorkspaceSnapshotted,
     call_digest,
 )
+from helmline.contracts._changes import EVERY_ROW, Touched, touched
 from helmline.contracts._deadletters import DeadLetter
 from helmline.contracts._envelope import (
     EVENT_CLASSES,
@@ -245,6 +246,7 @@ __all__ = [
     "EVENTS_STREAM",
     "EVENT_CLASSES",
     "EVENT_PUBLISHERS",
+    "EVERY_ROW",
     "EXAMPLE_PAYLOADS",
     "EXCERPT_CHARS",
     "FOLD_VERSION",
@@ -398,6 +400,7 @@ __all__ = [
     "ToolServerHealthChanged",
     "ToolServerStatus",
     "ToolSpec",
+    "Touched",
     "Trust",
     "UndecodableEvent",
     "UnknownEventType",
@@ -442,4 +445,5 @@ __all__ = [
     "session_filter",
     "source_of",
     "tenant_filter",
+    "touched",
 ]

@@ -541,3 +541,47 @@ def _classifier_handler(classifier: ScriptedClassifier) -> type[BaseHTTPRequestH
                 pass  # The client gave up waiting (a timeout under test).
 
     return Handler
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+"""Debian's Chromium, which the console's browser tests and benchmark drive through
+Playwright (`tools/system_packages.py` installs it; Playwright's own download fails here)."""
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+)
+"""What Chromium needs to run headless as root on a machine with no display or network."""
+
+SHOWN_STEP_COUNTS = """
+window.shownCounts = [];
+new MutationObserver(() => {
+  const text = document.getElementById("summary")?.textContent ?? "";
+  const found = /(\\d+)\\/(\\d+) steps/.exec(text);
+  const count = found ? Number(found[1]) : null;
+  if (count !== null && window.shownCounts.at(-1)?.[1] !== count) {
+    window.shownCounts.push([Date.now(), count]);
+  }
+}).observe(document, { childList: true, subtree: true, characterData: true });
+"""
+"""A console page's init script: from its first paint, each time the session's summary shows
+another count of succeeded steps, `window.shownCounts` notes when (the epoch in ms, as the
+log's event times) and which count."""
+
+
+def display_lags(finished_ms: list[float], shown: list[list[int]]) -> list[float]:
+    """How long after the log had k steps succeeded (`finished_ms`, sorted) the page first
+    showed at least k (`shown`, as `SHOWN_STEP_COUNTS` noted it), in ms: for each step that
+    succeeded after the page first showed a count (it opened after the session started)."""
+    opened_at = shown[0][0]
+    lags = []
+    for k, at in enumerate(finished_ms, start=1):
+        if at >= opened_at:
+            first_shown = next(when for when, count in shown if count >= k)
+            lags.append(max(0.0, first_shown - at))
+    return lags

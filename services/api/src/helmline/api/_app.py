@@ -7,7 +7,7 @@ from pathlib import Path
 from fastapi import FastAPI, Response
 from fastapi.staticfiles import StaticFiles
 
-from helmline.api import _events, _key_routes, _routes
+from helmline.api import _events, _key_routes, _routes, _session_parts
 from helmline.api._auth import Authenticator
 from helmline.api._fanout import FanOut
 from helmline.api._limits import BodyLimit
@@ -31,6 +31,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     app.state.js = host.js
     # States are read from the nearest one the state service stored, plus the events after.
     app.state.states = FoldedStates(host.js, host.store)
+    app.state.latest_states = _session_parts.LatestStates(app.state.states)
     app.state.authenticator = Authenticator(settings, host.js)
     app.state.lister = SessionLister(host.store, settings.database_url)
     app.state.fan_out = FanOut(host.js)
@@ -51,6 +52,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
         return {"service": "api", "status": "ready"}
 
     app.include_router(_routes.router)
+    app.include_router(_session_parts.router)
     app.include_router(_events.router)
     app.include_router(_key_routes.router)
     console = settings.console_dir or CONSOLE_BUILD

@@ -14,22 +14,19 @@ from typing import Any
 
 import asyncpg
 
-from helmline.contracts import Event, SessionState
+from helmline.contracts import EVERY_ROW, Event, SessionState, Touched, touched
 from helmline.runtime import Delivery, RetryableError, SessionCache
 from helmline.state._readmodel import (
     APPROVAL_COLUMNS,
     CHECKPOINT_COLUMNS,
-    EVERY_ROW,
     MIGRATIONS,
     OPEN,
     SESSION_COLUMNS,
     STEP_COLUMNS,
-    Touched,
     approval_rows,
     checkpoint_rows,
     session_row,
     step_rows,
-    touched,
 )
 
 logger = logging.getLogger(__name__)

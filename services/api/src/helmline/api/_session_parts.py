@@ -1,0 +1,355 @@
+"""A session in parts, for views of long sessions: its overview, its steps and calls by range
+(filtered by status and tool), its log by sequence, and what changed since a sequence.
+
+Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
+10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
+events after N to learn which steps they touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, OrderedDict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, SerializeAsAny
+
+from helmline.api._auth import Viewer
+from helmline.api._problems import (
+    PROBLEM_RESPONSES,
+    FieldProblem,
+    ProblemDetails,
+    invalid,
+    not_found,
+)
+from helmline.api._routes import NOT_FOUND, SessionPath
+from helmline.contracts import (
+    IN_FLIGHT_STEPS,
+    Event,
+    SessionState,
+    StepState,
+    StepStatus,
+    touched,
+)
+from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
+
+router = APIRouter(tags=["sessions"], responses={**PROBLEM_RESPONSES, **NOT_FOUND})
+
+LATEST = 100
+"""Checkpoints and thoughts an overview carries: the latest ones."""
+MOST_CHANGES = 2_000
+"""Events after which "changes since" answers `reset` rather than the steps they touched."""
+
+Offset = Annotated[int, Query(ge=0, le=1_000_000, description="The first item's index")]
+Limit = Annotated[int, Query(ge=1, le=500, description="How many items at most")]
+StatusFilter = Annotated[list[StepStatus], Query(description="Only steps in one of these statuses")]
+ToolFilter = Annotated[list[str], Query(description="Only steps calling one of these tools")]
+
+
+class LatestStates:
+    """The latest folded state of the sessions whose parts were read most recently.
+
+    A view of a long session reads it in parts, again every few hundred milliseconds while
+    it runs: each read folds only the events since the state kept (one request when there
+    are none), where a load from the stored states would decode the whole session each time.
+    """
+
+    def __init__(self, states: FoldedStates, capacity: int = 32) -> None:
+        self._states = states
+        self._capacity = capacity
+        self._kept: OrderedDict[tuple[str, str], SessionSnapshot] = OrderedDict()
+
+    @property
+    def store(self) -> EventStore:
+        return self._states.store
+
+    async def load(self, tenant: str, session_id: str) -> SessionSnapshot:
+        """The session now; 404 when it has no events."""
+        key = (tenant, session_id)
+        kept = self._kept.get(key)
+        if kept is None:
+            snapshot = await self._states.load(tenant, session_id)
+        else:
+            snapshot = await self._states.store.load(tenant, session_id, start=kept)
+        if snapshot.last_seq == 0:
+            raise not_found(f"no session {session_id}")
+        # Requests overlap: the one that read furthest is kept.
+        latest = self._kept.get(key)
+        if latest is None or latest.last_seq < snapshot.last_seq:
+            self._kept[key] = snapshot
+        self._kept.move_to_end(key)
+        while len(self._kept) > self._capacity:
+            self._kept.popitem(last=False)
+        return snapshot
+
+
+def _latest(request: Request) -> LatestStates:
+    latest: LatestStates = request.app.state.latest_states
+    return latest
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Which items of a list: a range, of those whose step matches a filter."""
+
+    offset: int
+    limit: int
+    status: list[StepStatus]
+    tool: list[str]
+
+    def matches(self, step: StepState) -> bool:
+        return (not self.status or step.status in self.status) and (
+            not self.tool or step.tool in self.tool
+        )
+
+
+def _part(
+    offset: Offset = 0,
+    limit: Limit = 100,
+    status: StatusFilter = [],  # noqa: B006 - FastAPI copies it
+    tool: ToolFilter = [],  # noqa: B006
+) -> Part:
+    return Part(offset, limit, status, tool)
+
+
+PartQuery = Annotated[Part, Depends(_part)]
+
+
+class SessionOverview(BaseModel):
+    """A session without its steps: what a view shows above and around them."""
+
+    state: SessionState
+    """The folded state with no steps, and only its latest checkpoints and thoughts."""
+    last_seq: int
+    """Stream sequence of the last event it reflects: ask for changes since this one."""
+    steps_total: int
+    steps_by_status: dict[str, int]
+    """How many steps are in each status (those in none left out)."""
+    tools: dict[str, int]
+    """How many steps call each tool."""
+    calls_total: int
+    """Tool calls ever scheduled, retries of a step included."""
+    steps_underway: bool
+    """Some step is pending, scheduled, authorized, running or waits to be tried again."""
+    checkpoints_total: int
+    thoughts_total: int
+    checkpoint_steps: dict[str, StepStatus]
+    """The status of each step a carried checkpoint was made after (undone, say)."""
+
+
+class StepAt(BaseModel):
+    """A step with where it is in the plan and in the call list."""
+
+    position: int
+    """Its index in plan order."""
+    call_index: int | None
+    """The index of its latest call in the order calls were scheduled; None: never called."""
+    step: StepState
+
+
+class StepPage(BaseModel):
+    """Steps from `offset` on, of those matching the filter."""
+
+    total: int
+    """Steps matching the filter."""
+    offset: int
+    items: list[StepAt]
+
+
+class CallAt(BaseModel):
+    """A tool call with its step as it is now."""
+
+    index: int
+    """Its index in the order calls were scheduled."""
+    call_id: str
+    latest: bool
+    """Whether it is its step's latest call (the step's result, error and timing are its)."""
+    step: StepAt
+
+
+class CallPage(BaseModel):
+    """Calls from `offset` on, of those whose step matches the filter."""
+
+    total: int
+    offset: int
+    items: list[CallAt]
+
+
+class LoggedEvent(BaseModel):
+    seq: int
+    """Its stream sequence."""
+    event: SerializeAsAny[Event]
+    """The event as stored: CloudEvents JSON, its payload under `data`."""
+
+
+class EventPage(BaseModel):
+    """The session's events after a sequence, oldest first."""
+
+    items: list[LoggedEvent]
+    last_seq: int
+    """The session's last event when read: more follow while the last item is before it."""
+
+
+class SessionChanges(BaseModel):
+    """What changed in a session since a sequence."""
+
+    since: int
+    overview: SessionOverview
+    reset: bool
+    """Too much changed (a new plan, a rollback, an end, or many events) to name it step by
+    step: read the steps shown again."""
+    steps: list[StepAt]
+    """The steps the events touched, as they are now (empty with `reset`)."""
+
+
+class _Indexed:
+    """A state's steps and calls with their indexes, worked out once per request."""
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+        self.positions = {step_id: index for index, step_id in enumerate(state.steps)}
+        self.calls = {call_id: index for index, call_id in enumerate(state.calls)}
+
+    def at(self, step: StepState) -> StepAt:
+        call = self.calls.get(step.call_id) if step.call_id else None
+        return StepAt(position=self.positions[step.id], call_index=call, step=step)
+
+
+def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
+    state = snapshot.state
+    steps = state.steps.values()
+    checkpoints = state.checkpoints[-LATEST:]
+    light = dataclasses.replace(
+        state, steps={}, calls={}, checkpoints=checkpoints, thoughts=state.thoughts[-LATEST:]
+    )
+    return SessionOverview(
+        state=light,
+        last_seq=snapshot.last_seq,
+        steps_total=len(state.steps),
+        steps_by_status=dict(Counter(step.status for step in steps)),
+        tools=dict(Counter(step.tool for step in steps)),
+        calls_total=len(state.calls),
+        steps_underway=any(
+            step.status in IN_FLIGHT_STEPS or step.status == "pending" or step.retry_at
+            for step in steps
+        ),
+        checkpoints_total=len(state.checkpoints),
+        thoughts_total=len(state.thoughts),
+        checkpoint_steps={
+            c.step_id: state.steps[c.step_id].status
+            for c in checkpoints
+            if c.step_id in state.steps
+        },
+    )
+
+
+@router.get("/sessions/{session_id}/overview")
+async def session_overview(
+    session_id: SessionPath, principal: Viewer, request: Request
+) -> SessionOverview:
+    """The session without its steps: status, plan facts, approvals, rollbacks, counts of
+    steps by status and tool, its latest checkpoints and thoughts."""
+    return overview_of(await _latest(request).load(principal.tenant, session_id))
+
+
+@router.get("/sessions/{session_id}/steps")
+async def session_steps(
+    session_id: SessionPath, principal: Viewer, request: Request, part: PartQuery
+) -> StepPage:
+    """The session's steps in plan order, from `offset`, of those matching the filter."""
+    state = (await _latest(request).load(principal.tenant, session_id)).state
+    indexed = _Indexed(state)
+    chosen = [step for step in state.steps.values() if part.matches(step)]
+    items = [indexed.at(step) for step in chosen[part.offset : part.offset + part.limit]]
+    return StepPage(total=len(chosen), offset=part.offset, items=items)
+
+
+@router.get(
+    "/sessions/{session_id}/steps/{step_id}",
+    responses={404: {"model": ProblemDetails, "description": "No such session or step"}},
+)
+async def session_step(
+    session_id: SessionPath, step_id: str, principal: Viewer, request: Request
+) -> StepAt:
+    """One step, with its position in the plan (to jump to it)."""
+    state = (await _latest(request).load(principal.tenant, session_id)).state
+    step = state.steps.get(step_id)
+    if step is None:
+        raise not_found(f"session {session_id} has no step {step_id[:128]}")
+    return _Indexed(state).at(step)
+
+
+@router.get("/sessions/{session_id}/calls")
+async def session_calls(
+    session_id: SessionPath, principal: Viewer, request: Request, part: PartQuery
+) -> CallPage:
+    """The session's tool calls in the order they were scheduled, from `offset`, of those
+    whose step matches the filter; each with its step as it is now."""
+    state = (await _latest(request).load(principal.tenant, session_id)).state
+    indexed = _Indexed(state)
+    chosen = [
+        (index, call_id, state.steps[step_id])
+        for index, (call_id, step_id) in enumerate(state.calls.items())
+        if step_id in state.steps and part.matches(state.steps[step_id])
+    ]
+    items = [
+        CallAt(index=index, call_id=call_id, latest=step.call_id == call_id, step=indexed.at(step))
+        for index, call_id, step in chosen[part.offset : part.offset + part.limit]
+    ]
+    return CallPage(total=len(chosen), offset=part.offset, items=items)
+
+
+@router.get("/sessions/{session_id}/log")
+async def session_log(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    after_seq: Annotated[int, Query(ge=0, description="Events after this stream sequence")] = 0,
+    limit: Limit = 100,
+) -> EventPage:
+    """The session's events after a sequence, oldest first, at most `limit`: page on with
+    the last item's `seq`."""
+    store = _latest(request).store
+    last_seq = await store.last_seq(principal.tenant, session_id)
+    if last_seq == 0:
+        raise not_found(f"no session {session_id}")
+    if after_seq > last_seq:
+        raise _past_the_end("after_seq", after_seq, last_seq)
+    stored = await store.read_all(
+        principal.tenant, session_id, after_seq=after_seq, up_to_seq=last_seq
+    )
+    items = [LoggedEvent(seq=s.seq, event=s.event) for s in stored[:limit]]
+    return EventPage(items=items, last_seq=last_seq)
+
+
+@router.get("/sessions/{session_id}/changes")
+async def session_changes(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    since: Annotated[int, Query(ge=0, description="A stream sequence an earlier answer reflected")],
+) -> SessionChanges:
+    """The overview now and the steps the events after `since` touched, as they are now;
+    `reset` when too much changed to say step by step."""
+    latest = _latest(request)
+    snapshot = await latest.load(principal.tenant, session_id)
+    if since > snapshot.last_seq:
+        raise _past_the_end("since", since, snapshot.last_seq)
+    overview = overview_of(snapshot)
+    events = await latest.store.read_all(
+        principal.tenant, session_id, after_seq=since, up_to_seq=snapshot.last_seq
+    )
+    changed = [touched(stored.event.data) for stored in events]
+    if len(events) > MOST_CHANGES or any(rows.every_row for rows in changed):
+        return SessionChanges(since=since, overview=overview, reset=True, steps=[])
+    state = snapshot.state
+    indexed = _Indexed(state)
+    ids = dict.fromkeys(step_id for rows in changed for step_id in rows.steps)
+    steps = [indexed.at(state.steps[step_id]) for step_id in ids if step_id in state.steps]
+    return SessionChanges(since=since, overview=overview, reset=False, steps=steps)
+
+
+def _past_the_end(name: str, seq: int, last_seq: int) -> Exception:
+    message = f"{seq} is past the session's last event ({last_seq})"
+    return invalid([FieldProblem(field=f"query.{name}", message=message)])
