@@ -30,6 +30,7 @@ from helmline.contracts import (
     SessionState,
     StepState,
     StepStatus,
+    Table,
     touched,
 )
 from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
@@ -221,7 +222,11 @@ def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
     steps = state.steps.values()
     checkpoints = state.checkpoints[-LATEST:]
     light = dataclasses.replace(
-        state, steps={}, calls={}, checkpoints=checkpoints, thoughts=state.thoughts[-LATEST:]
+        state,
+        steps=Table(),
+        calls=Table(),
+        checkpoints=checkpoints,
+        thoughts=state.thoughts[-LATEST:],
     )
     return SessionOverview(
         state=light,
