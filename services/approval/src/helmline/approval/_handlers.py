@@ -162,11 +162,11 @@ class ApprovalHandler:
                         await self._release_if_resumed(event, policy)
                 self._settle_timers(event, data, decisions)
             case SessionPaused():
-                await self._sessions.advance(delivery)
+                await self._keep_up(delivery)
             case SessionCompleted() | SessionFailed() | SessionCancelled():
                 # Requests still open are withdrawn with the session (the fold says so): a
                 # late vote is refused, and nothing is left to expire or escalate.
-                await self._sessions.advance(delivery)
+                await self._keep_up(delivery)
                 for task in self._timers.pop((event.tenant, event.session_id), {}).values():
                     task.cancel()
             case SessionResumed():
@@ -176,6 +176,15 @@ class ApprovalHandler:
                     state = self._sessions.record(state, released)
             case _:
                 pass
+
+    async def _keep_up(self, delivery: Delivery) -> None:
+        """Fold the event into the session's state if it is held: one this replica never
+        needed (most sessions, whose calls all ran without a person) is read from the log
+        when it first is, and the log then holds the event. Reading it now cost each
+        session's whole log at its end."""
+        event = delivery.event
+        if self._sessions.holds(event.tenant, event.session_id):
+            await self._sessions.advance(delivery)
 
     def arm_timers(self, asked: Event) -> None:
         """Arm the expiry (and escalation) of a request made in any session, whichever
