@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from helmline.approval import default_policy, parse_policy
-from helmline.approval._policy import judge_step
+from helmline.approval._policy import judge_plan, judge_step
 from helmline.cli._app import app
 from helmline.contracts import (
     BUILTIN_TOOLS,
@@ -20,6 +20,7 @@ from helmline.contracts import (
     Actor,
     ApprovalRequested,
     Event,
+    PlanApproved,
     PlanProposed,
     PlanStep,
     SessionStarted,
@@ -221,6 +222,45 @@ async def test_explain_says_when_the_plan_asked_a_person_about_a_step_the_policy
         "verdict: require_approval by rule allow-low-and-medium-risk: the plan asks a person "
         "to approve this step (rule allow-low-and-medium-risk would allow it)"
     ) in result.stdout
+
+
+async def test_explain_shows_the_decision_a_step_was_scheduled_with_by_its_approved_plan(
+    store: EventStore, nats_url: str, tenant: str
+) -> None:
+    started = session_started(tenant)
+    step = PlanStep(id="say", tool="echo", arguments={"message": "hi"})
+    policy = default_policy()
+    (approval,) = judge_plan(
+        PlanProposed(revision=1, steps=(step,)),
+        policy,
+        tenant=tenant,
+        requester=None,
+        now=datetime.now(UTC),
+    )
+    assert isinstance(approval.payload, PlanApproved)
+    scheduled = StepScheduled(
+        step_id="say", call_id="say.1", tool="echo", arguments=step.arguments, authorized_by_plan=1
+    )
+    planned = _planned_and_scheduled(started, step)[:2]
+    for event in (
+        *planned,
+        started.derive(approval.payload, source="test"),
+        started.derive(scheduled, source="test"),
+    ):
+        await store.append(event)
+
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["policy", "explain", started.session_id, "say", "--tenant", tenant],
+        env={"HELMLINE_NATS_URL": nats_url, "HELMLINE_POLICY": None},
+    )
+
+    assert result.exit_code == 0, result.output
+    assert (
+        f"recorded: allow by rule allow-low-and-medium-risk under policy {policy.hash}"
+        in result.stdout
+    )
 
 
 async def test_explain_says_which_permission_a_step_lacks_and_what_decides_it_once_granted(
