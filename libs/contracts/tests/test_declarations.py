@@ -1,0 +1,48 @@
+"""Each event type is one class that declares everything about it; the catalogue is derived."""
+
+from __future__ import annotations
+
+import pkgutil
+from typing import Any, Self
+
+import pytest
+
+from helmline.contracts import PAYLOAD_CLASSES, Payload, events
+
+
+def test_every_aggregate_module_is_in_the_catalogue() -> None:
+    modules = {
+        f"{events.__name__}.{module.name}"
+        for module in pkgutil.iter_modules(events.__path__)
+        if not module.name.startswith("_")
+    }
+    assert modules == {payload.__module__ for payload in PAYLOAD_CLASSES}, (
+        "add the module to `_AGGREGATES` in helmline/contracts/events/__init__.py"
+    )
+    types = [payload.TYPE for payload in PAYLOAD_CLASSES]
+    assert len(types) == len(set(types))
+
+
+def _declare(**declaration: Any) -> type[Payload]:
+    class Declared(Payload, **declaration):
+        count: int = 0
+
+        @classmethod
+        def example(cls) -> Self:
+            return cls()
+
+    return Declared
+
+
+def test_an_incomplete_declaration_fails_at_class_creation() -> None:
+    declared = _declare(type="test.declared", published_by=("planner",))
+    assert declared.TYPE == "test.declared"
+    assert declared.SCHEMA_VERSION == 1
+    with pytest.raises(TypeError, match="published_by"):
+        _declare(type="test.declared", published_by=("mailroom",))
+    with pytest.raises(TypeError, match=r"needs exactly the upcasters \['upcast_v1_v2'\]"):
+        _declare(type="test.declared", version=2, published_by=("planner",))
+    with pytest.raises(TypeError, match="declares no example"):
+
+        class NoExample(Payload, type="test.no_example", published_by=("planner",)):
+            pass
