@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import pkgutil
 from typing import Any, Self
 
@@ -21,6 +24,21 @@ def test_every_aggregate_module_is_in_the_catalogue() -> None:
     )
     types = [payload.TYPE for payload in PAYLOAD_CLASSES]
     assert len(types) == len(set(types))
+
+
+def test_the_package_exports_at_run_time_what_its_modules_define() -> None:
+    # mypy reads the names from the star imports, so it sees every public name a module
+    # binds; at run time `__all__` must keep the same ones (annotate a constant to export it).
+    bound: set[str] = set()
+    for module in {payload.__module__ for payload in PAYLOAD_CLASSES}:
+        for node in ast.parse(inspect.getsource(importlib.import_module(module))).body:
+            if isinstance(node, ast.ClassDef | ast.FunctionDef):
+                bound.add(node.name)
+            elif isinstance(node, ast.AnnAssign | ast.Assign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                bound.update(t.id for t in targets if isinstance(t, ast.Name))
+    exported = set(vars(events)["__all__"])  # hidden from mypy, which reads the star imports
+    assert exported == {"PAYLOAD_CLASSES"} | {n for n in bound if not n.startswith("_")}
 
 
 def _declare(**declaration: Any) -> type[Payload]:

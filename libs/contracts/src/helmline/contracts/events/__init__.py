@@ -4,7 +4,7 @@ Each class declares everything about its event (type string, version and upcaste
 services that publish it, an example); the catalogue below and everything built from it (the
 envelopes, the JSON Schemas, the AsyncAPI document, NATS permissions, the tests' examples)
 are derived from the classes. To add an event type, declare its class in its aggregate's
-module; to add an aggregate, add its module to `_AGGREGATES`.
+module; to add an aggregate, import its module below and add it to `_AGGREGATES`.
 """
 
 from __future__ import annotations
