@@ -6,18 +6,9 @@ import inspect
 import json
 from typing import Any
 
-from helmline.contracts._catalogue import (
-    ApiKeyCreated,
-    ApiKeyRevoked,
-    ApiKeyRotated,
-    Payload,
-    StreamLimitApproaching,
-    ToolCircuitChanged,
-    ToolRegistryPublished,
-    ToolServerHealthChanged,
-)
 from helmline.contracts._envelope import encode_event
 from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
+from helmline.contracts._payload import Payload
 from helmline.contracts._topology import (
     RETENTION_SUBJECT,
     TOOL_REGISTRY_SUBJECT,
@@ -27,6 +18,13 @@ from helmline.contracts._topology import (
     dead_letter_subject,
     event_subject,
     server_health_subject,
+)
+from helmline.contracts.events import (
+    StreamLimitApproaching,
+    ToolCircuitChanged,
+    ToolRegistryPublished,
+    ToolServerHealthChanged,
+    keys,
 )
 
 CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
@@ -54,7 +52,8 @@ def _where(payload_class: type[Payload]) -> dict[str, Any]:
         }
     if payload_class is StreamLimitApproaching:
         return {"address": RETENTION_SUBJECT}
-    if payload_class in (ApiKeyCreated, ApiKeyRotated, ApiKeyRevoked):
+    if payload_class.__module__ == keys.__name__:
+        # Every event of the keys aggregate is on the keys stream, on its key's subject.
         return {
             "address": api_key_subject("{tenant}", "{keyId}"),
             "parameters": {
@@ -71,8 +70,26 @@ def _where(payload_class: type[Payload]) -> dict[str, Any]:
     }
 
 
-def asyncapi_document(version: str) -> dict[str, Any]:
-    """AsyncAPI 3.0 for the session event stream; payloads refer to the exported JSON Schemas."""
+def _message(example: Payload) -> dict[str, Any]:
+    payload_class = type(example)
+    return {
+        "name": payload_class.TYPE,
+        "title": payload_class.TYPE,
+        "summary": inspect.cleandoc(payload_class.__doc__ or ""),
+        "contentType": CONTENT_TYPE,
+        "headers": {"$ref": "#/components/schemas/headers"},
+        "payload": {"$ref": f"events/{payload_class.TYPE}.json"},
+        "examples": [
+            {
+                "name": f"{payload_class.TYPE} example",
+                "payload": json.loads(encode_event(example_event(example))),
+            }
+        ],
+    }
+
+
+def _channels() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The channels, operations and messages: one of each per event type, and dead letters."""
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
@@ -89,20 +106,7 @@ def asyncapi_document(version: str) -> dict[str, Any]:
             "channel": {"$ref": f"#/channels/{name}"},
             "summary": f"Receive {payload_class.TYPE} events.",
         }
-        messages[name] = {
-            "name": payload_class.TYPE,
-            "title": payload_class.TYPE,
-            "summary": inspect.cleandoc(payload_class.__doc__ or ""),
-            "contentType": CONTENT_TYPE,
-            "headers": {"$ref": "#/components/schemas/headers"},
-            "payload": {"$ref": f"events/{payload_class.TYPE}.json"},
-            "examples": [
-                {
-                    "name": f"{payload_class.TYPE} example",
-                    "payload": json.loads(encode_event(example_event(example))),
-                }
-            ],
-        }
+        messages[name] = _message(example)
     channels["dead-letter"] = {
         "address": dead_letter_subject("{consumer}"),
         "title": "Dead letters",
@@ -120,6 +124,31 @@ def asyncapi_document(version: str) -> dict[str, Any]:
         "contentType": "application/json",
         "payload": {"$ref": "dead-letter.json"},
     }
+    return channels, operations, messages
+
+
+_HEADERS = {
+    "type": "object",
+    "properties": {
+        Headers.MSG_ID: {
+            "type": "string",
+            "description": "The event id; JetStream drops a re-published duplicate.",
+        },
+        Headers.EVENT_TYPE: {
+            "type": "string",
+            "description": "The CloudEvents type, as in the body.",
+        },
+        Headers.TRACEPARENT: {
+            "type": "string",
+            "description": "W3C trace context of the emitter.",
+        },
+    },
+}
+
+
+def asyncapi_document(version: str) -> dict[str, Any]:
+    """AsyncAPI 3.0 for the session event stream; payloads refer to the exported JSON Schemas."""
+    channels, operations, messages = _channels()
     return {
         "asyncapi": "3.0.0",
         "info": {
@@ -146,26 +175,7 @@ def asyncapi_document(version: str) -> dict[str, Any]:
                 "tenant": {"description": "Tenant id (lower-case letters, digits, - and _)."},
                 "sessionId": {"description": "Session id within the tenant."},
             },
-            "schemas": {
-                "headers": {
-                    "type": "object",
-                    "properties": {
-                        Headers.MSG_ID: {
-                            "type": "string",
-                            "description": "The event id; JetStream drops a "
-                            "re-published duplicate.",
-                        },
-                        Headers.EVENT_TYPE: {
-                            "type": "string",
-                            "description": "The CloudEvents type, as in the body.",
-                        },
-                        Headers.TRACEPARENT: {
-                            "type": "string",
-                            "description": "W3C trace context of the emitter.",
-                        },
-                    },
-                }
-            },
+            "schemas": {"headers": _HEADERS},
             "messages": messages,
         },
     }

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helmline.contracts._catalogue import (
-    Payload,
+from helmline.contracts._payload import Payload
+from helmline.contracts.events import (
     PlanProposed,
     RollbackCompleted,
     SessionCancelled,

@@ -16,10 +16,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AwareDatetime, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import from_json
 
-from helmline.contracts._catalogue import PAYLOAD_CLASSES, Payload, SessionStarted
 from helmline.contracts._errors import UndecodableEvent
+from helmline.contracts._payload import Payload
 from helmline.contracts._values import Contract, SessionId, TenantId, Traceparent
 from helmline.contracts._versions import UPCASTERS, UpcasterRegistry
+from helmline.contracts.events import PAYLOAD_CLASSES, SessionStarted
 
 
 class Event(Contract):

@@ -6,9 +6,9 @@ import inspect
 from typing import Any
 
 from helmline.contracts._asyncapi import asyncapi_document
-from helmline.contracts._catalogue import Payload
 from helmline.contracts._deadletters import DeadLetter
 from helmline.contracts._envelope import EVENT_CLASSES
+from helmline.contracts._payload import Payload
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 CATALOGUE_VERSION = "1.2.1"

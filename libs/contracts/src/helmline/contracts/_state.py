@@ -21,7 +21,22 @@ from typing import Any, Literal, TypeVar, assert_never, get_args
 
 from pydantic import JsonValue
 
-from helmline.contracts._catalogue import (
+from helmline.contracts._envelope import Event
+from helmline.contracts._exchanges import CriterionResult
+from helmline.contracts._plans import PlanStep
+from helmline.contracts._tables import Table, Vector
+from helmline.contracts._taint import CallTaint
+from helmline.contracts._tools import ToolEffect
+from helmline.contracts._values import (
+    Actor,
+    ArgumentCondition,
+    Arguments,
+    FileChanges,
+    LimitHit,
+    Risk,
+    ToolError,
+)
+from helmline.contracts.events import (
     Alternative,
     ApiKeyCreated,
     ApiKeyRevoked,
@@ -82,21 +97,6 @@ from helmline.contracts._catalogue import (
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
-)
-from helmline.contracts._envelope import Event
-from helmline.contracts._exchanges import CriterionResult
-from helmline.contracts._plans import PlanStep
-from helmline.contracts._tables import Table, Vector
-from helmline.contracts._taint import CallTaint
-from helmline.contracts._tools import ToolEffect
-from helmline.contracts._values import (
-    Actor,
-    ArgumentCondition,
-    Arguments,
-    FileChanges,
-    LimitHit,
-    Risk,
-    ToolError,
 )
 
 PermissionKey = tuple[PermissionKind, str]

@@ -11,25 +11,24 @@ from typing import Any, NamedTuple
 
 from pydantic import Field
 
-from helmline.contracts._catalogue import (
-    ApiKeyCreated,
-    ApiKeyRevoked,
-    ApiKeyRotated,
-    ApprovalDecisionRefused,
+from helmline.contracts._payload import Payload
+from helmline.contracts._services import (
+    API,
+    APPROVAL,
+    PLANNER,
+    SANDBOX,
+    SERVICES,
+    STATE,
+    TOOL_GATEWAY,
+)
+from helmline.contracts._values import Contract
+from helmline.contracts.events import (
+    PAYLOAD_CLASSES,
     ApprovalDecisionSubmitted,
-    ApprovalDenied,
-    ApprovalExpired,
-    ApprovalGranted,
     ApprovalRequested,
-    ApprovalVoteCounted,
-    CheckpointCreated,
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
-    ContextCompacted,
-    LoopDetected,
-    ModelExchangeRecorded,
-    Payload,
     PermissionRequested,
     PlanApproved,
     PlanProposed,
@@ -39,8 +38,6 @@ from helmline.contracts._catalogue import (
     RollbackRefused,
     RollbackRequested,
     SandboxExecutionRequested,
-    SandboxLimitApproached,
-    SandboxLimitExceeded,
     SessionCancelled,
     SessionCancelRequested,
     SessionCompleted,
@@ -50,25 +47,15 @@ from helmline.contracts._catalogue import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
-    StepRetryDeferred,
     StepScheduled,
-    StepSkipped,
-    StreamLimitApproaching,
-    ThoughtRecorded,
-    ToolCallAttemptFailed,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
-    ToolCallStarted,
-    ToolCircuitChanged,
-    ToolRegistryPublished,
-    ToolServerHealthChanged,
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
 )
-from helmline.contracts._values import Contract
 
 EVENTS_SUBJECT_PREFIX = "helmline.events"
 DEAD_LETTER_SUBJECT_PREFIX = "helmline.deadletter"
@@ -525,81 +512,11 @@ SERVICE_CONSUMERS: tuple[ConsumerSpec, ...] = (
 
 # --- who may publish what -----------------------------------------------------------------
 
-PLANNER = "planner"
-APPROVAL = "approval"
-TOOL_GATEWAY = "tool-gateway"
-SANDBOX = "sandbox"
-STATE = "state"
-API = "api"
-SERVICES: tuple[str, ...] = (PLANNER, APPROVAL, TOOL_GATEWAY, SANDBOX, STATE, API)
-"""Every service, named as `helmline serve <name>` and NATS user names spell it."""
-
 EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
-    # Intents of people and other systems enter through the API (and the CLI, as admin).
-    SessionStarted: (API,),
-    SessionPauseRequested: (API,),
-    SessionResumeRequested: (API,),
-    SessionCancelRequested: (API,),
-    ApprovalDecisionSubmitted: (API,),
-    RollbackRequested: (API,),
-    SessionPaused: (PLANNER,),
-    SessionResumed: (PLANNER,),
-    SessionCancelled: (PLANNER,),
-    SessionCompleted: (PLANNER,),
-    SessionFailed: (PLANNER,),
-    ThoughtRecorded: (PLANNER,),
-    ModelExchangeRecorded: (PLANNER,),
-    ContextCompacted: (PLANNER,),
-    LoopDetected: (PLANNER,),
-    PlanProposed: (PLANNER,),
-    # The state service schedules a rollback's undo calls (`compensation_id` set).
-    StepScheduled: (PLANNER, STATE),
-    StepSkipped: (PLANNER,),
-    StepRetryDeferred: (PLANNER,),
-    PlanApproved: (APPROVAL,),
-    PlanRejected: (APPROVAL,),
-    ApprovalRequested: (APPROVAL,),
-    PermissionRequested: (APPROVAL,),
-    ApprovalGranted: (APPROVAL,),
-    ApprovalDenied: (APPROVAL,),
-    ApprovalExpired: (APPROVAL,),
-    ApprovalDecisionRefused: (APPROVAL,),
-    ApprovalVoteCounted: (APPROVAL,),
-    ToolCallAuthorized: (APPROVAL,),
-    ToolCallDenied: (APPROVAL,),
-    # Pure tools end in the gateway; sandboxed ones in the sandbox.
-    ToolCallCompleted: (TOOL_GATEWAY, SANDBOX),
-    # The approval service refuses calls whose arguments do not fit the tool's schema.
-    ToolCallFailed: (TOOL_GATEWAY, SANDBOX, APPROVAL),
-    SandboxExecutionRequested: (TOOL_GATEWAY,),
-    ToolCallAttemptFailed: (TOOL_GATEWAY,),
-    # Gateway-wide events, on the tools stream (see SUBJECT_PUBLISHERS).
-    ToolRegistryPublished: (TOOL_GATEWAY,),
-    ToolCircuitChanged: (TOOL_GATEWAY,),
-    ToolServerHealthChanged: (TOOL_GATEWAY,),
-    ToolCallStarted: (TOOL_GATEWAY, SANDBOX),
-    SandboxLimitExceeded: (SANDBOX,),
-    SandboxLimitApproached: (SANDBOX,),
-    WorkspaceSnapshotted: (SANDBOX,),
-    WorkspaceRestored: (SANDBOX,),
-    CheckpointCreated: (STATE,),
-    WorkspaceSnapshotsPruned: (STATE,),
-    StreamLimitApproaching: (STATE,),
-    RollbackRefused: (STATE,),
-    CompensationScheduled: (STATE,),
-    # The sandbox ends the workspace restores, the state service the undo calls.
-    CompensationCompleted: (STATE, SANDBOX),
-    CompensationFailed: (STATE, SANDBOX),
-    RollbackCompleted: (STATE,),
-    RollbackFailed: (STATE,),
-    # Credentials' lifecycle, on the keys stream (see SUBJECT_PUBLISHERS); the CLI makes
-    # keys as NATS admin.
-    ApiKeyCreated: (API,),
-    ApiKeyRotated: (API,),
-    ApiKeyRevoked: (API,),
+    payload: payload.PUBLISHED_BY for payload in PAYLOAD_CLASSES
 }
-"""The services that append each event type: each service's NATS user may publish only
-these types' subjects. Every event type needs a line here (a test fails without one)."""
+"""The services that append each event type, as its class declares them: each service's NATS
+user may publish only these types' subjects."""
 
 SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {
     TOOL_REGISTRY_SUBJECT: (TOOL_GATEWAY,),

@@ -1,19 +1,18 @@
 """Schema versions and upcasters: old events stay readable after a payload changes.
 
 Only the newest payload class exists in code. An upcaster turns the raw `data` of version N
-of a type into version N + 1; decoding applies them in order up to the current version.
+of a type into version N + 1; decoding applies them in order up to the current version. Each
+payload class declares its own (`upcast_v1_v2`, ...); the registry collects them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from helmline.contracts._catalogue import PAYLOAD_CLASSES
 from helmline.contracts._errors import UnknownEventType, UnknownSchemaVersion
-
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-"""Turns a payload of one schema version into the next version."""
+from helmline.contracts._payload import Payload, Upcaster
+from helmline.contracts.events import PAYLOAD_CLASSES
 
 
 class UpcasterRegistry:
@@ -68,6 +67,16 @@ class UpcasterRegistry:
             version += 1
         return {**document, "data": data, "schemaversion": version}
 
+    @classmethod
+    def of(cls, payloads: Iterable[type[Payload]]) -> UpcasterRegistry:
+        """The registry of these payload classes' versions and the upcasters they declare."""
+        payloads = tuple(payloads)
+        registry = cls({payload.TYPE: payload.SCHEMA_VERSION for payload in payloads})
+        for payload in payloads:
+            for from_version, upcaster in payload.upcasters().items():
+                registry.register(payload.TYPE, from_version)(upcaster)
+        return registry
 
-UPCASTERS = UpcasterRegistry({payload.TYPE: payload.SCHEMA_VERSION for payload in PAYLOAD_CLASSES})
-"""The registry decoding uses by default; payload modules register their upcasters here."""
+
+UPCASTERS = UpcasterRegistry.of(PAYLOAD_CLASSES)
+"""The registry decoding uses by default: every event type of the catalogue."""
