@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from helmline.api._plan_graph import layers_of
+from helmline.contracts import StepState
 from helmline.runtime.testing import eventually
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import assert_problem, start, until
@@ -237,3 +239,17 @@ async def test_sessions_that_ended_lately_are_listed_by_when_they_ended(
 
 async def _non_empty(found: Awaitable[list[str]]) -> list[str] | None:
     return (await found) or None
+
+
+def test_a_step_s_layer_is_its_longest_chain_of_dependencies_whatever_their_order() -> None:
+    def steps(*pairs: tuple[str, tuple[str, ...]]) -> list[StepState]:
+        return [StepState(id=step_id, depends_on=deps) for step_id, deps in pairs]
+
+    # `c` is declared before `b`, which it waits for; `d` waits for both; `x` for no step
+    # of the plan.
+    plan = steps(("a", ()), ("c", ("b",)), ("b", ("a",)), ("d", ("b", "c")), ("x", ("gone",)))
+    assert layers_of(plan) == {"a": 0, "b": 1, "c": 2, "d": 3, "x": 0}
+    # A chain longer than any recursion limit, declared last step first.
+    chain = steps(*((f"s{i}", (f"s{i + 1}",) if i < 4_999 else ()) for i in range(5_000)))
+    layers = layers_of(chain)
+    assert (layers["s4999"], layers["s0"]) == (0, 4_999)

@@ -78,9 +78,21 @@ def layers_of(steps: Iterable[StepState]) -> dict[str, int]:
     dependency's. Dependencies on steps not in the plan are ignored."""
     chosen = {step.id: step for step in steps}
     layer: dict[str, int] = {}
-    for start in chosen:
-        if start in layer:
+    later: list[str] = []
+    # Plans name their dependencies before the steps that wait for them, nearly always:
+    # one pass in plan order places those.
+    for step in chosen.values():
+        deepest = -1
+        for d in step.depends_on:
+            if d in layer:
+                deepest = max(deepest, layer[d])
+            elif d in chosen:
+                break
+        else:
+            layer[step.id] = deepest + 1
             continue
+        later.append(step.id)
+    for start in later:
         # Depth-first without recursion: a plan may be a chain of 10,000 steps.
         stack = [(start, False)]
         while stack:
