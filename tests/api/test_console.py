@@ -793,6 +793,7 @@ async def test_axe_finds_no_serious_violation_on_the_list_a_session_and_its_appr
         "waiting"
     )
     assert await serious_violations(page) == []
+    await screenshot(page, "session-list")
 
     await page.goto(f"{api_url}/#/sessions/{session_id}")
     approvals = page.get_by_role("region", name="Approvals")
@@ -814,6 +815,25 @@ async def test_axe_finds_no_serious_violation_on_the_list_a_session_and_its_appr
 async def overflow(page: Page) -> int:
     """How far the page is wider than the window (0: nothing to scroll sideways)."""
     return int(await page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))
+
+
+async def fits_320_px(
+    browser: Browser, api_url: str, headers: dict[str, str], path: str, drawn: str, name: str = ""
+) -> None:
+    """The console's `path` (once `drawn` shows) in a 320 px window: nothing to scroll
+    sideways."""
+    narrow = await browser.new_context(viewport={"width": 320, "height": 640})
+    try:
+        small = await narrow.new_page()
+        small.set_default_timeout(TIMEOUT_MS)
+        await small.goto(f"{api_url}/#key={headers['Authorization'].removeprefix('Bearer ')}")
+        await small.goto(f"{api_url}/{path}")
+        await expect(small.locator(drawn).first).to_be_visible()
+        assert await overflow(small) == 0
+        if name:
+            await screenshot(small, name)
+    finally:
+        await narrow.close()
 
 
 async def test_the_list_and_a_session_with_checkpoints_fit_a_320_px_window(
@@ -952,16 +972,9 @@ async def test_the_fleet_shows_what_runs_waits_and_failed_lately_live_and_access
     await page.keyboard.press("Enter")
     await expect(page).to_have_url(re.compile(f"#/sessions/{waiting}$"))
 
-    narrow = await browser.new_context(viewport={"width": 320, "height": 640})
-    try:
-        small = await narrow.new_page()
-        await small.goto(f"{api_url}/#key={admin['Authorization'].removeprefix('Bearer ')}")
-        await small.goto(f"{api_url}/#/fleet")
-        await expect(small.locator(f'li[data-session="{failed}"]')).to_be_visible()
-        assert await overflow(small) == 0
-        await screenshot(small, "fleet-320px")
-    finally:
-        await narrow.close()
+    await fits_320_px(
+        browser, api_url, admin, "#/fleet", f'li[data-session="{failed}"]', "fleet-320px"
+    )
 
 
 def fan_out_and_in(parallel: int, tail: int) -> dict[str, object]:
@@ -1030,14 +1043,7 @@ async def test_the_plan_graph_draws_layers_around_the_current_step_walked_by_key
     await expect(facts).to_contain_text("Layers 27 to 33 of 33")
     await expect(graph.locator('g[data-node="t29"]')).to_be_visible()
 
-    narrow = await browser.new_context(viewport={"width": 320, "height": 640})
-    try:
-        small = await narrow.new_page()
-        await open_session(small, api_url, admin, session_id)
-        await expect(small.locator("#graph g.node.current")).to_be_visible()
-        assert await overflow(small) == 0
-    finally:
-        await narrow.close()
+    await fits_320_px(browser, api_url, admin, f"#/sessions/{session_id}", "#graph g.current")
 
 
 LOOK_THEN_WRITE = {
@@ -1065,6 +1071,7 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     api_url: str,
     client: httpx.AsyncClient,
     make_key: KeyMaker,
+    store: EventStore,
     tenant: str,
 ) -> None:
     admin = await make_key(tenant, "admin")
@@ -1119,13 +1126,25 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     await expect(travel.locator("output")).to_contain_text("(now)")
     await expect(then).to_contain_text("4/4 steps succeeded")
 
-    narrow = await browser.new_context(viewport={"width": 320, "height": 640})
-    try:
-        small = await narrow.new_page()
-        await open_session(small, api_url, admin, session_id)
-        await expect(small.locator("#timeline li.wf-row")).to_have_count(4)
-        await expect(small.locator("#travel .travel-then")).to_contain_text("4/4")
-        assert await overflow(small) == 0
-        await screenshot(small, "session-320px-views")
-    finally:
-        await narrow.close()
+    # The thoughts follow the newest while the reader is at the end, and not once they
+    # scrolled up to read.
+    thoughts = page.locator("#thoughts")
+
+    async def think(text: str) -> None:
+        thought = ThoughtRecorded(kind="reasoning", text=text)
+        await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
+
+    for i in range(30):
+        await think(f"thought {i}")
+    await expect(thoughts).to_contain_text("thought 29")
+    at_end = "e => e.scrollHeight - e.scrollTop - e.clientHeight < 8"
+    assert await thoughts.evaluate(at_end)
+    await thoughts.evaluate("e => { e.scrollTop = 0; }")
+    await think("one more")
+    await expect(thoughts).to_contain_text("one more")
+    assert await thoughts.evaluate("e => e.scrollTop") == 0
+
+    drawn = "#travel g.node.st-succeeded >> nth=3"  # The last step, at the end of the page.
+    await fits_320_px(
+        browser, api_url, admin, f"#/sessions/{session_id}", drawn, "session-320px-views"
+    )

@@ -8,7 +8,7 @@
 
 import { api } from "./api";
 import type { GraphNode, PlanGraph } from "./types";
-import { counts, esc } from "./ui";
+import { counts, esc, onToolbar, toolbar } from "./ui";
 
 const W = 156;
 const H = 44;
@@ -37,27 +37,22 @@ export class PlanGraphView {
 
   constructor(private readonly options: GraphOptions) {
     options.box.innerHTML = `
-      <div class="graph-tools">
-        <button type="button" data-graph="earlier">Earlier layers</button>
-        <button type="button" data-graph="later">Later layers</button>
-        <button type="button" data-graph="current">Current step</button>
-      </div>
+      ${toolbar("graph", [["earlier", "Earlier layers"], ["later", "Later layers"], ["current", "Current step"]])}
       <p class="hint graph-facts"></p>
       <div class="graph-scroll"></div>`;
+    onToolbar(options.box, "graph", (how) => void this.move(how));
     options.box.addEventListener("click", (event) => {
-      const button = (event.target as HTMLElement).closest<HTMLButtonElement>("button[data-graph]");
-      if (button) void this.move(button.dataset.graph!);
       const node = (event.target as Element).closest<SVGGElement>("g.node");
       if (node) this.pick(node.dataset.node!);
     });
     options.box.addEventListener("keydown", (event) => this.key(event));
   }
 
-  /** Centre on a step (a person went to it). */
+  /** Centre on a step (a person went to it elsewhere: the focus stays where it is). */
   centre(stepId: string): Promise<void> {
     this.pinned = stepId;
     this.active = stepId;
-    return this.load(true);
+    return this.load(false);
   }
 
   /** Read the window again (the session moved on). */
@@ -169,7 +164,7 @@ export class PlanGraphView {
       const current = n.id === g.current;
       const waits = n.depends_on.length + n.hidden_depends_on;
       // The name starts with what the node shows, in its order (as speech input expects).
-      const shown = [short(n.id, 18), current ? "current" : "", short(`${n.tool} · ${n.status}`, 24), n.hidden_depends_on ? `↑${n.hidden_depends_on}` : ""];
+      const shown = [short(n.id, 18), current ? "current" : "", short(`${n.tool} · ${n.status}`, 22), n.hidden_depends_on ? `↑${n.hidden_depends_on}` : ""];
       const label = `${shown.filter(Boolean).join(" ")}${waits ? `, waits for ${waits} step${waits > 1 ? "s" : ""}` : ""}`;
       parts.push(`<g class="node st-${esc(n.status)}${current ? " current" : ""}" data-node="${esc(n.id)}" role="button" tabindex="-1"
           aria-label="${esc(label)}" transform="translate(${to.x},${to.y})">

@@ -351,13 +351,16 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     document.getElementById("thinking")!.textContent = !o.steps_underway && thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
     const thoughtsWere = thoughts.innerHTML;
+    // Follows the newest only while the reader is at the end: one who scrolled up to read
+    // stays where they are.
+    const atEnd = thoughts.scrollHeight - thoughts.scrollTop - thoughts.clientHeight < 8;
     setHtml(
       thoughts,
       s.thoughts
         .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
         .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>',
     );
-    if (thoughts.innerHTML !== thoughtsWere) thoughts.scrollTop = thoughts.scrollHeight;
+    if (thoughts.innerHTML !== thoughtsWere && atEnd) thoughts.scrollTop = thoughts.scrollHeight;
     const earlierThoughts = o.thoughts_total - s.thoughts.length;
     document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s);
@@ -394,10 +397,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
           <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
           ${c.changes ? filesChanged(c.changes) : ""}<br><small class="would-undo">${esc(would)}</small></span>
         ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
-        <button type="button" data-action="travel" data-seq="${c.at_seq}">Show the session here</button>
+        <span class="checkpoint-actions"><button type="button" data-action="travel" data-seq="${c.at_seq}">Show the session here</button>
         <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
           title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
-          ${locked ? "Locked" : "Roll back to here"}</button>
+          ${locked ? "Locked" : "Roll back to here"}</button></span>
       </li>`;
     });
     patchRows(document.getElementById("checkpoints")!, list.map((c) => c.checkpoint_id), rows, '<li class="empty"><small>No checkpoints yet.</small></li>');

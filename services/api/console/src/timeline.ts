@@ -7,7 +7,7 @@
 
 import { api } from "./api";
 import type { CallAt, RangePage } from "./types";
-import { badge, duration, esc } from "./ui";
+import { badge, duration, esc, onToolbar, toolbar } from "./ui";
 
 const PAGE = 40;
 
@@ -32,19 +32,14 @@ export class CallTimeline {
 
   constructor(private readonly options: TimelineOptions) {
     options.box.innerHTML = `
-      <div class="graph-tools">
-        <button type="button" data-wf="earlier">Earlier calls</button>
-        <button type="button" data-wf="later">Later calls</button>
-        <button type="button" data-wf="latest">Latest calls</button>
-      </div>
+      ${toolbar("wf", [["earlier", "Earlier calls"], ["later", "Later calls"], ["latest", "Latest calls"]])}
       <p class="hint wf-facts"></p>
+      <p class="hint wf-legend" aria-hidden="true"><span class="wf-key wf-span"></span> scheduled
+        <span class="wf-key wf-wait"></span> waiting for a person <span class="wf-key wf-run"></span> running</p>
       <ul class="wf-servers" aria-label="Calls shown, by server"></ul>
       <ol class="waterfall" aria-label="Calls shown, in the order they were scheduled"></ol>`;
-    options.box.addEventListener("click", (event) => {
-      const button = (event.target as HTMLElement).closest<HTMLButtonElement>("button[data-wf]");
-      if (!button) return;
+    onToolbar(options.box, "wf", (how) => {
       const first = this.first();
-      const how = button.dataset.wf;
       this.offset = how === "latest" ? null : Math.max(0, first + (how === "earlier" ? -PAGE : PAGE));
       if (this.offset !== null && this.offset + PAGE >= options.total()) this.offset = null;
       void this.refresh();

@@ -4,7 +4,7 @@
 import { api } from "./api";
 import { PlanGraphView } from "./graph";
 import type { SessionOverview } from "./types";
-import { badge, counts, esc, throttle, when } from "./ui";
+import { badge, counts, esc, onToolbar, throttle, when } from "./ui";
 
 export interface TravelOptions {
   box: HTMLElement;
@@ -43,10 +43,7 @@ export class TimeTravel {
     // Twice a second at most: while it follows the session, the slider moves at each change.
     this.soon = throttle(() => this.draw(), options.onError, 500);
     this.slider.addEventListener("input", () => this.soon());
-    options.box.addEventListener("click", (event) => {
-      const button = (event.target as HTMLElement).closest<HTMLButtonElement>("button[data-travel]");
-      if (button) this.go(button.dataset.travel === "start" ? this.first : this.last);
-    });
+    onToolbar(options.box, "travel", (to) => this.go(to === "start" ? this.first : this.last));
   }
 
   /** The session's log runs from `first` to `last` now: the slider spans it. */

@@ -63,3 +63,16 @@ export function throttle(work: () => Promise<void>, onError: (error: unknown) =>
   };
   return schedule;
 }
+
+/** A row of buttons, each `data-NAME=KEY`: moving a window through a long list. */
+export function toolbar(name: string, buttons: [key: string, label: string][]): string {
+  return `<div class="graph-tools">${buttons.map(([key, label]) => `<button type="button" data-${name}="${key}">${esc(label)}</button>`).join("")}</div>`;
+}
+
+/** Calls `act` with the key of a `toolbar(name)` button clicked in `box`. */
+export function onToolbar(box: HTMLElement, name: string, act: (key: string) => void): void {
+  box.addEventListener("click", (event) => {
+    const button = (event.target as HTMLElement).closest<HTMLButtonElement>(`button[data-${name}]`);
+    if (button) act(button.dataset[name]!);
+  });
+}
