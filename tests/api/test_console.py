@@ -264,6 +264,14 @@ async def test_a_step_that_failed_the_session_is_retried_in_a_new_session_from_i
     await expect(calls).to_have_count(1)
     await expect(calls.first).to_contain_text("read_file")
     await screenshot(page, "retried-in-a-new-session")
+    # Beside its origin: where each stands, and the step it took over.
+    compared = page.get_by_role("region", name="Compared with its origin")
+    await expect(compared.locator("tr", has_text="tool calls")).to_have_text(
+        re.compile(r"tool calls\s*1\s*2")
+    )
+    await expect(compared).to_contain_text("taking over write (not run again)")
+    assert await serious_violations(page) == []
+    await compared.screenshot(path=ARTIFACTS / "fork-compared.png")
     state = (await client.get(f"/sessions/{forked}", headers=admin)).json()
     assert state["fork_of"]["session_id"] == origin
     assert state["fork_of"]["completed_steps"] == ["write"]
@@ -818,16 +826,24 @@ async def overflow(page: Page) -> int:
 
 
 async def fits_320_px(
-    browser: Browser, api_url: str, headers: dict[str, str], path: str, drawn: str, name: str = ""
+    browser: Browser,
+    api_url: str,
+    headers: dict[str, str],
+    path: str,
+    drawn: str,
+    name: str = "",
+    part: str = "",
 ) -> None:
-    """The console's `path` (once `drawn` shows) in a 320 px window: nothing to scroll
-    sideways."""
+    """The console's `path` (once `drawn` shows, in `part` scrolled to) in a 320 px window:
+    nothing to scroll sideways."""
     narrow = await browser.new_context(viewport={"width": 320, "height": 640})
     try:
         small = await narrow.new_page()
         small.set_default_timeout(TIMEOUT_MS)
         await small.goto(f"{api_url}/#key={headers['Authorization'].removeprefix('Bearer ')}")
         await small.goto(f"{api_url}/{path}")
+        if part:
+            await small.locator(part).scroll_into_view_if_needed()
         await expect(small.locator(drawn).first).to_be_visible()
         assert await overflow(small) == 0
         if name:
@@ -888,6 +904,12 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
 
     # One tab stop for the whole plan: the active row.
     assert await page.locator("#steps summary[tabindex='0']").count() == 1
+    # The graph draws a window of the chain around the step that waits, not the 400 steps.
+    await page.locator("#graph-part").scroll_into_view_if_needed()
+    await expect(page.locator("#graph .graph-facts")).to_contain_text(
+        "Layers 394 to 400 of 400 (400 steps) · current step s399"
+    )
+    assert await page.locator("#graph g.node").count() == 7
 
     # Jump to a step far down: it is drawn, focused, and the keys walk on from there.
     await page.get_by_label("Go to step").fill("s350")
@@ -1008,6 +1030,8 @@ async def test_the_plan_graph_draws_layers_around_the_current_step_walked_by_key
     session_id = await start(client, admin, fan_out_and_in(15, 30))
     await waiting_request(client, admin, session_id)
     await open_session(page, api_url, admin, session_id)
+    # Drawn (and read again as the session runs) once scrolled to.
+    await page.locator("#graph-part").scroll_into_view_if_needed()
     graph = page.locator("#graph")
     facts = graph.locator(".graph-facts")
     await expect(facts).to_have_text(
@@ -1043,7 +1067,9 @@ async def test_the_plan_graph_draws_layers_around_the_current_step_walked_by_key
     await expect(facts).to_contain_text("Layers 27 to 33 of 33")
     await expect(graph.locator('g[data-node="t29"]')).to_be_visible()
 
-    await fits_320_px(browser, api_url, admin, f"#/sessions/{session_id}", "#graph g.current")
+    await fits_320_px(
+        browser, api_url, admin, f"#/sessions/{session_id}", "#graph g.current", part="#graph-part"
+    )
 
 
 LOOK_THEN_WRITE = {
@@ -1085,6 +1111,7 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     await open_session(page, api_url, admin, session_id)
 
     # A waterfall of the calls: each starts, waits for a person or not, runs.
+    await page.locator("#timeline-part").scroll_into_view_if_needed()
     timeline = page.locator("#timeline")
     rows = timeline.locator("li.wf-row")
     await expect(rows).to_have_count(4)
@@ -1107,6 +1134,7 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     await page.locator("#checkpoints-part").screenshot(path=ARTIFACTS / "checkpoints.png")
 
     # The session as it was at that checkpoint, and at its start, from the slider's keys.
+    await page.locator("#travel-part").scroll_into_view_if_needed()
     travel = page.locator("#travel")
     then = travel.locator(".travel-then")
     await expect(then).to_contain_text("4/4 steps succeeded")
@@ -1146,5 +1174,11 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
 
     drawn = "#travel g.node.st-succeeded >> nth=3"  # The last step, at the end of the page.
     await fits_320_px(
-        browser, api_url, admin, f"#/sessions/{session_id}", drawn, "session-320px-views"
+        browser,
+        api_url,
+        admin,
+        f"#/sessions/{session_id}",
+        drawn,
+        "session-320px-views",
+        part="#travel-part",
     )

@@ -3,11 +3,12 @@
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
 import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt } from "./types";
 import { patchRows, setHtml, VirtualList } from "./virtual";
+import { compareWithOrigin } from "./compare";
 import { fleetView } from "./fleet";
 import { PlanGraphView } from "./graph";
 import { CallTimeline } from "./timeline";
 import { TimeTravel } from "./travel";
-import { badge, duration, esc, throttle, when } from "./ui";
+import { badge, duration, esc, onScreen, throttle, when } from "./ui";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -173,6 +174,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <p id="notice" role="status" aria-live="polite"></p>
       <section id="approvals" aria-label="Approvals" aria-live="polite"></section>
       <div id="grants"></div>
+      <section id="compare-part" aria-labelledby="compare-title" hidden><h2 id="compare-title">Compared with its origin</h2><div class="compare"></div></section>
       <nav class="page-nav" aria-label="Parts of the session">
         <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#graph-part" data-skip="graph-part">Graph</a>
         <a href="#calls-box" data-skip="calls-box">Tool calls</a> <a href="#timeline-part" data-skip="timeline-part">Timeline</a> <a href="#travel-part" data-skip="travel-part">Time travel</a>
@@ -253,6 +255,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   const travel = new TimeTravel({
     box: document.getElementById("travel")!,
     sessionId,
+    shown: () => travelShown.visible(),
     onPick: (stepId) => void jump(stepId),
     onError: fail,
   });
@@ -264,7 +267,20 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   });
   // The graph and the timeline are read whole (a window of each) each time: less often
   // than the lists.
-  const graphSoon = throttle(() => Promise.all([graph.refresh(), timeline.refresh()]).then(() => undefined), fail, 1000);
+  const compared = (): Promise<void> => (overview ? compareWithOrigin(document.getElementById("compare-part")!, overview) : Promise.resolve());
+  const graphShown = onScreen(document.getElementById("graph-part")!, () => void graph.refresh());
+  const timelineShown = onScreen(document.getElementById("timeline-part")!, () => void timeline.refresh());
+  const travelShown = onScreen(document.getElementById("travel-part")!, () => travel.wake());
+  const graphSoon = throttle(
+    () =>
+      Promise.all([graphShown.visible() && graph.refresh(), timelineShown.visible() && timeline.refresh()]).then(
+        () => undefined,
+      ),
+    fail,
+    1000,
+  );
+  // From the overview the page holds: asked for each time it changed.
+  const comparedSoon = throttle(compared, fail, 1000);
 
   const notice = (text: string, error = false): void => {
     const el = document.getElementById("notice");
@@ -395,12 +411,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
         <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
           <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
-          ${c.changes ? filesChanged(c.changes) : ""}<br><small class="would-undo">${esc(would)}</small></span>
+          ${c.changes ? filesChanged(c.changes) : ""}<small class="would-undo">${esc(would)}</small></span>
         ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
-        <span class="checkpoint-actions"><button type="button" data-action="travel" data-seq="${c.at_seq}">Show the session here</button>
+        <button type="button" data-action="travel" data-seq="${c.at_seq}">Show the session here</button>
         <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
           title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
-          ${locked ? "Locked" : "Roll back to here"}</button></span>
+          ${locked ? "Locked" : "Roll back to here"}</button>
       </li>`;
     });
     patchRows(document.getElementById("checkpoints")!, list.map((c) => c.checkpoint_id), rows, '<li class="empty"><small>No checkpoints yet.</small></li>');
@@ -418,6 +434,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     applied = fresh.last_seq;
     render();
     travel.span(fresh.last_seq).catch(fail);
+    comparedSoon();
   };
   /** What changed since the page last looked: the overview, and the steps (and so the
    * calls) the events since touched, redrawn where they are on screen. */
@@ -601,12 +618,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   if (!current()) return;
   steps.setTotal(overview!.steps_total);
   calls.setTotal(overview!.calls_total);
-  await Promise.all([graph.refresh(), timeline.refresh()]);
   if (!current()) return;
   // Live from the sequence the overview reflects: the events before are in it.
   follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
   teardown = () => {
     main.onclick = null;
+    for (const observed of [graphShown, timelineShown, travelShown]) observed.stop();
   };
 }
 

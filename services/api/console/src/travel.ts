@@ -11,6 +11,8 @@ export interface TravelOptions {
   sessionId: string;
   onPick: (stepId: string) => void;
   onError: (error: unknown) => void;
+  /** Whether the view is on screen: drawn only then (`wake` when it comes into view). */
+  shown: () => boolean;
 }
 
 export class TimeTravel {
@@ -37,7 +39,7 @@ export class TimeTravel {
       sessionId: options.sessionId,
       onPick: options.onPick,
       onError: options.onError,
-      atSeq: () => Number(this.slider.value) || null,
+      atSeq: () => this.at(),
       label: "The plan graph then",
     });
     // Twice a second at most: while it follows the session, the slider moves at each change.
@@ -65,10 +67,23 @@ export class TimeTravel {
     this.soon();
   }
 
+  /** The sequence shown, or null at the session's last event: the API answers "now" from
+   * the state it keeps, where a point in the past is folded from the log. */
+  private at(): number | null {
+    const seq = Number(this.slider.value);
+    return seq && seq < this.last ? seq : null;
+  }
+
+  /** It came into view: draw what the slider says. */
+  wake(): void {
+    this.soon();
+  }
+
   private async draw(): Promise<void> {
     const seq = Number(this.slider.value);
-    if (!seq) return;
-    const then = await api<SessionOverview>(`/sessions/${this.options.sessionId}/overview?at_seq=${seq}`);
+    if (!seq || !this.options.shown()) return;
+    const at = this.at();
+    const then = await api<SessionOverview>(`/sessions/${this.options.sessionId}/overview${at ? `?at_seq=${at}` : ""}`);
     const s = then.state;
     const box = this.options.box;
     box.querySelector("#travel-at")!.textContent = `#${seq}${seq === this.last ? " (now)" : ""}`;

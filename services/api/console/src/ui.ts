@@ -76,3 +76,20 @@ export function onToolbar(box: HTMLElement, name: string, act: (key: string) => 
     if (button) act(button.dataset[name]!);
   });
 }
+
+/** Whether `element` is on screen, kept up to date;
+ * `shown` runs each time it comes into view. Views below the fold are so drawn, and read
+ * again while the session runs, only once someone scrolls to them. */
+export function onScreen(element: HTMLElement, shown: () => void): { visible: () => boolean; stop: () => void } {
+  let visible = false;
+  const observer = new IntersectionObserver(
+    (entries) => {
+      const now = entries.some((entry) => entry.isIntersecting);
+      if (now && !visible) shown();
+      visible = now;
+    },
+    { rootMargin: "0px" },
+  );
+  observer.observe(element);
+  return { visible: () => visible, stop: () => observer.disconnect() };
+}
