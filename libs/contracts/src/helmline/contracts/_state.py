@@ -137,6 +137,20 @@ OPEN_STATUSES: tuple[SessionStatus, ...] = tuple(
 """The statuses of a session that has not ended, in the order of its life."""
 
 
+CallProgress = Literal["not started", "started", "finished"]
+"""How far a tool call got, as a session's state tells it (`SessionState.call_progress`)."""
+
+_PROGRESS_OF_STEP: dict[StepStatus, CallProgress] = {
+    "running": "started",
+    "succeeded": "finished",
+    "failed": "finished",
+    "undone": "finished",
+    "skipped": "finished",
+    "denied": "finished",
+}
+"""What a step's status says of its current call (other statuses: not started)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StepState:
     """One step of the session's plan and what became of it."""
@@ -529,6 +543,27 @@ class SessionState:
         if step is None or request.call_id is None or step.call_id != request.call_id:
             return None
         return step
+
+    def call_progress(self, call_id: str) -> CallProgress:
+        """How far the tool call `call_id` got, for a service handed it again (a redelivery:
+        it may have run it before). `finished`: it has an outcome, or is not to run any more
+        (its step was skipped or denied, or a newer attempt replaced it); `started`: it was
+        sent, or may have been; else `not started`.
+
+        An undo call of a rollback is known only by its compensation, whose end says the
+        call finished and nothing says it began: until then it may have, so it counts as
+        started (a tool not declared idempotent is then not sent again)."""
+        step_id = self.calls.get(call_id)
+        if step_id is None:
+            return "not started"
+        step = self.steps.get(step_id)
+        if step is not None and step.call_id == call_id:
+            return _PROGRESS_OF_STEP.get(step.status, "not started")
+        for rollback in self.rollbacks.values():
+            compensation = rollback.compensations.get(call_id)
+            if compensation is not None:
+                return "started" if compensation == "scheduled" else "finished"
+        return "finished" if step is not None and step.call_id is not None else "not started"
 
     def fork_refusal(self, checkpoint: CheckpointState) -> str | None:
         """Why no fork can start from `checkpoint`, if none can: no workspace can be as it
