@@ -4,14 +4,17 @@ what folding one more event costs a service, in a short session and a long one."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from helmline.contracts import (
     Actor,
@@ -110,6 +113,29 @@ def session_events(count: int, session_id: str = "replay") -> list[Event]:
     return events[:count]
 
 
+@contextlib.asynccontextmanager
+async def event_store() -> AsyncIterator[tuple[JetStreamContext, EventStore]]:
+    """A nats-server of its own (in a temporary folder) with Helmline's streams, and the
+    event store on it."""
+    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
+        connection = await nats.connect(server.url)
+        try:
+            js = connection.jetstream()
+            await ensure_topology(js)
+            yield js, EventStore(js)
+        finally:
+            await connection.close()
+
+
+async def publish(js: JetStreamContext, events: list[Event]) -> None:
+    """Append a session's events as fast as JetStream takes them."""
+    for event in events:
+        await js.publish_async(
+            event_subject(event.tenant, event.session_id, event.type), encode_event(event)
+        )
+    await js.publish_async_completed()
+
+
 def evolve_us_per_event(steps: int) -> float:
     """What a service's cached state costs per event it is handed, in a session of `steps`
     steps: the last 50 steps' events folded one at a time, as deliveries are."""
@@ -148,18 +174,8 @@ async def raw_ordered_read(js: Any, subject: str, count: int) -> float:
 
 
 async def run() -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
-        connection = await nats.connect(server.url)
-        js = connection.jetstream()
-        await ensure_topology(js)
-        store = EventStore(js)
-        events = session_events(EVENTS)
-        for event in events:
-            await js.publish_async(
-                event_subject(event.tenant, event.session_id, event.type), encode_event(event)
-            )
-        await js.publish_async_completed()
-
+    async with event_store() as (js, store):
+        await publish(js, session_events(EVENTS))
         raw_rates, fold_rates = [], []
         for _ in range(ROUNDS):
             raw_rates.append(await raw_ordered_read(js, session_filter("bench", "replay"), EVENTS))
@@ -167,7 +183,6 @@ async def run() -> list[dict[str, Any]]:
             snapshot = await store.load("bench", "replay")
             fold_rates.append(EVENTS / (time.perf_counter() - began))
             assert snapshot.state.event_count == EVENTS
-        await connection.close()
     raw, folded = statistics.median(raw_rates), statistics.median(fold_rates)
     return [
         {
@@ -210,16 +225,8 @@ async def _keep_up_us_per_event(
 async def time_travel() -> list[dict[str, Any]]:
     """State at the middle of a 1,000-step session, and every intermediate state of it."""
     events = session_events(2 + 5 * 1000)
-    with tempfile.TemporaryDirectory() as folder, NatsServer(Path(folder)) as server:
-        connection = await nats.connect(server.url)
-        js = connection.jetstream()
-        await ensure_topology(js)
-        for event in events:
-            await js.publish_async(
-                event_subject(event.tenant, event.session_id, event.type), encode_event(event)
-            )
-        await js.publish_async_completed()
-        store = EventStore(js)
+    async with event_store() as (js, store):
+        await publish(js, events)
         middle = len(events) // 2
         began = time.perf_counter()
         snapshot = await store.load("bench", "replay", up_to_seq=middle)
@@ -249,15 +256,10 @@ async def time_travel() -> list[dict[str, Any]]:
         # States are spaced in proportion to their size: keeping them costs each event about
         # the same however long the session grows (evenly spaced, it grew with the session).
         longer = session_events(2 + 5 * LONGER_STEPS, session_id="longer")
-        for event in longer:
-            await js.publish_async(
-                event_subject(event.tenant, event.session_id, event.type), encode_event(event)
-            )
-        await js.publish_async_completed()
+        await publish(js, longer)
         keeping_longer_us = await _keep_up_us_per_event(
             states, "longer", len(events) + 1, len(longer)
         )
-        await connection.close()
     began = time.perf_counter()
     folding = SessionFold()
     states = []

@@ -34,6 +34,7 @@ import null_services
 import observability
 import planner
 import read_model
+import redelivery
 import replay
 import ring
 import rollback
@@ -64,6 +65,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "follow": follow.run,
     "hops": hops.run,
     "console": console.run,
+    "redelivery": redelivery.run,
 }
 
 
@@ -78,8 +80,9 @@ RELAXED: dict[str, Benchmark] = {
 costs, measured in one run. Every other figure is durable only (docs/durability.md)."""
 
 
-ON_ASYNCIO = frozenset({"sandbox"})
-"""Benchmarks of services that run on asyncio's event loop (the sandbox); the others run on
+ON_ASYNCIO = frozenset({"sandbox", "redelivery"})
+"""Benchmarks of services that run on asyncio's event loop (the sandbox, whose handler the
+redelivery benchmark measures); the others run on
 uvloop, as the other services do: what runs in this process (the gateway's handler, a
 replay, a rebuild, the sandbox's launches) is measured on the loop its service runs it on."""
 

@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from helmline.contracts import (
+    EXAMPLE_PAYLOADS,
+    PAYLOAD_CLASSES,
     Actor,
     CheckpointCreated,
     Event,
@@ -155,3 +157,12 @@ def test_a_state_taken_between_updates_of_one_step_never_changes_afterwards() ->
         assert folding.state() == fold(events)
     assert [c.checkpoint_id for c in fold(events).checkpoints] == ["cp0", "cp1", "cp2"]
     assert len(fold(events).thoughts) == 3
+
+
+def test_the_fold_has_a_reducer_for_every_event_type() -> None:
+    # Each payload class of the catalogue has its example: a class without a reducer fails
+    # here (the fold looks reducers up by the payload's exact class).
+    assert [type(example) for example in EXAMPLE_PAYLOADS] == list(PAYLOAD_CLASSES)
+    for example in EXAMPLE_PAYLOADS:
+        event = new_event(example, tenant="t", session_id="s", source="test")
+        assert fold([event]).event_count == 1, example.TYPE

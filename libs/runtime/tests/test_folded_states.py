@@ -42,7 +42,7 @@ from helmline.contracts import (
     new_event,
     session_filter,
 )
-from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime import Delivery, EventStore, FoldedStates, LogStates, SessionCache
 from helmline.runtime._folded_states import GROWTH
 from helmline.runtime._store import DIRECT_BATCH
 
@@ -629,3 +629,23 @@ async def test_a_replica_alone_on_its_consumer_reads_no_log_for_an_event_it_is_h
             state = await sessions.advance(Delivery(event, seq, deliveries=1, shared=False))
     assert reads == []
     assert state == fold(events)
+
+
+async def test_log_states_fold_a_session_held_on_by_the_events_appended_since(
+    nc: NATS, js: JetStreamContext, store: EventStore, tenant: str
+) -> None:
+    events = fifty_steps(tenant, "redelivered")
+    first, rest = events[:-10], events[-10:]
+    seqs, _ = await append_and_keep_up(
+        store, [FoldedStates(js, store, every=20, interval_s=0)], first
+    )
+    log_states = LogStates(store, FoldedStates(js, store))
+    # Met on a redelivery: from its nearest stored state and the events after it.
+    met = await log_states.now(Delivery(first[5], seqs[5], deliveries=2))
+    assert met == fold(first)
+    seqs += [(await store.append(event)).seq for event in rest]
+    # Held: only what was appended since is read, and no replay of the log streams it.
+    async with replays(nc) as created:
+        held = await log_states.now(Delivery(first[5], seqs[5], deliveries=2))
+    assert held == fold(events)
+    assert created == []

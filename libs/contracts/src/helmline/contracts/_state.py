@@ -1,6 +1,7 @@
 """The pure fold: a session's state is rebuilt from its events, and from nothing else.
 
-`fold` is total over the catalogue (the `match` ends in `assert_never`) and never raises: an
+`fold` is total over the catalogue (each payload class has its reducer in `REDUCERS`, and a
+test fails for a class without one) and never raises: an
 event that does not fit the state it meets (a result for a step never planned, a second
 terminal event) is absorbed as well as it can be, because the log is the truth and a fold
 that refuses part of it would hide facts.
@@ -14,10 +15,10 @@ the state before, so folding one more event (`evolve`) costs the same in a sessi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Literal, TypeVar, assert_never, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import JsonValue
 
@@ -58,6 +59,7 @@ from helmline.contracts.events import (
     InverseCall,
     LoopDetected,
     ModelExchangeRecorded,
+    Payload,
     PermissionKind,
     PermissionNeed,
     PermissionRequested,
@@ -133,6 +135,20 @@ OPEN_STATUSES: tuple[SessionStatus, ...] = tuple(
     status for status in get_args(SessionStatus) if status not in TERMINAL_STATUSES
 )
 """The statuses of a session that has not ended, in the order of its life."""
+
+
+CallProgress = Literal["not started", "started", "finished"]
+"""How far a tool call got, as a session's state tells it (`SessionState.call_progress`)."""
+
+_PROGRESS_OF_STEP: dict[StepStatus, CallProgress] = {
+    "running": "started",
+    "succeeded": "finished",
+    "failed": "finished",
+    "undone": "finished",
+    "skipped": "finished",
+    "denied": "finished",
+}
+"""What a step's status says of its current call (other statuses: not started)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,6 +544,27 @@ class SessionState:
             return None
         return step
 
+    def call_progress(self, call_id: str) -> CallProgress:
+        """How far the tool call `call_id` got, for a service handed it again (a redelivery:
+        it may have run it before). `finished`: it has an outcome, or is not to run any more
+        (its step was skipped or denied, or a newer attempt replaced it); `started`: it was
+        sent, or may have been; else `not started`.
+
+        An undo call of a rollback is known only by its compensation, whose end says the
+        call finished and nothing says it began: until then it may have, so it counts as
+        started (a tool not declared idempotent is then not sent again)."""
+        step_id = self.calls.get(call_id)
+        if step_id is None:
+            return "not started"
+        step = self.steps.get(step_id)
+        if step is not None and step.call_id == call_id:
+            return _PROGRESS_OF_STEP.get(step.status, "not started")
+        for rollback in self.rollbacks.values():
+            compensation = rollback.compensations.get(call_id)
+            if compensation is not None:
+                return "started" if compensation == "scheduled" else "finished"
+        return "finished" if step is not None and step.call_id is not None else "not started"
+
     def fork_refusal(self, checkpoint: CheckpointState) -> str | None:
         """Why no fork can start from `checkpoint`, if none can: no workspace can be as it
         was there any more (its snapshot was pruned, or never stored)."""
@@ -654,8 +691,8 @@ class SessionFold:
             self.v["status"] = status
             self.v["ended_at"] = event.time
             comment = f"the session ended ({status}) before anyone decided"
-            for request_id in [r for r, a in self.approvals.items() if a.status == "pending"]:
-                self._decide(event, request_id, "withdrawn", (), comment, None)
+            for request in [a for a in self.approvals.values() if a.status == "pending"]:
+                _decided(self, event, request.request_id, "withdrawn", comment=comment)
 
     def update_step(self, step_id: str, **changes: Any) -> None:
         step = self.steps.get(step_id)
@@ -667,6 +704,8 @@ class SessionFold:
         self.fresh_steps.add(step_id)
 
     def set_approval(self, request: ApprovalState) -> None:
+        """The one way an approval fact enters the state: only the reducers of the
+        approvals' section below call it."""
         self.approvals = self.approvals.set(request.request_id, request)
 
     def set_rollback(self, rollback: RollbackState) -> None:
@@ -676,339 +715,23 @@ class SessionFold:
         if self.calls.get(call_id) != step_id:
             self.calls = self.calls.set(call_id, step_id)
         step = self.steps.get(step_id)
-        if step is None and self._compensates(call_id):
+        if step is None and self.compensates(call_id):
             return  # A rollback's undo call: recorded in the rollback, not a step of the plan.
         # Events of an attempt that a newer attempt replaced only update the record of calls.
         if step is None or step.call_id in (None, call_id):
             self.update_step(step_id, call_id=call_id, **changes)
 
     def apply(self, event: Event) -> None:
-        """Apply one more event."""
+        """Apply one more event: its payload's reducer (see `REDUCERS`) changes the state."""
         v = self.v
         v["event_count"] += 1
         v["updated_at"] = event.time
         if not v["session_id"]:
             v["session_id"] = event.session_id
             v["tenant"] = event.tenant
-        data = event.data
-        match data:
-            case StepScheduled() if data.compensation_id is not None:
-                self.calls = self.calls.set(data.call_id, data.step_id)
-            case StepScheduled():
-                previous = self.steps.get(data.step_id)
-                self.update_step(
-                    data.step_id,
-                    tool=data.tool,
-                    arguments=data.arguments,
-                    risk=data.risk if data.risk is not None else previous and previous.risk,
-                    status="scheduled",
-                    attempts=data.attempt,
-                    retries=0,
-                    call_id=data.call_id,
-                    output=None,
-                    cached_from=None,
-                    error=None,
-                    limit_hit=None,
-                    reason=None,
-                    scheduled_at=event.time,
-                    finished_at=None,
-                    duration_ms=None,
-                    retry_at=None,
-                )
-                self.calls = self.calls.set(data.call_id, data.step_id)
-                if v["status"] == "planning":
-                    self.set_status("executing")
-                approved = v["plan_approval"]
-                authorized = (
-                    data.authorized_by(approved)
-                    if data.authorized_by_plan is not None and approved is not None
-                    else None
-                )
-                if authorized is not None:
-                    self._authorize(authorized)
-            case ToolCallAuthorized():
-                self._authorize(data)
-            case ToolCallStarted():
-                self.update_call(data.call_id, data.step_id, status="running")
-            case ToolCallCompleted():
-                self.update_call(
-                    data.call_id,
-                    data.step_id,
-                    status="succeeded",
-                    output=data.output,
-                    cached_from=data.cached_from,
-                    error=None,
-                    redacted_by=dict(data.redacted_by),
-                    finished_at=event.time,
-                    duration_ms=data.duration_ms,
-                )
-            case ToolCallFailed():
-                self.update_call(
-                    data.call_id,
-                    data.step_id,
-                    status="failed",
-                    error=data.error,
-                    redacted_by=dict(data.redacted_by),
-                    finished_at=event.time,
-                    duration_ms=data.duration_ms,
-                )
-            case ToolCallDenied():
-                self.update_call(
-                    data.call_id,
-                    data.step_id,
-                    status="denied",
-                    reason=data.reason,
-                    finished_at=event.time,
-                )
-            case CheckpointCreated():
-                self.checkpoints = self.checkpoints.append(
-                    CheckpointState(
-                        checkpoint_id=data.checkpoint_id,
-                        step_id=data.step_id,
-                        at_seq=data.at_seq,
-                        created_at=event.time,
-                        snapshot_id=data.snapshot_id,
-                        reversible=data.reversible,
-                        compensation=data.compensation,
-                        call_id=data.call_id,
-                        tool=data.tool,
-                        effect=data.effect,
-                        inverse=data.inverse,
-                        changes=data.changes,
-                    ),
-                )
-            case ToolCallAttemptFailed():
-                # The call goes on; its final outcome is recorded when it comes.
-                self.update_call(data.call_id, data.step_id, retries=data.attempt)
-            case ToolRegistryPublished() | ToolCircuitChanged() | ToolServerHealthChanged():
-                pass  # Gateway-wide facts on the tools stream, never in a session's log.
-            case StreamLimitApproaching():
-                pass  # A stream-wide notice on the ops stream, never in a session's log.
-            case ApiKeyCreated() | ApiKeyRotated() | ApiKeyRevoked():
-                pass  # Credentials' lifecycle, on the keys stream, never in a session's log.
-            case SandboxExecutionRequested():
-                pass  # The call is already recorded as authorised; the sandbox takes it from here.
-            case SandboxLimitExceeded():
-                self.update_call(data.call_id, data.step_id, limit_hit=data.hit)
-            case SandboxLimitApproached():
-                pass  # A warning for people and alerts; the call runs on unchanged.
-            case WorkspaceSnapshotted():
-                v["latest_snapshot_id"] = data.snapshot_id
-                v["latest_snapshot_call_id"] = data.call_id
-                v["latest_snapshot_changes"] = data.changes
-                v["initial_snapshot_id"] = v["initial_snapshot_id"] or data.snapshot_id
-                if data.irreversible_reason is not None:
-                    v["unrestorable_snapshots"] = v["unrestorable_snapshots"].set(
-                        data.snapshot_id, data.irreversible_reason
-                    )
-            case WorkspaceSnapshotsPruned():
-                v["unrestorable_snapshots"] = v["unrestorable_snapshots"].update(
-                    dict.fromkeys(data.snapshot_ids, f"pruned: {data.reason}")
-                )
-            case WorkspaceRestored():
-                v["latest_snapshot_id"] = data.snapshot_id
-                v["latest_snapshot_call_id"] = None
-                v["latest_snapshot_changes"] = None
-            case StepSkipped():
-                self.update_step(
-                    data.step_id, status="skipped", reason=data.reason, finished_at=event.time
-                )
-            case StepRetryDeferred():
-                step = self.steps.get(data.step_id)
-                if step is not None and step.call_id == data.call_id:
-                    self.update_step(data.step_id, retry_at=data.retry_at, reason=data.reason)
-            case ThoughtRecorded():
-                self.thoughts = self.thoughts.append(
-                    ThoughtState(
-                        kind=data.kind,
-                        text=data.text,
-                        at=event.time,
-                        confidence=data.confidence,
-                        step_id=data.step_id,
-                        alternatives=data.alternatives,
-                    ),
-                )
-            case SessionStarted():
-                if v["status"] == "pending":
-                    v["status"] = "planning"
-                v["goal"] = data.goal
-                v["mode"] = data.mode
-                v["requested_by"] = data.requested_by
-                v["labels"] = dict(data.labels)
-                v["fork_of"] = data.fork_of
-                if data.fork_of is not None:
-                    for step_id in data.fork_of.completed_steps:
-                        reason = f"completed in {data.fork_of.session_id} before the fork"
-                        self.update_step(step_id, status="succeeded", reason=reason)
-                if data.playbook is not None:
-                    v["on_denied"] = data.playbook.on_denied
-                v["started_at"] = v["started_at"] or event.time
-            case SessionPauseRequested():
-                v["pause_requested"] = True
-            case SessionPaused():
-                self.set_status("paused")
-            case SessionResumeRequested():
-                v["pause_requested"] = False
-            case SessionResumed():
-                v["pause_requested"] = False
-                self.set_status("waiting" if self._any_pending_approval() else "executing")
-            case SessionCancelRequested():
-                v["cancel_requested"] = True
-            case SessionCancelled():
-                if not self.terminal:
-                    v["outcome"] = data.reason
-                self.end("cancelled", event)
-            case SessionCompleted():
-                if not self.terminal:
-                    v["outcome"] = data.summary
-                    v["partial"] = data.partial
-                    v["criteria"] = data.criteria
-                self.end("completed", event)
-            case SessionFailed():
-                if not self.terminal:
-                    v["outcome"] = data.reason
-                self.end("failed", event)
-            case PlanProposed():
-                v["plan_revision"] = data.revision
-                v["plan_confidence"] = data.confidence
-                v["plan_reasoning"] = data.reasoning
-                v["plan_rejection"] = None
-                v["plan_approval"] = None
-                v["plan_estimated_duration_s"] = data.estimated_duration_s
-                v["plan_permissions"] = data.permissions
-                if data.completion_criteria:
-                    v["completion_criteria"] = data.completion_criteria
-                    v["criteria_required"] = data.criteria_required
-                self._lay_out_plan(data.steps)
-                self.set_status("planning")
-            case PlanApproved():
-                v["plan_approved_revision"] = data.revision
-                v["plan_approval"] = data
-                self.set_status("executing")
-            case PlanRejected():
-                v["plan_rejection"] = data.reason
-            case ApprovalRequested():
-                self.set_approval(
-                    ApprovalState(
-                        request_id=data.request_id,
-                        scope=data.scope,
-                        risk=data.risk,
-                        reason=data.reason,
-                        expires_at=data.expires_at,
-                        requested_at=event.time,
-                        step_id=data.step_id,
-                        call_id=data.call_id,
-                        tool=data.tool,
-                        arguments=data.arguments,
-                        taint=data.taint,
-                        rule=data.rule,
-                        approver_roles=data.approver_roles,
-                        quorum=data.quorum,
-                        permissions=(
-                            data.permissions if isinstance(data, PermissionRequested) else ()
-                        ),
-                    )
-                )
-                if data.step_id is not None and not self._compensates(data.call_id or ""):
-                    self.update_step(data.step_id, approval_request_id=data.request_id)
-                if v["status"] != "paused":
-                    # A paused session stays paused: a grant runs nothing until it resumes.
-                    self.set_status("waiting")
-            case ApprovalDecisionSubmitted():
-                request = self.approvals.get(data.request_id)
-                if request is not None:
-                    self.set_approval(_copy_with(request, votes=(*request.votes, data)))
-            case ApprovalGranted():
-                granted = self._decide(
-                    event,
-                    data.request_id,
-                    "granted",
-                    data.decided_by,
-                    data.comment,
-                    data.modified_arguments,
-                )
-                if granted and (data.similar_limit is not None or data.grant_scope is not None):
-                    self.set_approval(
-                        _copy_with(
-                            self.approvals[data.request_id],
-                            similar_limit=data.similar_limit,
-                            similar_until=data.similar_until,
-                            similar_where=data.similar_where,
-                            grant_scope=data.grant_scope,
-                            grant_until=data.grant_until,
-                        )
-                    )
-            case ApprovalDenied():
-                self._decide(
-                    event, data.request_id, "denied", (data.decided_by,), data.comment, None
-                )
-            case ApprovalExpired():
-                self._decide(event, data.request_id, "expired", (), "", None)
-            case ModelExchangeRecorded():
-                v["model_calls"] += 1
-                v["tokens_used"] += data.reply.usage.input_tokens + data.reply.usage.output_tokens
-                v["cost_usd"] += data.cost_usd or 0.0
-                v["model_usage"] = _tallied(v["model_usage"], data)
-            case ContextCompacted() | LoopDetected():
-                pass  # Facts for people and replays; the session's state does not change.
-            case ApprovalDecisionRefused() | ApprovalVoteCounted():
-                pass  # Answers to the person who decided; the request is unchanged.
-            case RollbackRequested():
-                self.set_rollback(
-                    RollbackState(
-                        rollback_id=data.rollback_id,
-                        checkpoint_id=data.checkpoint_id,
-                        requested_by=data.requested_by,
-                        accept_partial=data.accept_partial,
-                        reason=data.reason,
-                    )
-                )
-            case RollbackRefused():
-                self._update_rollback(
-                    data.rollback_id,
-                    status="refused",
-                    reason=data.reason,
-                    blocking_steps=data.blocking_steps,
-                )
-            case CompensationScheduled():
-                self._compensation(data.rollback_id, data.compensation_id, "scheduled")
-            case CompensationCompleted():
-                self._compensation(data.rollback_id, data.compensation_id, "completed")
-                for step_id in dict.fromkeys((data.step_id, *data.steps)):
-                    if step_id in self.steps:
-                        self.update_step(step_id, status="undone")
-            case CompensationFailed():
-                self._compensation(data.rollback_id, data.compensation_id, "failed")
-            case RollbackCompleted():
-                self._update_rollback(
-                    data.rollback_id,
-                    status="completed",
-                    undone_steps=data.undone_steps,
-                    not_undone_steps=data.not_undone_steps,
-                )
-                for step_id in data.undone_steps:
-                    if step_id in self.steps:
-                        self.update_step(step_id, status="undone")
-                self._keep_checkpoints_up_to(data.checkpoint_id)
-                # A rolled-back session waits for a person to resume or replan it.
-                v["status"] = "paused"
-                v["ended_at"] = None
-                v["outcome"] = ""
-            case RollbackFailed():
-                self._update_rollback(
-                    data.rollback_id,
-                    status="failed",
-                    reason=data.reason,
-                    undone_steps=data.undone_steps,
-                    not_undone_steps=data.not_undone_steps,
-                )
-            case _:
-                assert_never(data)  # type: ignore[arg-type]
+        REDUCERS[type(event.data)](self, event, event.data)
 
-    def _any_pending_approval(self) -> bool:
-        return any(a.status == "pending" for a in self.approvals.values())
-
-    def _lay_out_plan(self, planned: tuple[PlanStep, ...]) -> None:
+    def lay_out_plan(self, planned: tuple[PlanStep, ...]) -> None:
         # A replan keeps what finished steps achieved and lays out the rest afresh.
         steps: dict[str, StepState] = {}
         made: set[str] = set()
@@ -1058,64 +781,15 @@ class SessionFold:
             if laid_out.dependants != (wanted := tuple(dependants[step_id])):
                 self.update_step(step_id, dependants=wanted)
 
-    def _decide(
-        self,
-        event: Event,
-        request_id: str,
-        status: Literal["granted", "denied", "expired", "withdrawn"],
-        decided_by: tuple[Actor, ...],
-        comment: str,
-        modified_arguments: Arguments | None,
-    ) -> bool:
-        """Record the outcome of a pending request; False when it was no longer pending."""
-        request = self.approvals.get(request_id)
-        if request is None or request.status != "pending":
-            return False
-        self.set_approval(
-            _copy_with(
-                request,
-                status=status,
-                decided_by=decided_by,
-                comment=comment,
-                modified_arguments=modified_arguments,
-                decided_at=event.time,
-            )
-        )
-        if self.v["status"] == "waiting" and not self._any_pending_approval():
-            self.v["status"] = "paused" if self.v["pause_requested"] else "executing"
-        return True
-
-    def _authorize(self, authorized: ToolCallAuthorized) -> None:
-        """A call may run: authorised when scheduled, by its approved plan, or on its own."""
-        self.update_call(
-            authorized.call_id,
-            authorized.step_id,
-            status="authorized",
-            arguments=authorized.arguments,
-            risk=authorized.risk,
-        )
-        self._count_similar_use(authorized)
-
-    def _count_similar_use(self, authorized: ToolCallAuthorized) -> None:
-        # A later call authorised under a standing "approve similar" grant uses it up.
-        request_id = authorized.approval_request_id
-        request = self.approvals.get(request_id) if request_id is not None else None
-        if (
-            request is not None
-            and request.similar_limit is not None
-            and request.call_id != authorized.call_id
-        ):
-            self.set_approval(_copy_with(request, similar_used=request.similar_used + 1))
-
-    def _compensates(self, call_id: str) -> bool:
+    def compensates(self, call_id: str) -> bool:
         return any(call_id in rollback.compensations for rollback in self.rollbacks.values())
 
-    def _update_rollback(self, rollback_id: str, **changes: Any) -> None:
+    def update_rollback(self, rollback_id: str, **changes: Any) -> None:
         rollback = self.rollbacks.get(rollback_id)
         if rollback is not None:
             self.set_rollback(_copy_with(rollback, **changes))
 
-    def _compensation(
+    def compensation(
         self,
         rollback_id: str,
         compensation_id: str,
@@ -1124,10 +798,529 @@ class SessionFold:
         rollback = self.rollbacks.get(rollback_id)
         if rollback is not None:
             compensations = {**rollback.compensations, compensation_id: status}
-            self._update_rollback(rollback_id, status="running", compensations=compensations)
+            self.update_rollback(rollback_id, status="running", compensations=compensations)
 
-    def _keep_checkpoints_up_to(self, checkpoint_id: str) -> None:
+    def keep_checkpoints_up_to(self, checkpoint_id: str) -> None:
         for index, checkpoint in enumerate(self.checkpoints):
             if checkpoint.checkpoint_id == checkpoint_id:
                 self.checkpoints = self.checkpoints[: index + 1]
                 return
+
+
+# --- reducers: one per event type, beside the state it changes ---------------------------
+
+P = TypeVar("P", bound=Payload)
+Reducer = Callable[[SessionFold, Event, Any], None]
+"""Changes a fold in progress by one event (its payload given apart, already typed)."""
+
+REDUCERS: dict[type[Payload], Reducer] = {}
+"""The reducer of each payload class, looked up by the payload's exact class: the fold is
+total when every class of the catalogue (`PAYLOAD_CLASSES`) has one (a test checks it)."""
+
+
+def _reduces(
+    *payloads: type[P],
+) -> Callable[[Callable[[SessionFold, Event, P], None]], Callable[[SessionFold, Event, P], None]]:
+    """Register the decorated function as the reducer of `payloads`."""
+
+    def register(
+        reducer: Callable[[SessionFold, Event, P], None],
+    ) -> Callable[[SessionFold, Event, P], None]:
+        for payload in payloads:
+            assert payload not in REDUCERS, f"{payload.TYPE} has two reducers"
+            REDUCERS[payload] = reducer
+        return reducer
+
+    return register
+
+
+@_reduces(
+    ToolRegistryPublished,  # Gateway-wide facts on the tools stream, never in a session's log.
+    ToolCircuitChanged,
+    ToolServerHealthChanged,
+    StreamLimitApproaching,  # A stream-wide notice on the ops stream.
+    ApiKeyCreated,  # Credentials' lifecycle, on the keys stream.
+    ApiKeyRotated,
+    ApiKeyRevoked,
+    SandboxExecutionRequested,  # The call is recorded as authorised; the sandbox takes it on.
+    SandboxLimitApproached,  # A warning for people and alerts; the call runs on unchanged.
+    ContextCompacted,  # Facts for people and replays.
+    LoopDetected,
+    ApprovalDecisionRefused,  # Answers to the person who decided; the request is unchanged.
+    ApprovalVoteCounted,
+)
+def _unchanged(fold: SessionFold, event: Event, data: Payload) -> None:
+    """Events that change nothing a session's state holds, besides its count and time."""
+
+
+# --- the session --------------------------------------------------------------------------
+
+
+@_reduces(SessionStarted)
+def _started(fold: SessionFold, event: Event, data: SessionStarted) -> None:
+    v = fold.v
+    if v["status"] == "pending":
+        v["status"] = "planning"
+    v["goal"] = data.goal
+    v["mode"] = data.mode
+    v["requested_by"] = data.requested_by
+    v["labels"] = dict(data.labels)
+    v["fork_of"] = data.fork_of
+    if data.fork_of is not None:
+        for step_id in data.fork_of.completed_steps:
+            reason = f"completed in {data.fork_of.session_id} before the fork"
+            fold.update_step(step_id, status="succeeded", reason=reason)
+    if data.playbook is not None:
+        v["on_denied"] = data.playbook.on_denied
+    v["started_at"] = v["started_at"] or event.time
+
+
+@_reduces(SessionPauseRequested)
+def _pause_requested(fold: SessionFold, event: Event, data: SessionPauseRequested) -> None:
+    fold.v["pause_requested"] = True
+
+
+@_reduces(SessionPaused)
+def _paused(fold: SessionFold, event: Event, data: SessionPaused) -> None:
+    fold.set_status("paused")
+
+
+@_reduces(SessionResumeRequested)
+def _resume_requested(fold: SessionFold, event: Event, data: SessionResumeRequested) -> None:
+    fold.v["pause_requested"] = False
+
+
+@_reduces(SessionResumed)
+def _resumed(fold: SessionFold, event: Event, data: SessionResumed) -> None:
+    fold.v["pause_requested"] = False
+    fold.set_status("waiting" if _any_pending(fold) else "executing")
+
+
+@_reduces(SessionCancelRequested)
+def _cancel_requested(fold: SessionFold, event: Event, data: SessionCancelRequested) -> None:
+    fold.v["cancel_requested"] = True
+
+
+@_reduces(SessionCancelled)
+def _cancelled(fold: SessionFold, event: Event, data: SessionCancelled) -> None:
+    if not fold.terminal:
+        fold.v["outcome"] = data.reason
+    fold.end("cancelled", event)
+
+
+@_reduces(SessionCompleted)
+def _completed(fold: SessionFold, event: Event, data: SessionCompleted) -> None:
+    if not fold.terminal:
+        fold.v["outcome"] = data.summary
+        fold.v["partial"] = data.partial
+        fold.v["criteria"] = data.criteria
+    fold.end("completed", event)
+
+
+@_reduces(SessionFailed)
+def _failed(fold: SessionFold, event: Event, data: SessionFailed) -> None:
+    if not fold.terminal:
+        fold.v["outcome"] = data.reason
+    fold.end("failed", event)
+
+
+@_reduces(ModelExchangeRecorded)
+def _model_exchange(fold: SessionFold, event: Event, data: ModelExchangeRecorded) -> None:
+    v = fold.v
+    v["model_calls"] += 1
+    v["tokens_used"] += data.reply.usage.input_tokens + data.reply.usage.output_tokens
+    v["cost_usd"] += data.cost_usd or 0.0
+    v["model_usage"] = _tallied(v["model_usage"], data)
+
+
+@_reduces(ThoughtRecorded)
+def _thought(fold: SessionFold, event: Event, data: ThoughtRecorded) -> None:
+    fold.thoughts = fold.thoughts.append(
+        ThoughtState(
+            kind=data.kind,
+            text=data.text,
+            at=event.time,
+            confidence=data.confidence,
+            step_id=data.step_id,
+            alternatives=data.alternatives,
+        ),
+    )
+
+
+# --- the plan -----------------------------------------------------------------------------
+
+
+@_reduces(PlanProposed)
+def _plan_proposed(fold: SessionFold, event: Event, data: PlanProposed) -> None:
+    v = fold.v
+    v["plan_revision"] = data.revision
+    v["plan_confidence"] = data.confidence
+    v["plan_reasoning"] = data.reasoning
+    v["plan_rejection"] = None
+    v["plan_approval"] = None
+    v["plan_estimated_duration_s"] = data.estimated_duration_s
+    v["plan_permissions"] = data.permissions
+    if data.completion_criteria:
+        v["completion_criteria"] = data.completion_criteria
+        v["criteria_required"] = data.criteria_required
+    fold.lay_out_plan(data.steps)
+    fold.set_status("planning")
+
+
+@_reduces(PlanApproved)
+def _plan_approved(fold: SessionFold, event: Event, data: PlanApproved) -> None:
+    fold.v["plan_approved_revision"] = data.revision
+    fold.v["plan_approval"] = data
+    fold.set_status("executing")
+
+
+@_reduces(PlanRejected)
+def _plan_rejected(fold: SessionFold, event: Event, data: PlanRejected) -> None:
+    fold.v["plan_rejection"] = data.reason
+
+
+# --- steps and their calls ----------------------------------------------------------------
+
+
+@_reduces(StepScheduled)
+def _step_scheduled(fold: SessionFold, event: Event, data: StepScheduled) -> None:
+    fold.calls = fold.calls.set(data.call_id, data.step_id)
+    if data.compensation_id is not None:
+        return  # A rollback's undo call: recorded in the rollback, not a step of the plan.
+    previous = fold.steps.get(data.step_id)
+    fold.update_step(
+        data.step_id,
+        tool=data.tool,
+        arguments=data.arguments,
+        risk=data.risk if data.risk is not None else previous and previous.risk,
+        status="scheduled",
+        attempts=data.attempt,
+        retries=0,
+        call_id=data.call_id,
+        output=None,
+        cached_from=None,
+        error=None,
+        limit_hit=None,
+        reason=None,
+        scheduled_at=event.time,
+        finished_at=None,
+        duration_ms=None,
+        retry_at=None,
+    )
+    if fold.v["status"] == "planning":
+        fold.set_status("executing")
+    approved = fold.v["plan_approval"]
+    if data.authorized_by_plan is not None and approved is not None:
+        authorized = data.authorized_by(approved)
+        if authorized is not None:
+            _authorized(fold, event, authorized)
+
+
+@_reduces(ToolCallAuthorized)
+def _authorized(fold: SessionFold, event: Event, data: ToolCallAuthorized) -> None:
+    """A call may run: authorised when scheduled, by its approved plan, or on its own."""
+    fold.update_call(
+        data.call_id, data.step_id, status="authorized", arguments=data.arguments, risk=data.risk
+    )
+    _similar_used(fold, data)
+
+
+@_reduces(ToolCallStarted)
+def _call_started(fold: SessionFold, event: Event, data: ToolCallStarted) -> None:
+    fold.update_call(data.call_id, data.step_id, status="running")
+
+
+@_reduces(ToolCallAttemptFailed)
+def _attempt_failed(fold: SessionFold, event: Event, data: ToolCallAttemptFailed) -> None:
+    # The call goes on; its final outcome is recorded when it comes.
+    fold.update_call(data.call_id, data.step_id, retries=data.attempt)
+
+
+@_reduces(ToolCallCompleted)
+def _call_completed(fold: SessionFold, event: Event, data: ToolCallCompleted) -> None:
+    fold.update_call(
+        data.call_id,
+        data.step_id,
+        status="succeeded",
+        output=data.output,
+        cached_from=data.cached_from,
+        error=None,
+        redacted_by=dict(data.redacted_by),
+        finished_at=event.time,
+        duration_ms=data.duration_ms,
+    )
+
+
+@_reduces(ToolCallFailed)
+def _call_failed(fold: SessionFold, event: Event, data: ToolCallFailed) -> None:
+    fold.update_call(
+        data.call_id,
+        data.step_id,
+        status="failed",
+        error=data.error,
+        redacted_by=dict(data.redacted_by),
+        finished_at=event.time,
+        duration_ms=data.duration_ms,
+    )
+
+
+@_reduces(ToolCallDenied)
+def _call_denied(fold: SessionFold, event: Event, data: ToolCallDenied) -> None:
+    fold.update_call(
+        data.call_id, data.step_id, status="denied", reason=data.reason, finished_at=event.time
+    )
+
+
+@_reduces(SandboxLimitExceeded)
+def _limit_exceeded(fold: SessionFold, event: Event, data: SandboxLimitExceeded) -> None:
+    fold.update_call(data.call_id, data.step_id, limit_hit=data.hit)
+
+
+@_reduces(StepSkipped)
+def _step_skipped(fold: SessionFold, event: Event, data: StepSkipped) -> None:
+    fold.update_step(data.step_id, status="skipped", reason=data.reason, finished_at=event.time)
+
+
+@_reduces(StepRetryDeferred)
+def _retry_deferred(fold: SessionFold, event: Event, data: StepRetryDeferred) -> None:
+    step = fold.steps.get(data.step_id)
+    if step is not None and step.call_id == data.call_id:
+        fold.update_step(data.step_id, retry_at=data.retry_at, reason=data.reason)
+
+
+# --- approvals: every fact about a request enters here, through `set_approval` -----------
+
+
+def _any_pending(fold: SessionFold) -> bool:
+    return any(a.status == "pending" for a in fold.approvals.values())
+
+
+@_reduces(ApprovalRequested, PermissionRequested)
+def _approval_requested(fold: SessionFold, event: Event, data: ApprovalRequested) -> None:
+    fold.set_approval(
+        ApprovalState(
+            request_id=data.request_id,
+            scope=data.scope,
+            risk=data.risk,
+            reason=data.reason,
+            expires_at=data.expires_at,
+            requested_at=event.time,
+            step_id=data.step_id,
+            call_id=data.call_id,
+            tool=data.tool,
+            arguments=data.arguments,
+            taint=data.taint,
+            rule=data.rule,
+            approver_roles=data.approver_roles,
+            quorum=data.quorum,
+            permissions=data.permissions if isinstance(data, PermissionRequested) else (),
+        )
+    )
+    if data.step_id is not None and not fold.compensates(data.call_id or ""):
+        fold.update_step(data.step_id, approval_request_id=data.request_id)
+    if fold.v["status"] != "paused":
+        # A paused session stays paused: a grant runs nothing until it resumes.
+        fold.set_status("waiting")
+
+
+@_reduces(ApprovalDecisionSubmitted)
+def _vote(fold: SessionFold, event: Event, data: ApprovalDecisionSubmitted) -> None:
+    request = fold.approvals.get(data.request_id)
+    if request is not None:
+        fold.set_approval(_copy_with(request, votes=(*request.votes, data)))
+
+
+@_reduces(ApprovalGranted)
+def _granted(fold: SessionFold, event: Event, data: ApprovalGranted) -> None:
+    standing = (
+        {
+            "similar_limit": data.similar_limit,
+            "similar_until": data.similar_until,
+            "similar_where": data.similar_where,
+            "grant_scope": data.grant_scope,
+            "grant_until": data.grant_until,
+        }
+        if data.similar_limit is not None or data.grant_scope is not None
+        else {}
+    )
+    _decided(
+        fold,
+        event,
+        data.request_id,
+        "granted",
+        decided_by=data.decided_by,
+        comment=data.comment,
+        modified_arguments=data.modified_arguments,
+        **standing,
+    )
+
+
+@_reduces(ApprovalDenied)
+def _denied(fold: SessionFold, event: Event, data: ApprovalDenied) -> None:
+    _decided(
+        fold, event, data.request_id, "denied", decided_by=(data.decided_by,), comment=data.comment
+    )
+
+
+@_reduces(ApprovalExpired)
+def _expired(fold: SessionFold, event: Event, data: ApprovalExpired) -> None:
+    _decided(fold, event, data.request_id, "expired")
+
+
+def _decided(
+    fold: SessionFold,
+    event: Event,
+    request_id: str,
+    status: Literal["granted", "denied", "expired", "withdrawn"],
+    **outcome: Any,
+) -> None:
+    """The outcome of a pending request (granted, denied, expired, or withdrawn when the
+    session ended), in one write; a request no longer pending keeps its first outcome."""
+    request = fold.approvals.get(request_id)
+    if request is None or request.status != "pending":
+        return
+    fold.set_approval(
+        _copy_with(
+            request,
+            status=status,
+            decided_by=outcome.pop("decided_by", ()),
+            comment=outcome.pop("comment", ""),
+            modified_arguments=outcome.pop("modified_arguments", None),
+            decided_at=event.time,
+            **outcome,
+        )
+    )
+    if fold.v["status"] == "waiting" and not _any_pending(fold):
+        fold.v["status"] = "paused" if fold.v["pause_requested"] else "executing"
+
+
+def _similar_used(fold: SessionFold, authorized: ToolCallAuthorized) -> None:
+    # A later call authorised under a standing "approve similar" grant uses it up.
+    request_id = authorized.approval_request_id
+    request = fold.approvals.get(request_id) if request_id is not None else None
+    if (
+        request is not None
+        and request.similar_limit is not None
+        and request.call_id != authorized.call_id
+    ):
+        fold.set_approval(_copy_with(request, similar_used=request.similar_used + 1))
+
+
+# --- the workspace and checkpoints --------------------------------------------------------
+
+
+@_reduces(CheckpointCreated)
+def _checkpoint(fold: SessionFold, event: Event, data: CheckpointCreated) -> None:
+    fold.checkpoints = fold.checkpoints.append(
+        CheckpointState(
+            checkpoint_id=data.checkpoint_id,
+            step_id=data.step_id,
+            at_seq=data.at_seq,
+            created_at=event.time,
+            snapshot_id=data.snapshot_id,
+            reversible=data.reversible,
+            compensation=data.compensation,
+            call_id=data.call_id,
+            tool=data.tool,
+            effect=data.effect,
+            inverse=data.inverse,
+            changes=data.changes,
+        ),
+    )
+
+
+@_reduces(WorkspaceSnapshotted)
+def _snapshotted(fold: SessionFold, event: Event, data: WorkspaceSnapshotted) -> None:
+    v = fold.v
+    v["latest_snapshot_id"] = data.snapshot_id
+    v["latest_snapshot_call_id"] = data.call_id
+    v["latest_snapshot_changes"] = data.changes
+    v["initial_snapshot_id"] = v["initial_snapshot_id"] or data.snapshot_id
+    if data.irreversible_reason is not None:
+        v["unrestorable_snapshots"] = v["unrestorable_snapshots"].set(
+            data.snapshot_id, data.irreversible_reason
+        )
+
+
+@_reduces(WorkspaceSnapshotsPruned)
+def _snapshots_pruned(fold: SessionFold, event: Event, data: WorkspaceSnapshotsPruned) -> None:
+    fold.v["unrestorable_snapshots"] = fold.v["unrestorable_snapshots"].update(
+        dict.fromkeys(data.snapshot_ids, f"pruned: {data.reason}")
+    )
+
+
+@_reduces(WorkspaceRestored)
+def _restored(fold: SessionFold, event: Event, data: WorkspaceRestored) -> None:
+    fold.v["latest_snapshot_id"] = data.snapshot_id
+    fold.v["latest_snapshot_call_id"] = None
+    fold.v["latest_snapshot_changes"] = None
+
+
+# --- rollbacks ----------------------------------------------------------------------------
+
+
+@_reduces(RollbackRequested)
+def _rollback_requested(fold: SessionFold, event: Event, data: RollbackRequested) -> None:
+    fold.set_rollback(
+        RollbackState(
+            rollback_id=data.rollback_id,
+            checkpoint_id=data.checkpoint_id,
+            requested_by=data.requested_by,
+            accept_partial=data.accept_partial,
+            reason=data.reason,
+        )
+    )
+
+
+@_reduces(RollbackRefused)
+def _rollback_refused(fold: SessionFold, event: Event, data: RollbackRefused) -> None:
+    fold.update_rollback(
+        data.rollback_id, status="refused", reason=data.reason, blocking_steps=data.blocking_steps
+    )
+
+
+@_reduces(CompensationScheduled)
+def _compensation_scheduled(fold: SessionFold, event: Event, data: CompensationScheduled) -> None:
+    fold.compensation(data.rollback_id, data.compensation_id, "scheduled")
+
+
+@_reduces(CompensationCompleted)
+def _compensation_completed(fold: SessionFold, event: Event, data: CompensationCompleted) -> None:
+    fold.compensation(data.rollback_id, data.compensation_id, "completed")
+    for step_id in dict.fromkeys((data.step_id, *data.steps)):
+        if step_id in fold.steps:
+            fold.update_step(step_id, status="undone")
+
+
+@_reduces(CompensationFailed)
+def _compensation_failed(fold: SessionFold, event: Event, data: CompensationFailed) -> None:
+    fold.compensation(data.rollback_id, data.compensation_id, "failed")
+
+
+@_reduces(RollbackCompleted)
+def _rollback_completed(fold: SessionFold, event: Event, data: RollbackCompleted) -> None:
+    fold.update_rollback(
+        data.rollback_id,
+        status="completed",
+        undone_steps=data.undone_steps,
+        not_undone_steps=data.not_undone_steps,
+    )
+    for step_id in data.undone_steps:
+        if step_id in fold.steps:
+            fold.update_step(step_id, status="undone")
+    fold.keep_checkpoints_up_to(data.checkpoint_id)
+    # A rolled-back session waits for a person to resume or replan it.
+    fold.v["status"] = "paused"
+    fold.v["ended_at"] = None
+    fold.v["outcome"] = ""
+
+
+@_reduces(RollbackFailed)
+def _rollback_failed(fold: SessionFold, event: Event, data: RollbackFailed) -> None:
+    fold.update_rollback(
+        data.rollback_id,
+        status="failed",
+        reason=data.reason,
+        undone_steps=data.undone_steps,
+        not_undone_steps=data.not_undone_steps,
+    )

@@ -9,7 +9,7 @@ from helmline.runtime._arguments import (
     playbook_problems,
     unknown_arguments,
 )
-from helmline.runtime._cache import SessionCache
+from helmline.runtime._cache import LogStates, SessionCache
 from helmline.runtime._classifier import (
     ClassifierAnswerError,
     InjectionClassifier,
@@ -143,6 +143,7 @@ __all__ = [
     "InjectionClassifierKind",
     "InjectionClassifierSettings",
     "JsonFormatter",
+    "LogStates",
     "NatsClient",
     "NoSealingKey",
     "ObjectMeta",

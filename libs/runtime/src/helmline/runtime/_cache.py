@@ -13,7 +13,7 @@ from helmline.contracts import Event, SessionStarted, SessionState, fold
 from helmline.runtime._consumer import Delivery
 from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._phases import current_hop
-from helmline.runtime._store import SessionSnapshot, StoredEvent
+from helmline.runtime._store import EventStore, SessionSnapshot, StoredEvent
 
 ENDED_KEPT = 1_000
 """How many ended sessions a cache keeps (those met last). Events follow a session's end:
@@ -176,3 +176,49 @@ class _Entry:
     own: set[uuid.UUID] = field(default_factory=set)
     """Events this service appended and applied, not yet met in the log (folding them
     again there would count them twice)."""
+
+
+class LogStates:
+    """Sessions' states as their whole logs fold now, for a service handed an event that it
+    may have handled before (a redelivery): whether a call already started or finished is
+    read from the state (`SessionState.call_progress`), never by scanning the log.
+
+    A session met again is folded on from the state held here, by the events appended
+    since (one read of those alone); one not held is loaded from its nearest stored state
+    and the events after it. So a redelivery costs the same in a long session as in a short
+    one, once the session is held. Unlike `SessionCache`, whose states fold only what the
+    service consumes and appends, each state here is the log's own.
+    """
+
+    def __init__(
+        self, store: EventStore, states: FoldedStates | None = None, capacity: int = 1_000
+    ) -> None:
+        """`states`: where stored states are read (without, a session not held is folded
+        from its whole log)."""
+        self._store = store
+        self._states = states
+        self._held: LRUCache[tuple[str, str], _Entry] = LRUCache(capacity)
+
+    async def now(self, delivery: Delivery) -> SessionState:
+        """The state of the delivered event's session after every event of its log now."""
+        event, known_seq = delivery.event, delivery.seq
+        key = (event.tenant, event.session_id)
+        entry = self._held.get(key)
+        if entry is None:
+            snapshot = await self._load(event.tenant, event.session_id, known_seq)
+            entry = _Entry(snapshot.state, snapshot.last_seq)
+        else:
+            since = await self._store.read_all(
+                event.tenant, event.session_id, after_seq=entry.seen, known_seq=known_seq
+            )
+            if since:
+                entry = _Entry(fold((item.event for item in since), entry.state), since[-1].seq)
+        held = self._held.get(key)
+        if held is None or held.seen <= entry.seen:
+            self._held[key] = entry  # Two redeliveries at once: the later fold stays.
+        return entry.state
+
+    async def _load(self, tenant: str, session_id: str, known_seq: int) -> SessionSnapshot:
+        if self._states is not None:
+            return await self._states.load(tenant, session_id, log_first=True, known_seq=known_seq)
+        return await self._store.load(tenant, session_id, known_seq=known_seq)

@@ -88,7 +88,8 @@ class Delivery:
     @property
     def maybe_handled(self) -> bool:
         """Whether the event may have been handled before (a redelivery, or stored before the
-        consumer last connected): a handler with side effects reads the log before acting."""
+        consumer last connected): a handler with side effects asks the log (the session's state
+        folded from it: `LogStates`) before acting."""
         return self.deliveries > 1 or self.stored_before_connect
 
 

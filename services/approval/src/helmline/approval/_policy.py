@@ -54,6 +54,9 @@ from helmline.contracts import (
     ToolCallDenied,
     ToolCallFailed,
     call_digest,
+    evolve,
+    new_event,
+    source_of,
 )
 from helmline.runtime import ArgumentChecker, StoredEvent, unknown_arguments
 
@@ -664,18 +667,25 @@ def _grant_permissions(
         grant_until=until,
     )
     decisions = [Decision(granted, f"decided/{request.request_id}")]
-    held = replace(
-        request,
-        status="granted",
-        decided_by=granters,
-        decided_at=now,
-        grant_scope=scope,
-        grant_until=until,
-    )
-    after = replace(state, approvals=state.approvals.set(request.request_id, held))
+    # The session as the grant leaves it, folded as the log will fold it (approval facts
+    # enter a state one way): the call is judged again with the permissions now held.
+    after = evolve(state, _as_event(state, granted, now))
+    held = after.approvals[request.request_id]
     if not (after.status == "paused" and after.plan_step_of(held)):
         decisions += _judged_again(after, held, policy, now, rule_uses)
     return decisions
+
+
+def _as_event(state: SessionState, data: Payload, now: datetime) -> Event:
+    """`data` as an event of the session at `now`, to fold before it is appended."""
+    return new_event(
+        data,
+        tenant=state.tenant,
+        session_id=state.session_id,
+        source=source_of("approval"),
+        event_id=uuid.uuid5(uuid.NAMESPACE_OID, f"{state.session_id}/{data.TYPE}"),
+        at=now,
+    )
 
 
 def _judged_again(

@@ -1,10 +1,8 @@
-"""What the log says about a call, and the events that record how a call went. Pure."""
+"""The events that record how a call went, and the ids a call's redeliveries share. Pure."""
 
 from __future__ import annotations
 
-import enum
 import uuid
-from collections.abc import Iterable
 from typing import assert_never
 
 from helmline.contracts import (
@@ -44,28 +42,6 @@ CANCELLED_BEFORE_START = ToolError(
 
 _ENVELOPE_ROOM = 4096
 """Bytes kept free in a message for the envelope and headers around a call's output."""
-
-
-class Progress(enum.Enum):
-    """How far a call got, as far as the log knows."""
-
-    NOT_STARTED = "not started"
-    STARTED = "started"
-    FINISHED = "finished"
-
-
-def progress_of(events: Iterable[Event], call_id: str) -> Progress:
-    """How far the call got according to a session's events."""
-    progress = Progress.NOT_STARTED
-    for event in events:
-        match event.data:
-            case ToolCallCompleted() | ToolCallFailed() if event.data.call_id == call_id:
-                return Progress.FINISHED
-            case ToolCallStarted() if event.data.call_id == call_id:
-                progress = Progress.STARTED
-            case _:
-                pass
-    return progress
 
 
 def process_marker(cause: Event) -> str:

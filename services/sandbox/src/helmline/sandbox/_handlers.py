@@ -36,7 +36,9 @@ from helmline.contracts import (
 from helmline.runtime import (
     Delivery,
     EventStore,
+    FoldedStates,
     InjectionClassifier,
+    LogStates,
     PermanentError,
     RetryableError,
     SecretsError,
@@ -48,11 +50,9 @@ from helmline.sandbox._calls import (
     CANCELLED_BEFORE_START,
     INTERRUPTED,
     MUTATING_TOOLS,
-    Progress,
     approached,
     failed,
     process_marker,
-    progress_of,
     results,
     safe_output,
     snapshot_id,
@@ -87,19 +87,25 @@ class SandboxHandler:
         memory: int = 10_000,
         secrets: SecretStore | None = None,
         classifier: InjectionClassifier | None = None,
+        states: FoldedStates | None = None,
     ) -> None:
         """`reclaim`: remove ended sessions' workspaces (needs `snapshots`); `secrets`: where
         the secrets that calls refer to are resolved (without, a call that refers to one
         fails); `classifier`: asked about each result after output safety's patterns, if
-        configured."""
+        configured; `states`: the sessions' stored states, a redelivered event's session is
+        folded on from (without, from its whole log)."""
         self._store = store
+        # What a redelivered call or restore needs to know of the session: its folded state.
+        self._log_states = LogStates(store, states)
         self._classifier = classifier
         self._secrets = secrets
         self._workspaces_dir = workspaces_dir
         self._tools = tools
         self._snapshots = snapshots
         self._restorer = (
-            WorkspaceRestorer(store, workspaces_dir, snapshots) if snapshots is not None else None
+            WorkspaceRestorer(store, workspaces_dir, snapshots, self._log_states)
+            if snapshots is not None
+            else None
         )
         self._reclaimer = (
             WorkspaceReclaimer(store, snapshots, self.runs_a_call)
@@ -126,7 +132,7 @@ class SandboxHandler:
         event = delivery.event
         match event.data:
             case SandboxExecutionRequested() as request:
-                await self._execute(event, request, delivery.maybe_handled)
+                await self._execute(delivery, request)
             case SessionCancelRequested():
                 self.cancel_session(event.tenant, event.session_id)
             case CompensationScheduled() | SessionStarted():
@@ -178,9 +184,8 @@ class SandboxHandler:
             logger.info("cancelled %d running call(s) of %s/%s", stopped, tenant, session_id)
         return stopped
 
-    async def _execute(
-        self, cause: Event, request: SandboxExecutionRequested, maybe_handled: bool
-    ) -> None:
+    async def _execute(self, delivery: Delivery, request: SandboxExecutionRequested) -> None:
+        cause = delivery.event
         key = (cause.tenant, cause.session_id, request.call_id)
         if key in self._running or key in self._finished:
             return  # Running here now, or done: the run records (or recorded) the result.
@@ -188,19 +193,18 @@ class SandboxHandler:
         if unrecorded is not None:
             await self._record(key, unrecorded)
             return
-        if maybe_handled:
-            log = await self._store.read_all(cause.tenant, cause.session_id)
-            match progress_of((stored.event for stored in log), request.call_id):
-                case Progress.FINISHED:
+        if delivery.maybe_handled:
+            match (await self._log_states.now(delivery)).call_progress(request.call_id):
+                case "finished":
                     self._finished[key] = None
                     return
-                case Progress.STARTED:
+                case "started":
                     logger.warning("call %s was interrupted; failing it", request.call_id)
                     # A crash leaves the call's processes orphaned, not dead.
                     await asyncio.to_thread(kill_marked, process_marker(cause))
                     await self._record(key, [failed(cause, request, INTERRUPTED)])
                     return
-                case Progress.NOT_STARTED:
+                case "not started":
                     pass
         if (cause.tenant, cause.session_id) in self._cancelled:
             await self._record(key, [failed(cause, request, CANCELLED_BEFORE_START)])

@@ -2,8 +2,8 @@
 fork's workspace made from its origin's checkpoint.
 
 A restore makes the workspace hold exactly what the snapshot held, so doing it again changes
-nothing; still, a redelivery first reads the log, and a restore recorded there is not done a
-second time.
+nothing; still, a redelivery first asks the session's folded state (no scan of the log), and
+a restore it records is not done a second time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from helmline.contracts import (
     WorkspaceRestored,
     source_of,
 )
-from helmline.runtime import Delivery, EventStore, RetryableError
+from helmline.runtime import Delivery, EventStore, LogStates, RetryableError
 from helmline.sandbox._paths import workspace_of
 from helmline.sandbox._reclaim import marker_of
 from helmline.sandbox._snapshots import SnapshotMissing, WorkspaceSnapshots
@@ -37,9 +37,14 @@ class WorkspaceRestorer:
     """Restores session workspaces when a rollback or a fork asks for it."""
 
     def __init__(
-        self, store: EventStore, workspaces_dir: Path, snapshots: WorkspaceSnapshots
+        self,
+        store: EventStore,
+        workspaces_dir: Path,
+        snapshots: WorkspaceSnapshots,
+        log_states: LogStates | None = None,
     ) -> None:
         self._store = store
+        self._log_states = log_states or LogStates(store)
         self._workspaces_dir = workspaces_dir
         self._snapshots = snapshots
 
@@ -47,9 +52,9 @@ class WorkspaceRestorer:
         event = delivery.event
         match event.data:
             case CompensationScheduled(kind="restore_workspace") as compensation:
-                await self._compensate(event, compensation, delivery.maybe_handled)
+                await self._compensate(delivery, compensation)
             case SessionStarted(fork_of=origin) if origin is not None and origin.snapshot_id:
-                if delivery.maybe_handled and await self._restored(event, None):
+                if delivery.maybe_handled and await self._forked_already(delivery):
                     return
                 await self._restore(event, origin.session_id, origin.snapshot_id)
                 # The fork's log names the origin's snapshot from now on: keep its manifest
@@ -64,9 +69,8 @@ class WorkspaceRestorer:
             case _:
                 pass  # Inverse tools run through the tool gateway; ordinary sessions start empty.
 
-    async def _compensate(
-        self, cause: Event, compensation: CompensationScheduled, maybe_handled: bool
-    ) -> None:
+    async def _compensate(self, delivery: Delivery, compensation: CompensationScheduled) -> None:
+        cause = delivery.event
         snapshot = compensation.snapshot_id
         ids = {
             "rollback_id": compensation.rollback_id,
@@ -79,7 +83,7 @@ class WorkspaceRestorer:
                 cause.derive(CompensationFailed(**ids, error=missing), source=SOURCE)
             )
             return
-        done = maybe_handled and await self._restored(cause, compensation.compensation_id)
+        done = delivery.maybe_handled and await self._compensated_already(delivery, compensation)
         if not done:
             try:
                 await self._restore(cause, cause.session_id, snapshot)
@@ -109,10 +113,17 @@ class WorkspaceRestorer:
             raise RetryableError(f"could not read snapshot {snapshot}: {error}") from error
         logger.info("restored %s/%s to %s", cause.tenant, cause.session_id, snapshot)
 
-    async def _restored(self, cause: Event, compensation_id: str | None) -> bool:
-        """Whether the log already records this restore (a redelivery after a crash)."""
-        return any(
-            isinstance(stored.event.data, WorkspaceRestored)
-            and stored.event.data.compensation_id == compensation_id
-            for stored in await self._store.read_all(cause.tenant, cause.session_id)
-        )
+    async def _compensated_already(
+        self, delivery: Delivery, compensation: CompensationScheduled
+    ) -> bool:
+        """Whether the session's state records this compensation done (a redelivery after a
+        crash: its restore is not done again)."""
+        state = await self._log_states.now(delivery)
+        rollback = state.rollbacks.get(compensation.rollback_id)
+        done = rollback.compensations.get(compensation.compensation_id) if rollback else None
+        return done == "completed"
+
+    async def _forked_already(self, delivery: Delivery) -> bool:
+        """Whether the fork's workspace was made already: its session's state knows of a
+        workspace (made by this restore first; a call's snapshots come after)."""
+        return (await self._log_states.now(delivery)).latest_snapshot_id is not None

@@ -14,7 +14,7 @@ from helmline.contracts import (
     event_type_filter,
     parse_event_subject,
 )
-from helmline.runtime import InjectionClassifier, ServiceHost, Setup
+from helmline.runtime import FoldedStates, InjectionClassifier, ServiceHost, Setup
 from helmline.sandbox._backends import CommandBackend, ProcessBackend, start_backend
 from helmline.sandbox._containers import ContainerBackend, connect
 from helmline.sandbox._handlers import SandboxHandler
@@ -77,6 +77,7 @@ def sandbox_setup(settings: SandboxSettings, consumer: ConsumerSpec = SANDBOX_CO
             reclaim=settings.reclaim_workspaces,
             secrets=host.secrets,
             classifier=classifier,
+            states=FoldedStates(host.js, host.store),
         )
         await asyncio.to_thread(own_workspaces_dir, workspaces_dir)
         await asyncio.to_thread(remove_half_removed, workspaces_dir)

@@ -4,6 +4,7 @@ import logging
 
 from helmline.contracts import TOOL_GATEWAY_CONSUMER, ConsumerSpec
 from helmline.runtime import (
+    FoldedStates,
     InjectionClassifier,
     SealingError,
     SealingKey,
@@ -58,6 +59,7 @@ def setup_gateway(
             limits_by_risk=settings.rate_limits_by_risk,
             secrets=host.secrets,
             classifier=classifier,
+            states=FoldedStates(host.js, host.store),
         )
         await host.consume(consumer, handler)
         host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))

@@ -1,10 +1,10 @@
 """The tool gateway's edge: authorised calls in; results, failures or sandbox requests out.
 
 An MCP call is recorded as started before it is sent. A redelivered call (the gateway died,
-or could not record the outcome) reads the session's log first: a call with an outcome is
-done; one that was started but has no outcome may or may not have reached the server, so it
-is sent again only if its tool is declared idempotent, and otherwise failed as
-`unknown_outcome` for the planner and people to decide.
+or could not record the outcome) asks the session's folded state first (`LogStates`: no
+scan of the log): a call with an outcome is done; one that was started but has no outcome
+may or may not have reached the server, so it is sent again only if its tool is declared
+idempotent, and otherwise failed as `unknown_outcome` for the planner and people to decide.
 
 A call of a tool declared pure, which the session made before with the same arguments, is
 not sent: it ends with the earlier call's result, read from the log (`_results`).
@@ -45,7 +45,9 @@ from helmline.runtime import (
     ArgumentChecker,
     Delivery,
     EventStore,
+    FoldedStates,
     InjectionClassifier,
+    LogStates,
     RetryableError,
     SecretsError,
     SecretStore,
@@ -105,11 +107,14 @@ class GatewayHandler:
         limits_by_risk: Mapping[Risk, RateLimit] | None = None,
         secrets: SecretStore | None = None,
         classifier: InjectionClassifier | None = None,
+        states: FoldedStates | None = None,
     ) -> None:
         """`secrets`: where the secrets that MCP calls refer to are resolved (without, a
         call that refers to one fails); `classifier`: asked about each MCP result after
-        output safety's patterns, if configured."""
+        output safety's patterns, if configured; `states`: the sessions' stored states, a
+        redelivered call's session is folded on from (without, from its whole log)."""
         self._store = store
+        self._log_states = LogStates(store, states)
         self._classifier = classifier
         self._secrets = secrets
         self._federation = federation
@@ -141,7 +146,7 @@ class GatewayHandler:
         )
         if not isinstance(next_step, RunOnServer):
             # Same cause, same derived id: a redelivered call is stored once, never run twice
-            # by the gateway; the sandbox checks the log before running anything again.
+            # by the gateway; the sandbox checks the call's progress before running it again.
             await self._store.append(delivery.event.derive(next_step, source=SOURCE))
             return
         await self._run_on_server(delivery, call, next_step.tool)
@@ -172,10 +177,10 @@ class GatewayHandler:
     ) -> None:
         cause = delivery.event
         if delivery.maybe_handled:
-            started, finished = await self._progress(cause, call.call_id)
-            if finished:
+            progress = (await self._log_states.now(delivery)).call_progress(call.call_id)
+            if progress == "finished":
                 return
-            if started and not tool.idempotent:
+            if progress == "started" and not tool.idempotent:
                 await self._record(cause, failed(call, _UNKNOWN_OUTCOME))
                 return
         # A secret's value may change under its reference: such a call is never answered
@@ -366,18 +371,6 @@ class GatewayHandler:
             untrusted=tool.trust == "untrusted",
             classifier=safe.classifier,
         )
-
-    async def _progress(self, cause: Event, call_id: str) -> tuple[bool, bool]:
-        started = finished = False
-        for stored in await self._store.read_all(cause.tenant, cause.session_id):
-            match stored.event.data:
-                case ToolCallCompleted() | ToolCallFailed() as data if data.call_id == call_id:
-                    finished = True
-                case ToolCallStarted() as data if data.call_id == call_id:
-                    started = True
-                case _:
-                    pass
-        return started, finished
 
     async def _record(self, cause: Event, data: Any, *, key: str = "") -> Appended:
         try:
