@@ -24,6 +24,7 @@ from pydantic import JsonValue
 
 from helmline.contracts._envelope import Event
 from helmline.contracts._exchanges import CriterionResult
+from helmline.contracts._payload import Payload
 from helmline.contracts._plans import PlanStep
 from helmline.contracts._tables import Table, Vector
 from helmline.contracts._taint import CallTaint
@@ -59,7 +60,6 @@ from helmline.contracts.events import (
     InverseCall,
     LoopDetected,
     ModelExchangeRecorded,
-    Payload,
     PermissionKind,
     PermissionNeed,
     PermissionRequested,
