@@ -473,15 +473,26 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     }
   };
 
-  main.addEventListener("toggle", (event) => {
-    const details = event.target as HTMLDetailsElement;
+  const noteOpen = (details: HTMLDetailsElement, open: boolean) => {
     const id = details.dataset?.step;
-    if (id) (details.open ? openDetails.add(id) : openDetails.delete(id));
+    if (id) (open ? openDetails.add(id) : openDetails.delete(id));
     const call = details.dataset?.call;
-    if (call) (details.open ? openCalls.add(call) : openCalls.delete(call));
+    if (call) (open ? openCalls.add(call) : openCalls.delete(call));
     // Drawn again with the row's details in (or out), and measured anew.
     if (id) steps.redraw();
     if (call) calls.redraw();
+  };
+  // A row's toggle event comes a task after the click (or Enter) that opened it: a redraw
+  // in between replaces the row, and the event then reaches no one. So the state is noted
+  // as the person acts, and again when the toggle comes.
+  main.addEventListener("click", (event) => {
+    const summary = (event.target as HTMLElement).closest("summary");
+    const details = summary?.parentElement;
+    if (details instanceof HTMLDetailsElement) noteOpen(details, !details.open);
+  }, true);
+  main.addEventListener("toggle", (event) => {
+    const details = event.target as HTMLDetailsElement;
+    noteOpen(details, details.open);
   }, true);
 
   main.onclick = (event) => {
