@@ -10,14 +10,17 @@ at anything but that tool's result in that session, is a miss: the tool is calle
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from helmline.contracts import TOOL_RESULTS_BUCKET, Event, ToolCallAuthorized, ToolCallCompleted
+from helmline.contracts import (
+    TOOL_RESULTS_BUCKET,
+    Event,
+    ToolCallAuthorized,
+    ToolCallCompleted,
+    call_digest,
+)
 from helmline.runtime import EventStore
 
 
@@ -62,7 +65,5 @@ class PureResults:
 
 
 def _key(cause: Event, call: ToolCallAuthorized) -> str:
-    # Keys sort their arguments, so that {"a": 1, "b": 2} and {"b": 2, "a": 1} are one call.
-    canonical = json.dumps([call.tool, call.arguments], sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest()
-    return f"{cause.tenant}.{cause.session_id}.{digest}"
+    # The digest sorts the arguments: {"a": 1, "b": 2} and {"b": 2, "a": 1} are one call.
+    return f"{cause.tenant}.{cause.session_id}.{call_digest(call.tool, call.arguments)}"
