@@ -26,8 +26,8 @@ from helmline.contracts import (
     new_event,
     tenant_filter,
 )
-from helmline.runtime import EventStore
-from helmline.runtime.testing import ServiceProcesses, checkpointed, eventually, free_port
+from helmline.runtime import EventStore, reserve_ports
+from helmline.runtime.testing import ServiceProcesses, checkpointed, eventually
 from tests.api.conftest import Issuer, KeyMaker
 
 HELLO: dict[str, Any] = {
@@ -621,7 +621,7 @@ async def test_a_key_revoked_through_one_replica_is_refused_by_another_within_a_
     admin = await make_key(tenant, "admin")
     holder = await make_key(tenant, "viewer")
     replicas = [ServiceProcesses(nats_url, tmp_path / str(n)) for n in (1, 2)]
-    ports = [free_port(), free_port()]
+    ports = reserve_ports(2)
     try:
         for replica, port in zip(replicas, ports, strict=True):
             replica.data_dir.mkdir()

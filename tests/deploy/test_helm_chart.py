@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from helmline.approval import load_policy
 from helmline.cli._schema import CHART_PERMISSIONS
 from helmline.contracts import SERVICES, event_subject, nats_permissions_table
-from helmline.runtime import Durability, SealingKey, connect_nats, ensure_topology
+from helmline.runtime import Durability, SealingKey, connect_nats, ensure_topology, reserve_ports
 from helmline.runtime.testing import NatsServer, eventually, free_port
 from helmline.tool_gateway import load_servers
 
@@ -378,7 +378,8 @@ def test_the_provision_job_says_when_it_cannot_check_the_servers_fsync(tmp_path:
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[list[NatsServer]]:
     """Three nats-servers on loopback forming one JetStream cluster (each fsyncs first)."""
-    ports = [(free_port(), free_port()) for _ in range(3)]
+    free = iter(reserve_ports(6))
+    ports = [(next(free), next(free)) for _ in range(3)]
     servers = []
     for index, (client, route) in enumerate(ports):
         folder = tmp_path / f"n{index}"

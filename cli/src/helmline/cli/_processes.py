@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
@@ -144,21 +142,6 @@ def _signal(record: ProcessRecord, sig: signal.Signals, *, whole_group: bool) ->
             os.kill(record.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def reserve_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that were free on 127.0.0.1 a moment ago.
-
-    All sockets stay bound until every port is picked, so the kernel cannot hand out the
-    same port twice within one call.
-    """
-    with ExitStack() as stack:
-        ports: list[int] = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 def log_tail(log: Path | None, lines: int = 20) -> str:

@@ -24,7 +24,6 @@ from helmline.cli._processes import (
     log_tail,
     reaped,
     record_of,
-    reserve_ports,
     spawn,
     spawn_detached,
     stop_processes,
@@ -46,7 +45,13 @@ from helmline.cli._record import (
 from helmline.cli._services import service_readiness
 from helmline.cli._settings import CliSettings
 from helmline.cli._supervisor import ServiceLaunch, SupervisorPlan
-from helmline.runtime import SEALING_KEY_FILE, SECRETS_KEY_FILE, SealingKey, without_credentials
+from helmline.runtime import (
+    SEALING_KEY_FILE,
+    SECRETS_KEY_FILE,
+    SealingKey,
+    reserve_ports,
+    without_credentials,
+)
 
 Health = Literal["healthy", "unhealthy", "stopped"]
 

@@ -37,7 +37,7 @@ from helmline.runtime._durability import (
     jetstream_config,
 )
 from helmline.runtime._elections import through_elections
-from helmline.runtime._embedded import nats_server_binary
+from helmline.runtime._embedded import nats_server_binary, reserve_ports
 from helmline.runtime._errors import (
     ConcurrencyConflict,
     Deferred,
@@ -201,6 +201,7 @@ __all__ = [
     "references_shown",
     "register_secrets",
     "registered_secrets",
+    "reserve_ports",
     "resolved_arguments",
     "retry_after_s",
     "run_service",

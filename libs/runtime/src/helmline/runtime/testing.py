@@ -46,16 +46,15 @@ from helmline.contracts import (
 )
 from helmline.runtime._classifier import InjectionClassifierKind
 from helmline.runtime._durability import Durability, jetstream_config
-from helmline.runtime._embedded import nats_server_binary
+from helmline.runtime._embedded import nats_server_binary, reserve_ports
 from helmline.runtime._object_meta import chunks_subject, meta_subject
 from helmline.runtime._store import EventStore
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now (`reserve_ports` for
+    several at once: two calls may hand out the same port)."""
+    return reserve_ports(1)[0]
 
 
 class NatsServer:
@@ -75,7 +74,8 @@ class NatsServer:
         `store_dir` that fsyncs every append before acknowledging it unless `durability` is
         relaxed, as `helmline up` runs it, and serves `/varz` on `monitor_port` if given."""
         self.store_dir = store_dir
-        self.port = port or free_port()
+        # Drawn together with nothing else, so never the monitor's port.
+        self.port = port or next(p for p in reserve_ports(2) if p != monitor_port)
         self.config = config
         self.durability = durability
         self.monitor_port = monitor_port
