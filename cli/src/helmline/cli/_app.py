@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,6 +28,7 @@ from helmline.cli import _workspace_commands as workspace_commands
 from helmline.cli._catalogue import ServiceName
 from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir
+from helmline.cli._running import fail
 
 if TYPE_CHECKING:
     from helmline.cli._settings import CliSettings
@@ -144,7 +145,7 @@ def up(
         with StartupProgress(stderr()) as progress:
             result = start_stack(settings, environ, progress)
     except CliError as error:
-        _fail(error)
+        fail(error)
     if result.already_running:
         stdout().print(f"A stack is already running from {result.status.data_dir}.")
         render_status(stdout(), result.status, title="helmline (already running)")
@@ -187,13 +188,13 @@ def console(data_dir: DataDir = None) -> None:
     folder = load_settings(data_dir=data_dir).resolved_data_dir()
     record = read_record(folder)
     if record is None:
-        _fail(CliError(f"no stack is running from {folder}: start one with `helmline up`"))
+        fail(CliError(f"no stack is running from {folder}: start one with `helmline up`"))
     if record.api_url is None:
-        _fail(CliError(f"the stack in {folder} serves no API"))
+        fail(CliError(f"the stack in {folder} serves no API"))
     try:
         typer.echo(f"{record.api_url}/#key={dev_key(folder)}")
     except CliError as error:
-        _fail(error)
+        fail(error)
 
 
 def _start_sample(nats_url: str, data_dir: Path | None) -> None:
@@ -232,7 +233,7 @@ def down(data_dir: DataDir = None) -> None:
     try:
         record = stop_stack(settings)
     except CliError as error:
-        _fail(error)
+        fail(error)
     if record is None:
         stdout().print(f"Nothing is running from {settings.resolved_data_dir()}.")
     else:
@@ -257,7 +258,7 @@ def status(
     try:
         current = stack_status(settings)
     except CliError as error:
-        _fail(error)
+        fail(error)
     if as_json:
         typer.echo(status_json(current))
     elif not current.running:
@@ -286,7 +287,7 @@ def serve(service: Annotated[ServiceName, typer.Argument(help="The service to ru
     try:
         code = run_service(service)
     except CliError as error:
-        _fail(error)
+        fail(error)
     raise typer.Exit(code)
 
 
@@ -348,9 +349,9 @@ def provision(
             )
         )
     except DurabilityRefused as error:
-        _fail(CliError(f"refused: {error}"))
+        fail(CliError(f"refused: {error}"))
     except Exception as error:  # Whatever it was, the person needs the reason, not a trace.
-        _fail(CliError(f"could not provision JetStream: {error!r}"))
+        fail(CliError(f"could not provision JetStream: {error!r}"))
     typer.echo(f"Streams, buckets and object stores are provisioned ({replicas} replicas).")
     if findings.lazy_fsync_servers:
         typer.echo(
@@ -387,7 +388,7 @@ def schema_export(
         count = export_schemas(target)
         chart = export_chart_permissions(target) if out is None else None
     except CliError as error:
-        _fail(error)
+        fail(error)
     stdout().print(f"Wrote {count} schemas to {target}.")
     if chart is not None:
         stdout().print(f"Wrote the services' NATS permissions to {chart}.")
@@ -417,8 +418,3 @@ app.command()(replay_commands.replay)
 app.add_typer(workspace_commands.app, name="workspace")
 app.command()(tool_commands.tools)
 app.command("raw-output")(tool_commands.raw_output)
-
-
-def _fail(error: CliError) -> NoReturn:
-    typer.echo(f"error: {error}", err=True)
-    raise typer.Exit(error.exit_code)

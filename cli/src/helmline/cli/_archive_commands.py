@@ -13,14 +13,8 @@ from typing import Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Json, Tenant
-from helmline.cli._session_commands import (
-    DEFAULT_TENANT,
-    _attempt,
-    _fail,
-    _nats_url,
-    _run_async,
-)
+from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, Tenant
+from helmline.cli._running import attempt, fail, nats_url, run_async
 
 
 def export(
@@ -45,11 +39,11 @@ def export(
     from helmline.cli._connection import connect
     from helmline.cli._intents import check_identifiers
 
-    _attempt(lambda: _one_selection(session, every_session))
+    attempt(lambda: _one_selection(session, every_session))
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)  # A time without a zone is read as UTC.
-    _attempt(lambda: check_identifiers(tenant, session or "any"))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session or "any"))
+    url = nats_url(data_dir)
 
     async def write() -> int:
         out = output.open("w") if output else sys.stdout
@@ -62,7 +56,7 @@ def export(
             if output:
                 out.close()
 
-    count = _run_async(write())
+    count = run_async(write())
     typer.echo(f"exported {count} events", err=True)
 
 
@@ -87,14 +81,14 @@ def import_(
     from helmline.cli._connection import connect
 
     with file.open("rb") as export:
-        events = _attempt(lambda: read_export(export, str(file), max_bytes=max_bytes))
-    url = _nats_url(data_dir)
+        events = attempt(lambda: read_export(export, str(file), max_bytes=max_bytes))
+    url = nats_url(data_dir)
 
     async def append() -> ImportResult:
         async with connect(url) as log:
             return await import_events(log, events)
 
-    result = _run_async(append())
+    result = run_async(append())
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))
     else:
@@ -104,7 +98,7 @@ def import_(
         )
     if result.not_stored:
         ids = ", ".join(result.not_stored[:3]) + (", ..." if len(result.not_stored) > 3 else "")
-        _fail(
+        fail(
             CliError(
                 f"{len(result.not_stored)} events were not stored: the log holds events with "
                 f"their ids in other sessions ({ids}); ids are unique across the log, so to "

@@ -9,7 +9,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from helmline.cli._options import DataDir, Json
-from helmline.cli._session_commands import _nats_url, _run_async
+from helmline.cli._running import nats_url, run_async
 
 T = TypeVar("T")
 
@@ -30,13 +30,13 @@ def list_letters(
     from helmline.cli._connection import connect
     from helmline.runtime import DeadLetterBox, ParkedLetter
 
-    url = _nats_url(data_dir)
+    url = nats_url(data_dir)
 
     async def read() -> list[ParkedLetter]:
         async with connect(url) as log:
             return await DeadLetterBox(log.nc, log.js).letters(consumer)
 
-    parked = _run_async(read())
+    parked = run_async(read())
     if as_json:
         typer.echo(json.dumps([{"seq": p.seq, **p.letter.model_dump(mode="json")} for p in parked]))
         return
@@ -53,13 +53,13 @@ def show(seq: LetterSeq, data_dir: DataDir = None) -> None:
     from helmline.cli._connection import connect
     from helmline.runtime import DeadLetterBox, ParkedLetter
 
-    url = _nats_url(data_dir)
+    url = nats_url(data_dir)
 
     async def read() -> ParkedLetter:
         async with connect(url) as log:
             return await _runtime_errors(DeadLetterBox(log.nc, log.js).letter(seq))
 
-    item = _run_async(read())
+    item = run_async(read())
     typer.echo(json.dumps({"seq": item.seq, **item.letter.model_dump(mode="json")}, indent=2))
 
 
@@ -71,13 +71,13 @@ def retry(seq: LetterSeq, as_json: Json = False, data_dir: DataDir = None) -> No
     from helmline.cli._connection import connect
     from helmline.runtime import DeadLetterBox, RetryOutcome
 
-    url = _nats_url(data_dir)
+    url = nats_url(data_dir)
 
     async def again() -> RetryOutcome:
         async with connect(url) as log:
             return await _runtime_errors(DeadLetterBox(log.nc, log.js).retry(seq))
 
-    outcome = _run_async(again())
+    outcome = run_async(again())
     if as_json:
         typer.echo(json.dumps({"seq": seq, "handled": outcome.ok, "reason": outcome.reason}))
     elif not outcome.ok:
@@ -94,13 +94,13 @@ def discard(seq: LetterSeq, as_json: Json = False, data_dir: DataDir = None) -> 
     from helmline.cli._connection import connect
     from helmline.runtime import DeadLetterBox
 
-    url = _nats_url(data_dir)
+    url = nats_url(data_dir)
 
     async def remove() -> None:
         async with connect(url) as log:
             await _runtime_errors(DeadLetterBox(log.nc, log.js).discard(seq))
 
-    _run_async(remove())
+    run_async(remove())
     typer.echo(
         json.dumps({"seq": seq, "discarded": True}) if as_json else f"letter {seq} discarded"
     )

@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 
 from helmline.cli._errors import CliError
 from helmline.cli._options import DataDir, Json
-from helmline.cli._session_commands import _attempt, _nats_url, _run_async
+from helmline.cli._running import attempt, nats_url, run_async
 from helmline.cli._session_commands import events as session_events
 
 
@@ -68,13 +68,13 @@ def tail(
 
     if tenant is not None:
         # Any valid session id: only the tenant is being checked.
-        _attempt(lambda: check_identifiers(tenant, "any"))
+        attempt(lambda: check_identifiers(tenant, "any"))
     if event_type is not None:
-        _attempt(lambda: check_type_pattern(event_type))
+        attempt(lambda: check_type_pattern(event_type))
         subject = event_type_filter(event_type, tenant or "*")
     else:
         subject = tenant_filter(tenant or "*")
-    url = _nats_url(data_dir)
+    url = nats_url(data_dir)
 
     async def follow() -> None:
         printed = 0
@@ -95,7 +95,7 @@ def tail(
                     if printed == count:
                         return
 
-    _run_async(follow(), interrupted="")
+    run_async(follow(), interrupted="")
 
 
 def check_type_pattern(pattern: str) -> None:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Json
-from helmline.cli._session_commands import _fail, _nats_url, _run_async, lasting
+from helmline.cli._options import DataDir, Json, lasting
+from helmline.cli._running import fail, nats_url, run_async
 
 if TYPE_CHECKING:
     from helmline.api import ApiKeyRecord
@@ -77,8 +77,8 @@ def create(
         )
     except ValidationError as error:
         problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in error.errors())
-        _fail(CliError(f"invalid key: {problems}", exit_code=2))
-    _run_async(_store(_nats_url(data_dir), record))
+        fail(CliError(f"invalid key: {problems}", exit_code=2))
+    run_async(_store(nats_url(data_dir), record))
     _show_made(key, record, as_json)
 
 
@@ -97,10 +97,10 @@ def list_keys(
     async def listed() -> list[ApiKeyRecord]:
         from helmline.cli._connection import connect
 
-        async with connect(_nats_url(data_dir)) as log:
+        async with connect(nats_url(data_dir)) as log:
             return await list_api_keys(log.js, tenant)
 
-    records = _run_async(listed())
+    records = run_async(listed())
     if as_json:
         typer.echo(json.dumps([r.shown().model_dump(mode="json") for r in records], indent=2))
         return
@@ -143,13 +143,13 @@ def revoke(
     async def revoked() -> ApiKeyRecord:
         from helmline.cli._connection import connect
 
-        async with connect(_nats_url(data_dir)) as log:
+        async with connect(nats_url(data_dir)) as log:
             try:
                 return await revoke_api_key(log.js, key_id, by=current_actor(), reason=reason)
             except ApiKeyError as error:
                 raise CliError(str(error)) from error
 
-    record = _run_async(revoked())
+    record = run_async(revoked())
     typer.echo(
         f"revoked {record.key_id} ({record.tenant}{', ' + record.name if record.name else ''})"
     )
@@ -172,13 +172,13 @@ def rotate(
     async def rotated() -> tuple[str, ApiKeyRecord]:
         from helmline.cli._connection import connect
 
-        async with connect(_nats_url(data_dir)) as log:
+        async with connect(nats_url(data_dir)) as log:
             try:
                 return await rotate_api_key(log.js, key_id, by=current_actor(), expires_in=expiry)
             except ApiKeyError as error:
                 raise CliError(str(error)) from error
 
-    key, record = _run_async(rotated())
+    key, record = run_async(rotated())
     _show_made(key, record, as_json)
 
 
@@ -233,7 +233,7 @@ def ensure_dev_key(nats_url: str, data_dir: Path) -> str:
             file.write(key + "\n")
         return key
 
-    return _run_async(ensure())
+    return run_async(ensure())
 
 
 def dev_key(data_dir: Path) -> str:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from helmline.cli._errors import INVALID_INPUT, CliError
+from helmline.cli._running import fail
+
+DEFAULT_TENANT = "default"
 
 DataDir = Annotated[
     Path | None,
@@ -22,3 +28,17 @@ Tenant = Annotated[str, typer.Option("--tenant", "-t", help="The tenant the sess
 SessionId = Annotated[str, typer.Argument(help="The session id (as `helmline run` printed it).")]
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def lasting(option: str, written: str) -> timedelta:
+    """A positive duration given to `option` (`90s`, `15m`, `1h`...); else the command fails
+    naming the option."""
+    from helmline.approval import parse_duration
+
+    try:
+        duration = parse_duration(written)
+    except ValueError as error:
+        fail(CliError(f"{option}: {error}", exit_code=INVALID_INPUT))
+    if duration <= timedelta(0):
+        fail(CliError(f"{option} must be longer than zero", exit_code=INVALID_INPUT))
+    return duration

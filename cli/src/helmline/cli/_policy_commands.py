@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, SessionId, Tenant
-from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, _run_async
+from helmline.cli._options import DEFAULT_TENANT, DataDir, SessionId, Tenant
+from helmline.cli._running import attempt, nats_url, run_async
 
 if TYPE_CHECKING:
     from helmline.approval import Policy
@@ -42,7 +42,7 @@ def check(
     """Validate a policy file; exit 2 and name each line at fault when it is invalid."""
     from helmline.cli._display import stdout
 
-    policy = _attempt(lambda: load_policy_file(file))
+    policy = attempt(lambda: load_policy_file(file))
     stdout().print(
         f"{file}: valid, {len(policy)} rules, {policy.hash}", highlight=False, soft_wrap=True
     )
@@ -67,9 +67,9 @@ def explain(
     from helmline.contracts import fold
     from helmline.runtime import latest_tool_registry, tools_of
 
-    _attempt(lambda: active_policy(policy_file))  # A broken file fails before connecting.
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: active_policy(policy_file))  # A broken file fails before connecting.
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
 
     async def load() -> tuple[SessionState, list[Event], Mapping[str, ToolSpec]]:
         async with connect(url) as log:
@@ -80,9 +80,9 @@ def explain(
             raise CliError(f"no session {session} in tenant {tenant!r}")
         return fold(events), events, tools
 
-    state, events, tools = _run_async(load())
-    policy = _attempt(lambda: active_policy(policy_file, tools))
-    explanation = _attempt(lambda: explain_step(state, events, step, policy, datetime.now(UTC)))
+    state, events, tools = run_async(load())
+    policy = attempt(lambda: active_policy(policy_file, tools))
+    explanation = attempt(lambda: explain_step(state, events, step, policy, datetime.now(UTC)))
     for line in explanation_lines(explanation):
         stdout().print(line, highlight=False, markup=False, soft_wrap=True)
 

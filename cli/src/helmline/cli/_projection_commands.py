@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from helmline.cli._options import DataDir, Json
-from helmline.cli._session_commands import _fail, _nats_url, _run_async
+from helmline.cli._running import fail, nats_url, run_async
 
 app = typer.Typer(
     help="The read model's projections: rebuild them from the log.", no_args_is_help=True
@@ -37,11 +37,11 @@ def rebuild(
     from helmline.state import PROJECTIONS, RebuildError, RebuildReport, rebuild_read_model
 
     if name is not None and name not in PROJECTIONS:
-        _fail(CliError(f"no projection named {name!r}; known: {', '.join(PROJECTIONS)}"))
-    url = _nats_url(data_dir)
+        fail(CliError(f"no projection named {name!r}; known: {', '.join(PROJECTIONS)}"))
+    url = nats_url(data_dir)
     database_url = stack_database_url(load_settings(data_dir=data_dir))
     if not database_url:
-        _fail(
+        fail(
             CliError(
                 "no read model database: set HELMLINE_DATABASE_URL"
                 " or start a stack with `helmline up`"
@@ -67,7 +67,7 @@ def rebuild(
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=stderr(), transient=True) as bar:
-        report = _run_async(run(bar))
+        report = run_async(run(bar))
     if as_json:
         typer.echo(
             json.dumps(

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Json, SessionId, Tenant
-from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, _run_async
+from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tenant
+from helmline.cli._running import attempt, nats_url, run_async
 
 
 def replay(
@@ -46,8 +46,8 @@ def replay(
     from helmline.runtime import SessionSnapshot
     from helmline.state import read_model_differences
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
     database_url = stack_database_url(load_settings(data_dir=data_dir))
 
     async def rebuild() -> tuple[SessionSnapshot, list[str] | None]:
@@ -57,7 +57,7 @@ def replay(
             return snapshot, None
         return snapshot, await read_model_differences(database_url, snapshot.state)
 
-    snapshot, differences = _run_async(rebuild())
+    snapshot, differences = run_async(rebuild())
     if as_json:
         typer.echo(state_json(snapshot.state))
     else:
@@ -75,12 +75,12 @@ def replay(
 def _shadow(session: str, tenant: str, *, as_json: bool, data_dir: Path | None) -> None:
     from helmline.cli._connection import connect
     from helmline.cli._intents import check_identifiers
-    from helmline.cli._tool_commands import known_tools
+    from helmline.cli._tool_registry import known_tools
     from helmline.contracts import Event, SessionStarted
     from helmline.planner import PlannerSettings, ShadowReport, shadow_replay
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
     registry = tuple(known_tools(data_dir).values())
 
     async def rerun() -> ShadowReport:
@@ -97,7 +97,7 @@ def _shadow(session: str, tenant: str, *, as_json: bool, data_dir: Path | None) 
             )
         return await shadow_replay(recording, PlannerSettings(), registry)
 
-    report = _run_async(rerun())
+    report = run_async(rerun())
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=2))
     else:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from helmline.cli._options import DataDir, Json, SessionId, Tenant
-from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _nats_url, _run_async
+from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tenant
+from helmline.cli._running import attempt, nats_url, run_async
 
 if TYPE_CHECKING:
     from helmline.contracts import RollbackState, SessionState
@@ -93,8 +93,8 @@ def rollback(
     from helmline.cli._rollbacks import choose_checkpoint, follow_rollback, request_rollback
 
     state = _load(session, tenant, data_dir)
-    checkpoint = _attempt(lambda: choose_checkpoint(state, to=to, to_step=to_step))
-    url = _nats_url(data_dir)
+    checkpoint = attempt(lambda: choose_checkpoint(state, to=to, to_step=to_step))
+    url = nats_url(data_dir)
 
     async def roll_back() -> tuple[RollbackState, SessionState]:
         async with connect(url) as log:
@@ -103,7 +103,7 @@ def rollback(
             )
             return await follow_rollback(log, tenant, session, rollback_id)
 
-    outcome, now = _run_async(roll_back(), interrupted="stopped following; the rollback goes on")
+    outcome, now = run_async(roll_back(), interrupted="stopped following; the rollback goes on")
     _report(outcome, now, as_json=as_json)
 
 
@@ -184,7 +184,7 @@ def fork(
     from helmline.cli._rollbacks import choose_checkpoint, forkable, latest_checkpoint, start_fork
 
     state = _load(session, tenant, data_dir)
-    checkpoint = _attempt(
+    checkpoint = attempt(
         lambda: forkable(
             state,
             latest_checkpoint(state)
@@ -192,13 +192,13 @@ def fork(
             else choose_checkpoint(state, to=at, to_step=None),
         )
     )
-    url = _nats_url(data_dir)
+    url = nats_url(data_dir)
 
     async def start() -> str:
         async with connect(url) as log:
             return await start_fork(log, tenant, session, checkpoint)
 
-    fork_id = _run_async(start())
+    fork_id = run_async(start())
     if as_json:
         typer.echo(json.dumps({"session_id": fork_id, "tenant": tenant, "fork_of": session}))
     else:
@@ -210,11 +210,11 @@ def _load(session: str, tenant: str, data_dir: Path | None) -> SessionState:
     from helmline.cli._intents import check_identifiers
     from helmline.cli._sessions import load_session
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
 
     async def load() -> SessionState:
         async with connect(url) as log:
             return (await load_session(log, tenant, session)).state
 
-    return _run_async(load())
+    return run_async(load())

@@ -19,7 +19,7 @@ import typer
 
 from helmline.cli._errors import INVALID_INPUT, CliError
 from helmline.cli._options import DataDir, Json
-from helmline.cli._session_commands import _fail, _nats_url, _run_async
+from helmline.cli._running import fail, nats_url, run_async
 
 if TYPE_CHECKING:
     from helmline.runtime import SealingKey, SecretRecord
@@ -56,7 +56,7 @@ def set_secret(
     try:
         check_name(name)
     except SecretsError as error:
-        _fail(CliError(str(error), exit_code=INVALID_INPUT))
+        fail(CliError(str(error), exit_code=INVALID_INPUT))
     value = _value(name, from_file)
     key = _key(data_dir)
 
@@ -64,14 +64,14 @@ def set_secret(
         from helmline.cli._connection import connect
         from helmline.cli._intents import current_actor
 
-        async with connect(_nats_url(data_dir)) as log:
+        async with connect(nats_url(data_dir)) as log:
             store = await SecretStore.open(log.js, key)
             try:
                 return await store.set(tenant, name, value, by=current_actor())
             except SecretsError as error:
                 raise CliError(str(error), exit_code=INVALID_INPUT) from error
 
-    record = _run_async(stored())
+    record = run_async(stored())
     typer.echo(f"set secret {record.name} of tenant {record.tenant} (revision {record.revision})")
 
 
@@ -89,10 +89,10 @@ def list_secrets(
     async def listed() -> list[SecretRecord]:
         from helmline.cli._connection import connect
 
-        async with connect(_nats_url(data_dir)) as log:
+        async with connect(nats_url(data_dir)) as log:
             return await (await SecretStore.open(log.js, None)).records(tenant)
 
-    records = _run_async(listed())
+    records = run_async(listed())
     if as_json:
         typer.echo(json.dumps([record.shown() for record in records], indent=2))
         return
@@ -121,14 +121,14 @@ def remove_secret(
         from helmline.cli._connection import connect
         from helmline.cli._intents import current_actor
 
-        async with connect(_nats_url(data_dir)) as log:
+        async with connect(nats_url(data_dir)) as log:
             store = await SecretStore.open(log.js, None)
             try:
                 return await store.remove(tenant, name, by=current_actor())
             except SecretsError as error:
                 raise CliError(str(error)) from error
 
-    record = _run_async(removed())
+    record = run_async(removed())
     typer.echo(f"removed secret {record.name} of tenant {record.tenant}")
 
 
@@ -147,7 +147,7 @@ def _value(name: str, from_file: Path | None) -> str:
         try:
             text = from_file.read_text()
         except (OSError, UnicodeDecodeError) as error:
-            _fail(CliError(f"--from-file {from_file}: {error}", exit_code=INVALID_INPUT))
+            fail(CliError(f"--from-file {from_file}: {error}", exit_code=INVALID_INPUT))
     elif sys.stdin.isatty():
         text = getpass.getpass(f"value of {name}: ")
     else:
@@ -163,7 +163,7 @@ def _key(data_dir: Path | None) -> SealingKey:
     key_file = settings.secrets_key_file or settings.resolved_data_dir() / SECRETS_KEY_FILE
     given = settings.secrets_key.get_secret_value() if settings.secrets_key else None
     if given is None and not key_file.is_file():
-        _fail(
+        fail(
             CliError(
                 f"no secrets key: {key_file} does not exist (`helmline up` makes it) and "
                 "HELMLINE_SECRETS_KEY is not set"
@@ -172,6 +172,6 @@ def _key(data_dir: Path | None) -> SealingKey:
     try:
         key = load_secrets_key(given, key_file)
     except SecretsKeyError as error:
-        _fail(CliError(str(error)))
+        fail(CliError(str(error)))
     assert key is not None
     return key

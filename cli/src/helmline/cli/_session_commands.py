@@ -7,29 +7,22 @@ uses them, so `helmline serve` does not load them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from helmline.cli._errors import INVALID_INPUT, CliError
-from helmline.cli._options import DataDir, Json, SessionId, Tenant
+from helmline.cli._errors import CliError
+from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tenant, lasting
+from helmline.cli._running import attempt, fail, nats_url, run_async
 
 if TYPE_CHECKING:
     from helmline.cli._intents import Control, PermissionGrant, StandingGrant
     from helmline.cli._sessions import ArgumentChange
     from helmline.contracts import ArgumentCondition, SessionState
-
-DEFAULT_TENANT = "default"
-INTERRUPTED = 130
-"""Exit status after Ctrl-C, as a shell reports a command ended by SIGINT."""
-
-T = TypeVar("T")
 
 Comment = Annotated[str, typer.Option("--comment", "-m", help="Why, in your words.")]
 Reason = Annotated[str, typer.Option("--reason", help="Why, in your words.")]
@@ -100,23 +93,23 @@ def run(
     from helmline.cli._playbook_file import load_playbook
     from helmline.cli._session_view import decide_command
     from helmline.cli._sessions import EXIT_CODES, needs_a_person, start_session, watch
-    from helmline.cli._tool_commands import known_tools
+    from helmline.cli._tool_registry import known_tools
     from helmline.cli._watch import SessionProgress
     from helmline.contracts import Playbook
 
     if (goal is None) == (playbook is None):
-        _fail(
+        fail(
             CliError('give a goal (helmline run "GOAL") or --playbook FILE, not both', exit_code=2)
         )
     # MCP tools are known from the running stack's registry.
     loaded: Playbook | Goal = (
-        _attempt(lambda: load_playbook(playbook, known_tools(data_dir)))
+        attempt(lambda: load_playbook(playbook, known_tools(data_dir)))
         if playbook is not None
         else Goal(text=goal or "", mode=mode)
     )
-    _attempt(lambda: check_identifiers(tenant, "check"))
-    requester = _attempt(lambda: current_actor(acting, tuple(roles)))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, "check"))
+    requester = attempt(lambda: current_actor(acting, tuple(roles)))
+    url = nats_url(data_dir)
 
     async def start_and_follow() -> tuple[str, SessionState | None]:
         async with connect(url) as log:
@@ -129,7 +122,7 @@ def run(
             with SessionProgress(stderr()) as progress:
                 return session_id, await watch(log, tenant, session_id, on_change=progress.update)
 
-    session_id, final = _run_async(
+    session_id, final = run_async(
         start_and_follow(), interrupted="stopped following; the session goes on"
     )
     if final is None:
@@ -217,14 +210,14 @@ def _tenant_sessions(
     from helmline.cli._intents import check_identifiers
     from helmline.cli._sessions import list_sessions
 
-    _attempt(lambda: check_identifiers(tenant, "check"))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, "check"))
+    url = nats_url(data_dir)
 
     async def load() -> tuple[list[SessionState], int]:
         async with connect(url) as log:
             return await list_sessions(log, tenant, latest=latest, open_only=open_only)
 
-    return _run_async(load())
+    return run_async(load())
 
 
 def show(
@@ -249,14 +242,14 @@ def show(
     from helmline.cli._sessions import load_session
     from helmline.runtime import SessionSnapshot
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
 
     async def load() -> SessionSnapshot:
         async with connect(url) as log:
             return await load_session(log, tenant, session, up_to_seq=at_seq)
 
-    state = _run_async(load()).state
+    state = run_async(load()).state
     if as_json:
         typer.echo(state_json(state))
     else:
@@ -285,8 +278,8 @@ def events(
     from helmline.contracts import SessionFold
     from helmline.runtime import StoredEvent
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
     folding = SessionFold()
 
     def emit(stored: StoredEvent) -> None:
@@ -310,7 +303,7 @@ def events(
                     if until_end and folding.terminal:
                         return
 
-    _run_async(print_events(), interrupted="")
+    run_async(print_events(), interrupted="")
 
 
 Answer = Annotated[
@@ -471,14 +464,14 @@ def _argument_change(arguments: str | None, set_fields: list[str]) -> ArgumentCh
         try:
             replace = json.loads(arguments)
         except json.JSONDecodeError as error:
-            _fail(CliError(f"--arguments is not JSON: {error}", exit_code=2))
+            fail(CliError(f"--arguments is not JSON: {error}", exit_code=2))
         if not isinstance(replace, dict):
-            _fail(CliError("--arguments must be a JSON object", exit_code=2))
+            fail(CliError("--arguments must be a JSON object", exit_code=2))
     fields: dict[str, Any] = {}
     for assignment in set_fields:
         name, equals, text = assignment.partition("=")
         if not equals or not name:
-            _fail(CliError(f"--set {assignment!r}: write FIELD=VALUE", exit_code=2))
+            fail(CliError(f"--set {assignment!r}: write FIELD=VALUE", exit_code=2))
         try:
             fields[name] = json.loads(text)
         except json.JSONDecodeError:
@@ -493,7 +486,7 @@ def _standing_grant(
 
     if similar is None:
         if similar_for is not None or similar_where:
-            _fail(CliError("--similar-for and --similar-where go with --similar N", exit_code=2))
+            fail(CliError("--similar-for and --similar-where go with --similar N", exit_code=2))
         return None
     until = None
     if similar_for is not None:
@@ -507,7 +500,7 @@ def _permission_grant(grant_for: str | None, expires_in: str | None) -> Permissi
     if grant_for is None and expires_in is None:
         return None
     if grant_for not in (None, "step", "session"):
-        _fail(CliError(f"--for {grant_for!r}: write step or session", exit_code=2))
+        fail(CliError(f"--for {grant_for!r}: write step or session", exit_code=2))
     until = None
     if expires_in is not None:
         until = datetime.now(UTC) + lasting("--expires-in", expires_in)
@@ -528,7 +521,7 @@ def _argument_conditions(written: list[str]) -> dict[str, ArgumentCondition]:
         at = min(signs, default=-1)
         name, value = condition[:at].strip(), condition[at + 1 :]
         if at < 0 or not name or not value:
-            _fail(
+            fail(
                 CliError(
                     f"--similar-where {condition!r}: write NAME=GLOB or NAME~REGEX", exit_code=2
                 )
@@ -538,7 +531,7 @@ def _argument_conditions(written: list[str]) -> dict[str, ArgumentCondition]:
         return {name: ArgumentCondition.model_validate(test) for name, test in tests.items()}
     except ValidationError as error:
         problem = error.errors()[0]["msg"].removeprefix("Value error, ")
-        _fail(CliError(f"--similar-where: {problem}", exit_code=2))
+        fail(CliError(f"--similar-where: {problem}", exit_code=2))
 
 
 def _decide(
@@ -568,10 +561,10 @@ def _decide(
     )
 
     if request is not None and every:
-        _fail(CliError("give either --request or --all, not both", exit_code=2))
-    _attempt(lambda: check_identifiers(tenant, session))
-    actor = _attempt(lambda: current_actor(*identity))
-    url = _nats_url(data_dir)
+        fail(CliError("give either --request or --all, not both", exit_code=2))
+    attempt(lambda: check_identifiers(tenant, session))
+    actor = attempt(lambda: current_actor(*identity))
+    url = nats_url(data_dir)
 
     async def submit() -> list[Decided]:
         async with connect(url) as log:
@@ -591,7 +584,7 @@ def _decide(
             )
 
     refused = False
-    for decided in _run_async(submit()):
+    for decided in run_async(submit()):
         asked = decided.request
         what = f"step {asked.step_id} ({asked.tool})" if asked.step_id else "the plan"
         match decided.answer:
@@ -635,60 +628,12 @@ def _control(
     from helmline.cli._intents import check_identifiers
     from helmline.cli._sessions import request_control
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    url = _nats_url(data_dir)
+    attempt(lambda: check_identifiers(tenant, session))
+    url = nats_url(data_dir)
 
     async def submit() -> None:
         async with connect(url) as log:
             await request_control(log, control, tenant, session, reason=reason)
 
-    _run_async(submit())
+    run_async(submit())
     stdout().print(f"{control} requested for session {session}", highlight=False)
-
-
-def _nats_url(data_dir: Path | None) -> str:
-    from helmline.cli._connection import stack_nats_url
-    from helmline.cli._settings import load_settings
-
-    return _attempt(lambda: stack_nats_url(load_settings(data_dir=data_dir)))
-
-
-def _attempt(work: Callable[[], T]) -> T:
-    try:
-        return work()
-    except CliError as error:
-        _fail(error)
-
-
-def _run_async(work: Coroutine[Any, Any, T], *, interrupted: str | None = None) -> T:
-    from helmline.runtime import EventTooLarge
-
-    try:
-        return asyncio.run(work)
-    except CliError as error:
-        _fail(error)
-    except EventTooLarge as error:
-        _fail(CliError(f"{error}: nothing was appended", exit_code=INVALID_INPUT))
-    except KeyboardInterrupt:
-        if interrupted:
-            typer.echo(interrupted, err=True)
-        raise typer.Exit(INTERRUPTED) from None
-
-
-def lasting(option: str, written: str) -> timedelta:
-    """A positive duration given to `option` (`90s`, `15m`, `1h`...); else the command fails
-    naming the option."""
-    from helmline.approval import parse_duration
-
-    try:
-        duration = parse_duration(written)
-    except ValueError as error:
-        _fail(CliError(f"{option}: {error}", exit_code=2))
-    if duration <= timedelta(0):
-        _fail(CliError(f"{option} must be longer than zero", exit_code=2))
-    return duration
-
-
-def _fail(error: CliError) -> NoReturn:
-    typer.echo(f"error: {error}", err=True)
-    raise typer.Exit(error.exit_code)

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Json, SessionId, Tenant
-from helmline.cli._session_commands import (
-    DEFAULT_TENANT,
-    _attempt,
-    _fail,
-    _nats_url,
-    _run_async,
-)
-from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolRegistryPublished, ToolSpec
+from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tenant
+from helmline.cli._running import attempt, fail, nats_url, run_async
+from helmline.cli._tool_registry import published_registry
+from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolRegistryPublished
 
 McpServersFile = Annotated[
     Path | None,
@@ -59,8 +52,8 @@ def raw_output(
     from helmline.runtime import SEALING_KEY_FILE, SealingError, SealingKey, sealing_key
     from helmline.tool_gateway import RawOutputs, raw_output_name
 
-    _attempt(lambda: check_identifiers(tenant, session))
-    settings = _attempt(lambda: load_settings(data_dir=data_dir))
+    attempt(lambda: check_identifiers(tenant, session))
+    settings = attempt(lambda: load_settings(data_dir=data_dir))
 
     def key() -> SealingKey:
         secret = settings.sealing_key.get_secret_value() if settings.sealing_key else None
@@ -77,8 +70,8 @@ def raw_output(
             )
         return found
 
-    sealing = _attempt(key)
-    url = _nats_url(data_dir)
+    sealing = attempt(key)
+    url = nats_url(data_dir)
     name = raw_output_name(tenant, session, call)
 
     async def read() -> object:
@@ -88,9 +81,9 @@ def raw_output(
             except SealingError as error:
                 raise CliError(f"cannot open the raw output: {error}") from error
 
-    raw = _run_async(read())
+    raw = run_async(read())
     if raw is None:
-        _fail(
+        fail(
             CliError(
                 f"no raw output of call {call} in session {session}: output safety left its "
                 "output unchanged (the event has it whole), or its session is gone"
@@ -105,10 +98,9 @@ def tools(as_json: Json = False, data_dir: DataDir = None) -> None:
     MCP tools are named `<server>__<tool>`; servers that are down are listed as unavailable.
     """
     from helmline.cli._display import stdout
-    from helmline.cli._session_commands import _nats_url, _run_async
 
-    url = _nats_url(data_dir)
-    registry = _run_async(_registry(url))
+    url = nats_url(data_dir)
+    registry = run_async(published_registry(url))
     if registry is None:
         registry = ToolRegistryPublished(tools=tuple(BUILTIN_TOOLS_BY_NAME.values()))
     if as_json:
@@ -134,25 +126,3 @@ def tools(as_json: Json = False, data_dir: DataDir = None) -> None:
             f"circuit {server.circuit}; {server.health}",
             highlight=False,
         )
-
-
-def known_tools(data_dir: Path | None) -> Mapping[str, ToolSpec]:
-    """The tools a playbook may name: the running stack's registry, or the built-in tools
-    when no stack can be reached (its MCP tools are then unknown)."""
-    from helmline.cli._connection import stack_nats_url
-    from helmline.cli._settings import load_settings
-    from helmline.runtime import tools_of
-
-    try:
-        url = stack_nats_url(load_settings(data_dir=data_dir))
-        return tools_of(asyncio.run(_registry(url)))
-    except CliError:
-        return BUILTIN_TOOLS_BY_NAME
-
-
-async def _registry(url: str) -> ToolRegistryPublished | None:
-    from helmline.cli._connection import connect
-    from helmline.runtime import latest_tool_registry
-
-    async with connect(url) as log:
-        return await latest_tool_registry(log.js)

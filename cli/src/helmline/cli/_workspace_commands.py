@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from helmline.cli._errors import CliError
-from helmline.cli._options import DataDir, Json, SessionId, Tenant
-from helmline.cli._session_commands import DEFAULT_TENANT, _attempt, _run_async
+from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tenant
+from helmline.cli._running import attempt, run_async
 
 if TYPE_CHECKING:
     from helmline.cli._workspace_view import Chosen
@@ -50,7 +50,7 @@ def _session(ctx: typer.Context, tenant: str, data_dir: Path | None) -> _Session
     from helmline.cli._intents import check_identifiers
 
     session_id: str = ctx.obj
-    _attempt(lambda: check_identifiers(tenant, session_id))
+    attempt(lambda: check_identifiers(tenant, session_id))
     return _Session(data_dir, tenant, session_id)
 
 
@@ -66,15 +66,15 @@ def ls(
     """List a folder of the workspace (mode, size, path)."""
     from helmline.cli._workspace_view import entry_line, listed, normal_path
 
-    relative = _attempt(lambda: normal_path(path))
+    relative = attempt(lambda: normal_path(path))
     session = _session(ctx, tenant, data_dir)
 
     async def read() -> tuple[Chosen, Manifest]:
         async with _workspace(session, at) as (chosen, manifest, _):
             return chosen, manifest
 
-    chosen, manifest = _run_async(read())
-    entries = _attempt(lambda: listed(manifest, relative))
+    chosen, manifest = run_async(read())
+    entries = attempt(lambda: listed(manifest, relative))
     if as_json:
         found = [asdict(entry) for entry in entries]
         typer.echo(json.dumps({"snapshot_id": chosen.snapshot_id, "entries": found}))
@@ -94,14 +94,14 @@ def cat(
     """Print a file of the workspace, byte for byte."""
     from helmline.cli._workspace_view import file_entry, normal_path
 
-    relative = _attempt(lambda: normal_path(path))
+    relative = attempt(lambda: normal_path(path))
     session = _session(ctx, tenant, data_dir)
 
     async def read() -> bytes:
         async with _workspace(session, at) as (_, manifest, snapshots):
             return await snapshots.blob(file_entry(manifest, relative).sha256)
 
-    typer.echo(_run_async(read()), nl=False)
+    typer.echo(run_async(read()), nl=False)
 
 
 @app.command()
@@ -114,7 +114,7 @@ def export(
 ) -> None:
     """Write the workspace into a folder: files, folders, links and modes as they were."""
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        _attempt(lambda: _refuse(f"{directory} is not an empty folder: export needs one"))
+        attempt(lambda: _refuse(f"{directory} is not an empty folder: export needs one"))
     session = _session(ctx, tenant, data_dir)
 
     async def write() -> tuple[Chosen, Manifest]:
@@ -124,7 +124,7 @@ def export(
             )
             return chosen, restored
 
-    chosen, manifest = _run_async(write())
+    chosen, manifest = run_async(write())
     files = [entry for entry in manifest if entry.kind == "file"]
     typer.echo(
         f"exported the workspace {chosen.point} ({len(files)} files, "
