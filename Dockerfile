@@ -26,6 +26,7 @@ COPY pyproject.toml uv.lock ./
 COPY libs/contracts/pyproject.toml libs/contracts/
 COPY libs/runtime/pyproject.toml libs/runtime/
 COPY libs/yamlfile/pyproject.toml libs/yamlfile/
+COPY libs/readmodel/pyproject.toml libs/readmodel/
 COPY services/planner/pyproject.toml services/planner/
 COPY services/approval/pyproject.toml services/approval/
 COPY services/tool-gateway/pyproject.toml services/tool-gateway/

@@ -24,7 +24,7 @@ from helmline.contracts import (
     touched,
 )
 from helmline.contracts.testing import sessions
-from helmline.state._readmodel import session_rows
+from helmline.state._rows import session_rows
 
 KEYS = 3
 """Tenant, session and the row's own id: the key of every row but the session's."""

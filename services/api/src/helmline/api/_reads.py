@@ -3,6 +3,8 @@
 A session's state (now or after any sequence) is always the fold of its log, exactly what
 `helmline show` prints. Lists across sessions read the state service's PostgreSQL read model
 (read-only connections; docs/read-model.md) and, where there is none, fold each session.
+This module is the API's only reader of the read model; its tables and columns are
+helmline.readmodel's, the declarations the state service writes them by.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import BaseModel
 
 from helmline.api._problems import not_found
 from helmline.contracts import SessionStarted, SessionState, SessionStatus, event_type_filter
+from helmline.readmodel import APPROVALS, SESSIONS
 from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
 
 logger = logging.getLogger(__name__)
@@ -157,20 +160,25 @@ class SessionLister:
         return chosen[query.offset : query.offset + query.limit]
 
 
-SESSIONS_QUERY = """
-SELECT s.session_id, s.status, s.goal, s.mode, s.requested_by, s.started_at, s.updated_at,
-       s.ended_at, s.steps_total, s.steps_succeeded, s.steps_failed, s.outcome, s.last_seq
-FROM sessions s
-WHERE s.tenant = $1
-  AND (cardinality($2::text[]) = 0 OR s.status = ANY($2::text[]))
-  AND ($3::boolean IS NULL OR (s.pending_approvals > 0) = $3)
-ORDER BY s.started_at DESC NULLS LAST, s.session_id
+SUMMARY_COLUMNS = tuple(name for name in SessionSummary.model_fields if name != "waiting_for")
+"""A summary's fields but its requests: columns of `sessions` of the same names."""
+PENDING_COLUMNS = ("session_id", *WaitingFor.model_fields)
+"""Which session is waiting, and the request's fields: columns of `approvals`."""
+
+# The SELECT lists fail at import if a field is not a column of its table.
+SESSIONS_QUERY = f"""
+SELECT {SESSIONS.listing(SUMMARY_COLUMNS)}
+FROM {SESSIONS.name}
+WHERE tenant = $1
+  AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
+  AND ($3::boolean IS NULL OR (pending_approvals > 0) = $3)
+ORDER BY started_at DESC NULLS LAST, session_id
 LIMIT $4 OFFSET $5
 """
 
-PENDING_QUERY = """
-SELECT session_id, request_id, step_id, tool, risk
-FROM approvals
+PENDING_QUERY = f"""
+SELECT {APPROVALS.listing(PENDING_COLUMNS)}
+FROM {APPROVALS.name}
 WHERE tenant = $1 AND session_id = ANY($2::text[]) AND status = 'pending'
 ORDER BY expires_at
 """
@@ -187,14 +195,8 @@ async def _from_read_model(
         pending = await connection.fetch(PENDING_QUERY, tenant, ids) if ids else []
     waiting: dict[str, list[WaitingFor]] = {}
     for row in pending:
-        waiting.setdefault(row["session_id"], []).append(
-            WaitingFor(
-                request_id=row["request_id"],
-                step_id=row["step_id"],
-                tool=row["tool"],
-                risk=row["risk"],
-            )
-        )
+        request = dict(row)
+        waiting.setdefault(request.pop("session_id"), []).append(WaitingFor(**request))
     return [
         SessionSummary(**dict(row), waiting_for=waiting.get(row["session_id"], [])) for row in rows
     ]

@@ -15,19 +15,17 @@ from typing import Any
 import asyncpg
 
 from helmline.contracts import EVERY_ROW, Event, SessionState, Touched, touched
-from helmline.runtime import Delivery, RetryableError, SessionCache
-from helmline.state._readmodel import (
-    APPROVAL_COLUMNS,
-    CHECKPOINT_COLUMNS,
+from helmline.readmodel import (
+    APPROVALS,
+    CHECKPOINTS,
     MIGRATIONS,
     OPEN,
-    SESSION_COLUMNS,
-    STEP_COLUMNS,
-    approval_rows,
-    checkpoint_rows,
-    session_row,
-    step_rows,
+    SESSIONS,
+    STEPS,
+    Table,
 )
+from helmline.runtime import Delivery, RetryableError, SessionCache
+from helmline.state._rows import approval_rows, checkpoint_rows, session_row, step_rows
 
 logger = logging.getLogger(__name__)
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -103,7 +101,7 @@ class ReadModel:
         written = {
             (row["tenant"], row["session_id"]): row
             for row in await connection.fetch(
-                "SELECT tenant, session_id, last_seq, event_count FROM sessions"
+                f"SELECT tenant, session_id, last_seq, event_count FROM {SESSIONS.name}"
                 f" WHERE {_ANY_SESSION} ORDER BY tenant, session_id FOR UPDATE",
                 *sessions,
             )
@@ -121,29 +119,19 @@ class ReadModel:
             due.append((change, change.rows if previous == behind else EVERY_ROW))
         rewritten = [c.state for c, rows in due if rows.every_row]
         if rewritten:
-            for table in ("steps", "approvals", "checkpoints"):
+            for table in (STEPS, APPROVALS, CHECKPOINTS):
                 await connection.execute(
-                    f"DELETE FROM {table} WHERE {_ANY_SESSION}",
+                    f"DELETE FROM {table.name} WHERE {_ANY_SESSION}",
                     [state.tenant for state in rewritten],
                     [state.session_id for state in rewritten],
                 )
-        tables = (
-            ("steps", STEP_COLUMNS, step_rows),
-            ("approvals", APPROVAL_COLUMNS, approval_rows),
-            ("checkpoints", CHECKPOINT_COLUMNS, checkpoint_rows),
-        )
-        await _upsert(
-            connection,
-            "sessions",
-            SESSION_COLUMNS,
-            2,
-            [session_row(c.state, c.last_seq) for c, _ in due],
-        )
-        for table, columns, rows_of in tables:
+        tables = ((STEPS, step_rows), (APPROVALS, approval_rows), (CHECKPOINTS, checkpoint_rows))
+        await _upsert(connection, SESSIONS, [session_row(c.state, c.last_seq) for c, _ in due])
+        for table, rows_of in tables:
             rows = [
                 row for change, touched_rows in due for row in rows_of(change.state, touched_rows)
             ]
-            await _upsert(connection, table, columns, 3, rows)
+            await _upsert(connection, table, rows)
         return len(due)
 
     async def waiting(self) -> Waiting:
@@ -152,10 +140,11 @@ class ReadModel:
         pool = await self._connected()
         async with pool.acquire() as connection:
             sessions = await connection.fetch(
-                f"SELECT status, count(*) AS sessions FROM sessions WHERE {OPEN} GROUP BY status"
+                f"SELECT status, count(*) AS sessions FROM {SESSIONS.name} WHERE {OPEN}"
+                " GROUP BY status"
             )
             approvals = await connection.fetchrow(
-                "SELECT count(*) AS waiting, min(requested_at) AS oldest FROM approvals"
+                f"SELECT count(*) AS waiting, min(requested_at) AS oldest FROM {APPROVALS.name}"
                 " WHERE status = 'pending'"
             )
         assert approvals is not None  # An aggregate without GROUP BY is one row.
@@ -171,22 +160,17 @@ class ReadModel:
             self._pool = None
 
 
-async def _upsert(
-    connection: Connection,
-    table: str,
-    columns: Sequence[str],
-    key_columns: int,
-    rows: list[tuple[Any, ...]],
-) -> None:
+async def _upsert(connection: Connection, table: Table, rows: list[tuple[Any, ...]]) -> None:
     if not rows:
         return
+    columns = table.columns
     names = ", ".join(columns)
     values = ", ".join(f"${index}" for index in range(1, len(columns) + 1))
-    keys = ", ".join(columns[:key_columns])
-    updates = ", ".join(f"{name} = excluded.{name}" for name in columns[key_columns:])
-    # Table and column names come from this module's constants, never from input.
+    keys = ", ".join(table.key)
+    updates = ", ".join(f"{name} = excluded.{name}" for name in columns[len(table.key) :])
+    # Table and column names come from the read model's declarations, never from input.
     statement = (
-        f"INSERT INTO {table} ({names}) VALUES ({values}) "
+        f"INSERT INTO {table.name} ({names}) VALUES ({values}) "
         f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
     )
     await connection.executemany(statement, rows)

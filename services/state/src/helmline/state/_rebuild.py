@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import asyncpg
 
 from helmline.contracts import SessionFold
+from helmline.readmodel import MIGRATIONS, TABLES
 from helmline.runtime import EventStore, StoredEvent, bulk_allocation
 from helmline.state._projection import UNAVAILABLE, Connection, migrate
-from helmline.state._readmodel import MIGRATIONS, TABLE_COLUMNS, session_rows
+from helmline.state._rows import session_rows
 
 PROJECTIONS = ("sessions",)
 """Projections `rebuild` knows. The read model's tables (sessions, steps, approvals,
@@ -101,7 +102,7 @@ class _LogFold:
         return len(self._folds)
 
     def rows(self, keys: Iterable[tuple[str, str]]) -> dict[str, list[tuple[object, ...]]]:
-        tables: dict[str, list[tuple[object, ...]]] = {table: [] for table in TABLE_COLUMNS}
+        tables: dict[str, list[tuple[object, ...]]] = {table.name: [] for table in TABLES}
         for key in keys:
             state = self._folds[key].state()
             for table, rows in session_rows(state, self._last_seq[key]).items():
@@ -170,23 +171,24 @@ async def _write(connection: Connection, log: _LogFold) -> None:
     if not log.changed:
         return
     tenants, session_ids = zip(*log.changed, strict=True)
-    for table in TABLE_COLUMNS:
+    for table in TABLES:
         await connection.execute(
-            f"DELETE FROM {BUILDING_SCHEMA}.{table} WHERE (tenant, session_id) IN"
+            f"DELETE FROM {BUILDING_SCHEMA}.{table.name} WHERE (tenant, session_id) IN"
             " (SELECT * FROM unnest($1::text[], $2::text[]))",
             list(tenants),
             list(session_ids),
         )
-    for table, rows in log.rows(log.changed).items():
-        if rows:
+    rows_by_table = log.rows(log.changed)
+    for table in TABLES:
+        if rows := rows_by_table[table.name]:
             await connection.copy_records_to_table(
-                table, records=rows, columns=TABLE_COLUMNS[table], schema_name=BUILDING_SCHEMA
+                table.name, records=rows, columns=table.columns, schema_name=BUILDING_SCHEMA
             )
 
 
 async def _switch(connection: Connection, store: EventStore, log: _LogFold, live: str) -> None:
     """Fold the last events and put the new tables in the live ones' place, atomically."""
-    tables = ", ".join(f"{live}.{table}" for table in TABLE_COLUMNS)
+    tables = ", ".join(f"{live}.{table.name}" for table in TABLES)
     for attempt in range(1, SWITCH_ATTEMPTS + 1):
         try:
             async with connection.transaction():
@@ -198,12 +200,12 @@ async def _switch(connection: Connection, store: EventStore, log: _LogFold, live
                 grants = await _grants(connection, live)
                 await connection.execute(f"DROP SCHEMA IF EXISTS {RETIRED_SCHEMA} CASCADE")
                 await connection.execute(f"CREATE SCHEMA {RETIRED_SCHEMA}")
-                for table in TABLE_COLUMNS:
+                for table in TABLES:
                     await connection.execute(
-                        f"ALTER TABLE {live}.{table} SET SCHEMA {RETIRED_SCHEMA}"
+                        f"ALTER TABLE {live}.{table.name} SET SCHEMA {RETIRED_SCHEMA}"
                     )
                     await connection.execute(
-                        f"ALTER TABLE {BUILDING_SCHEMA}.{table} SET SCHEMA {live}"
+                        f"ALTER TABLE {BUILDING_SCHEMA}.{table.name} SET SCHEMA {live}"
                     )
                 for grant in grants:
                     await connection.execute(grant)
@@ -234,7 +236,7 @@ async def _grants(connection: Connection, live: str) -> list[str]:
           AND a.grantee <> c.relowner
         """,
         live,
-        list(TABLE_COLUMNS),
+        [table.name for table in TABLES],
     )
     return [
         f"GRANT {record['privilege_type']} ON {live}.{record['table_name']} TO {record['grantee']}"

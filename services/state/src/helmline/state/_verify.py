@@ -8,16 +8,10 @@ from typing import Any
 import asyncpg
 
 from helmline.contracts import SessionState
+from helmline.readmodel import SESSIONS, TABLES, Table
 from helmline.runtime import EventStore
-from helmline.state._readmodel import JSON_COLUMNS, TABLE_COLUMNS, session_rows
+from helmline.state._rows import session_rows
 
-KEY_COLUMN = {
-    "sessions": "session_id",
-    "steps": "step_id",
-    "approvals": "request_id",
-    "checkpoints": "checkpoint_id",
-}
-"""The column naming a row within its session."""
 # Where the projection stands, not a fact of the session: not compared.
 NOT_COMPARED = frozenset({"last_seq"})
 
@@ -27,36 +21,38 @@ async def read_model_differences(database_url: str, state: SessionState) -> list
     connection = await asyncpg.connect(database_url)
     try:
         stored = {
-            table: await connection.fetch(
-                # Table names come from this package's constants, never from input.
-                f"SELECT * FROM {table} WHERE tenant = $1 AND session_id = $2",
+            table.name: await connection.fetch(
+                # Table names come from the read model's declarations, never from input.
+                f"SELECT * FROM {table.name} WHERE tenant = $1 AND session_id = $2",
                 state.tenant,
                 state.session_id,
             )
-            for table in TABLE_COLUMNS
+            for table in TABLES
         }
     finally:
         await connection.close()
-    if not stored["sessions"]:
+    if not stored[SESSIONS.name]:
         return ["the read model has no row for this session"]
+    expected = session_rows(state, 0)
     differences: list[str] = []
-    for table, expected_rows in session_rows(state, 0).items():
-        key = KEY_COLUMN[table]
-        rows = {row[key]: dict(row) for row in stored[table]}
-        for values in expected_rows:
-            wanted = dict(zip(TABLE_COLUMNS[table], values, strict=True))
-            where = table if table == "sessions" else f"{table}.{wanted[key]}"
+    for table in TABLES:
+        key = table.row_key
+        rows = {row[key]: dict(row) for row in stored[table.name]}
+        for values in expected[table.name]:
+            wanted = dict(zip(table.columns, values, strict=True))
+            where = table.name if table is SESSIONS else f"{table.name}.{wanted[key]}"
             row = rows.pop(wanted[key], None)
             if row is None:
                 differences.append(f"{where}: missing from the read model")
                 continue
             differences += [
                 f"{where}.{column}: read model {row[column]!r}, log {wanted[column]!r}"
-                for column in TABLE_COLUMNS[table]
+                for column in table.columns
                 if column not in NOT_COMPARED
-                and _comparable(column, row[column]) != _comparable(column, wanted[column])
+                and _comparable(table, column, row[column])
+                != _comparable(table, column, wanted[column])
             ]
-        differences += [f"{table}.{extra}: not in the log" for extra in rows]
+        differences += [f"{table.name}.{extra}: not in the log" for extra in rows]
     return differences
 
 
@@ -67,7 +63,7 @@ async def caught_up(store: EventStore, database_url: str, tenant: str, sessions:
         connection = await asyncpg.connect(database_url)
         try:
             rows = await connection.fetch(
-                "SELECT session_id, last_seq FROM sessions WHERE tenant = $1", tenant
+                f"SELECT session_id, last_seq FROM {SESSIONS.name} WHERE tenant = $1", tenant
             )
         finally:
             await connection.close()
@@ -81,6 +77,6 @@ async def caught_up(store: EventStore, database_url: str, tenant: str, sessions:
     return True
 
 
-def _comparable(column: str, value: Any) -> Any:
+def _comparable(table: Table, column: str, value: Any) -> Any:
     # jsonb comes back re-serialised (its own spacing and key order): compare what it says.
-    return json.loads(value) if column in JSON_COLUMNS and value is not None else value
+    return json.loads(value) if column in table.json_columns and value is not None else value
