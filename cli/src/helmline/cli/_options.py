@@ -1,4 +1,4 @@
-"""Command-line options that several commands share."""
+"""Command-line options that several commands share, and how their values are read."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from helmline.cli._errors import INVALID_INPUT, CliError
 from helmline.cli._running import fail
 
 DEFAULT_TENANT = "default"
+"""The tenant a command acts for when `--tenant` is not given."""
 
 DataDir = Annotated[
     Path | None,
