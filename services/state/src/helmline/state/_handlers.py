@@ -67,7 +67,8 @@ class StateHandler:
 
     @router.on(ToolCallCompleted, WorkspaceSnapshotted, WorkspaceRestored)
     async def _on_checkpointed(self, delivery: Delivery) -> None:
-        """A completion (a checkpoint), or a snapshot it notes, that could not wait."""
+        """A completion (its checkpoint), or a snapshot it notes, handled alone: the
+        gathering it was in failed, or its consumer does not gather."""
         await self.handle_gathered([delivery])
 
     def may_wait(self, event: Event) -> bool:
