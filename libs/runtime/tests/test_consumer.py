@@ -117,8 +117,9 @@ async def test_poison_messages_are_dead_lettered_and_the_next_event_is_processed
     wrong_version["schemaversion"] = 99
     subject = event_subject(tenant, "s1", "session.started")
     await js.publish(subject, b"{this is not json")
+    # An event whose type is not its subject's (a known one): garbage, not a newer type.
     await js.publish(
-        event_subject(tenant, "s1", "session.exploded"),
+        subject,
         json.dumps({**wrong_version, "type": "session.exploded", "schemaversion": 1}).encode(),
     )
     await js.publish(subject, json.dumps(wrong_version).encode())

@@ -32,6 +32,7 @@ from helmline.contracts import (
     event_subject,
     event_type_filter,
     new_event,
+    received_payloads,
 )
 from helmline.runtime import EventStore, ServiceHost, latest_tool_registry
 from helmline.runtime.testing import ServiceProcesses, eventually, free_port
@@ -83,7 +84,7 @@ def write_servers_file(
     return path
 
 
-HANDLED = (ToolCallAuthorized, StepScheduled)
+HANDLED = received_payloads(TOOL_GATEWAY_CONSUMER)
 """What the gateway runs calls on: authorised calls, and steps their plan authorised."""
 
 

@@ -397,6 +397,33 @@ def consumer_for(
     )
 
 
+def received_payloads(consumer: ConsumerSpec) -> tuple[type[Payload], ...]:
+    """The event types a consumer may be handed: those whose subject one of its filters
+    matches, for some tenant and session. What a service's handlers must handle (see
+    `helmline.runtime.Router`)."""
+    return tuple(
+        payload
+        for payload in PAYLOAD_CLASSES
+        if any(_may_match(f, payload.TYPE) for f in consumer.filter_subjects)
+    )
+
+
+def _may_match(filter_subject: str, event_type: str) -> bool:
+    """Whether NATS would deliver an event of `event_type` of some tenant and session to
+    `filter_subject` (`*` matches one token, `>` the rest)."""
+    # Tenant and session are `*` here: any of them may come.
+    subject = event_subject("*", "*", event_type).split(".")
+    tokens = filter_subject.split(".")
+    for index, token in enumerate(tokens):
+        if token == ">":
+            return len(subject) > index
+        if index >= len(subject):
+            return False
+        if token != "*" and subject[index] not in ("*", token):
+            return False
+    return len(tokens) == len(subject)
+
+
 PLANNER_CONSUMER = consumer_for(
     "planner",
     (

@@ -43,8 +43,10 @@ from helmline.runtime._errors import (
     Deferred,
     EventTooLarge,
     HelmlineRuntimeError,
+    NotHandled,
     PermanentError,
     RetryableError,
+    RoutingError,
 )
 from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._history import History
@@ -73,6 +75,7 @@ from helmline.runtime._output_safety import (
 )
 from helmline.runtime._provision import ensure_topology, provision, stream_config
 from helmline.runtime._retry_after import retry_after_s
+from helmline.runtime._router import Routed, Router
 from helmline.runtime._sealing import (
     SEALING_KEY_FILE,
     BrokenSeal,
@@ -146,12 +149,16 @@ __all__ = [
     "LogStates",
     "NatsClient",
     "NoSealingKey",
+    "NotHandled",
     "ObjectMeta",
     "ParkedLetter",
     "PermanentError",
     "RegisteredSecrets",
     "RetryOutcome",
     "RetryableError",
+    "Routed",
+    "Router",
+    "RoutingError",
     "RuntimeSettings",
     "SafeOutput",
     "SealingError",

@@ -10,6 +10,13 @@ How a message ends is decided by how its handler ends: normally (ack), `Deferred
 again at the time it names), `RetryableError` or an unexpected exception (redelivered after
 a backoff, at most `max_deliver` times), or `PermanentError` / an undecodable body
 (dead-lettered with the reason, then terminated).
+
+An event of a type the service does not know (one this build cannot decode, or one its
+handler has no method for: a newer producer's, reaching an older replica during an upgrade)
+is acknowledged and skipped, counted in `helmline_events_skipped_total` and logged once per
+type: the same policy in every service. Dead-lettering it would park every such event of
+the upgrade; redelivering it would keep it, and its session's later events, waiting for a
+replica that may never come.
 """
 
 from __future__ import annotations
@@ -35,12 +42,14 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry.trace import NoOpTracer, Span, Status, StatusCode, Tracer
 
 from helmline.contracts import (
+    EVENT_CLASSES,
     UPCASTERS,
     ConsumerSpec,
     DeadLetter,
     Event,
     Headers,
     UndecodableEvent,
+    UnknownEventType,
     UpcasterRegistry,
     dead_letter_subject,
     decode_event,
@@ -49,18 +58,21 @@ from helmline.contracts import (
     retry_subject,
     session_filter,
 )
-from helmline.runtime._errors import Deferred, PermanentError, RetryableError
+from helmline.runtime._errors import Deferred, NotHandled, PermanentError, RetryableError
 from helmline.runtime._logging import log_context
 from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._phases import Hop, handling
+from helmline.runtime._router import Routed
 from helmline.runtime._tracing import gathered_spans, handling_span
 
 logger = logging.getLogger(__name__)
 
 V1_ACK_TOKENS = 9
 REDELIVERY_DELAYS_S = (0.1, 0.5, 2.0, 5.0, 15.0)
-SETTLED = frozenset({"ok", "deferred"})
+SETTLED = frozenset({"ok", "deferred", "skipped"})
 """Outcomes of a handler that are no error."""
+KNOWN_TYPES = frozenset(payload.TYPE for payload in EVENT_CLASSES)
+"""The event types this build decodes."""
 SESSION_TRACES_KEPT = 10_000
 """Sessions whose trace a consumer remembers for intents that carry none."""
 
@@ -147,7 +159,12 @@ class EventConsumer:
         admit: Admission | None = None,
     ) -> None:
         """`admit` decides, before the handler runs, whether (and how) it sees each event:
-        an event it holds back is acknowledged, handled."""
+        an event it holds back is acknowledged, handled.
+
+        A handler with a router (`Routed`) must handle every type `spec` receives: else
+        `RoutingError`, before any message is taken."""
+        if isinstance(handler, Routed):
+            handler.router.refuse_unhandled(spec)
         self._admit = admit
         self._nc = nc
         self._js = js
@@ -168,6 +185,7 @@ class EventConsumer:
                 raise TypeError(f"{spec.durable} gathers events; its handler must too")
             self._gatherer = handler
         self._gathered: list[tuple[Msg, Event, Hop]] = []
+        self._skipped_types: set[str] = set()
         self._gathering: asyncio.TimerHandle | None = None
         # Every message handed to a replica takes the consumer's next sequence: a sequence
         # this replica never saw went to another one. Once that happened, it stays shared.
@@ -369,6 +387,10 @@ class EventConsumer:
             try:
                 event = decode_event(message.data, self._upcasters)
             except UndecodableEvent as error:
+                unknown = _unknown_type(message.subject)
+                if isinstance(error, UnknownEventType) and unknown is not None:
+                    await self._skip(message, unknown)
+                    return
                 reason = f"undecodable: {error}"
                 await self._dead_letter(message, "undecodable", reason, position.deliveries)
                 return
@@ -432,6 +454,9 @@ class EventConsumer:
                 with handling(hop):
                     await self._handler(admitted[0])
                 hop.handle = time.perf_counter_ns() - admitted_at
+        except NotHandled as unknown:
+            await self._skip(message, unknown.event_type)
+            return "skipped"
         except PermanentError as error:
             await self._dead_letter(message, "permanent", f"permanent error: {error}", deliveries)
             return "dead_letter"
@@ -474,6 +499,21 @@ class EventConsumer:
             for delivery in deliveries
             if (admitted := await self._admit(delivery)) is not None
         ]
+
+    async def _skip(self, message: Msg, event_type: str) -> None:
+        """Acknowledge an event of a type the service does not know, counted, and logged
+        the first time the type comes."""
+        await message.ack()
+        if event_type not in self._skipped_types:
+            self._skipped_types.add(event_type)
+            logger.warning(
+                "%s skips %s events: its service does not handle them (each is acknowledged "
+                "and counted in helmline_events_skipped_total; this is logged once)",
+                self._spec.durable,
+                event_type,
+            )
+        if self._metrics is not None:
+            self._metrics.events_skipped.labels(self._spec.durable, event_type).inc()
 
     async def _dead_letter(self, message: Msg, kind: str, reason: str, deliveries: int) -> None:
         metadata = message.metadata
@@ -569,6 +609,15 @@ def ack_position(ack_subject: str) -> AckPosition:
     return AckPosition(
         int(tokens[7]), int(tokens[6]), int(tokens[10]), int(tokens[8]), int(tokens[9])
     )
+
+
+def _unknown_type(subject: str) -> str | None:
+    """The event type an event subject names, if this build does not know it."""
+    try:
+        event_type = parse_event_subject(subject).event_type
+    except ValueError:
+        return None
+    return None if event_type in KNOWN_TYPES else event_type
 
 
 def _ordering_key(subject: str) -> str:

@@ -55,3 +55,17 @@ class Deferred(HelmlineRuntimeError):
     def __init__(self, until: datetime, reason: str) -> None:
         super().__init__(f"until {until.isoformat()}: {reason}")
         self.until = until
+
+
+class RoutingError(HelmlineRuntimeError):
+    """A service's handlers and the consumer that feeds them disagree on the event types
+    handled: raised on import, or before the consumer takes its first message."""
+
+
+class NotHandled(HelmlineRuntimeError):
+    """The handler has no method for an event's type: the consumer acknowledges and skips
+    the event (see `EventConsumer`)."""
+
+    def __init__(self, event_type: str) -> None:
+        super().__init__(f"no handler for {event_type} events")
+        self.event_type = event_type

@@ -102,6 +102,12 @@ class ServiceMetrics:
             "Events handled, by how handling ended.",
             ("consumer", "type", "outcome"),
         )
+        self.events_skipped = counter(
+            "events_skipped",
+            "Events a consumer was handed of a type its service does not handle (a newer "
+            "producer's, during an upgrade): acknowledged and skipped.",
+            ("consumer", "type"),
+        )
         self.handler_seconds = histogram(
             "handler_duration_seconds", "Time a handler took per event.", ("consumer",)
         )

@@ -30,6 +30,7 @@ from helmline.approval._policy_source import PolicySource
 from helmline.approval._rules import NO_USES, Policy
 from helmline.approval._webhooks import WebhookNotifier
 from helmline.contracts import (
+    APPROVAL_CONSUMER,
     Actor,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
@@ -61,6 +62,7 @@ from helmline.runtime import (
     EventStore,
     FoldedStates,
     RetryableError,
+    Router,
     SessionCache,
     StoredEvent,
 )
@@ -82,6 +84,8 @@ TIMER_RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0)
 class ApprovalHandler:
     """Applies the policy to plans and steps, records decisions, expires requests."""
 
+    router = Router(APPROVAL_CONSUMER)
+
     def __init__(
         self,
         store: EventStore,
@@ -102,81 +106,100 @@ class ApprovalHandler:
         self._requesters: LRUCache[tuple[str, str], Actor | None] = LRUCache(REQUESTER_CACHE_LIMIT)
 
     async def __call__(self, delivery: Delivery) -> None:
-        event = delivery.event
-        data = event.data
-        policy = self._policies.current
-        match data:
-            case PlanProposed():
-                earlier = await self._earlier_steps(event, data)
-                # A step whose tool requires a permission the requester lacks is neither
-                # authorised with the plan nor asked about with it: it is refused when
-                # scheduled.
-                needs_requester = any(policy.needs_requester(step.tool) for step in data.steps)
-                requester = await self._requester(event) if needs_requester else None
-                decisions = judge_plan(
-                    data,
-                    policy,
-                    tenant=event.tenant,
-                    requester=requester,
-                    now=datetime.now(UTC),
-                    earlier=earlier,
-                )
-                await self._append(event, decisions)
-            case StepScheduled() if data.authorized_by_plan is not None:
-                pass  # Its approved plan authorised it: the tool gateway runs it.
-            case StepScheduled():
-                if delivery.maybe_handled and await self._already_judged(event, data):
-                    return
-                for _ in range(RECOUNTS):
-                    with contextlib.suppress(ConcurrencyConflict):
-                        await self._judge_step(event, data, policy)
-                        return
-                raise RetryableError(f"calls of the session kept being authorised: {data.call_id}")
-            case ApprovalRequested():
-                await self._sessions.advance(delivery)
-                self._expire_later(event, data)
-                self._escalate_later(event, data)
-                if delivery.deliveries == 1:
-                    self._notifier.announce(event, policy.document.webhooks)
-            case ApprovalDecisionSubmitted() if delivery.maybe_handled:
-                decisions = await self._release_again(event, data, policy)
-                self._settle_timers(event, data, decisions)
-            case ApprovalDecisionSubmitted():
-                state = await self._sessions.advance(delivery)
-                now = datetime.now(UTC)
-                request = state.approvals.get(data.request_id)
-                tool = request.tool if request is not None else None
-                rule_uses, last_authorised = await self._counted_calls(event, tool, policy, now)
-                decisions = judge_vote(state, data, policy, now, rule_uses)
-                try:
-                    appended = await self._append(
-                        event, decisions, expected_last_authorised=last_authorised
-                    )
-                except ConcurrencyConflict:
-                    # Another replica let a call of the session run since the count: the
-                    # grant is recorded, the call it releases is judged against the new count.
-                    decisions = await self._release_again(event, data, policy)
-                else:
-                    state = self._sessions.record(state, appended)
-                    if state.status == "paused" and state.held_grants:
-                        await self._release_if_resumed(event, policy)
-                self._settle_timers(event, data, decisions)
-            case SessionPaused():
-                await self._keep_up(delivery)
-            case SessionCompleted() | SessionFailed() | SessionCancelled():
-                # Requests still open are withdrawn with the session (the fold says so): a
-                # late vote is refused, and nothing is left to expire or escalate.
-                await self._keep_up(delivery)
-                for task in self._timers.pop((event.tenant, event.session_id), {}).values():
-                    task.cancel()
-            case SessionResumed():
-                state = await self._sessions.advance(delivery)
-                for request in state.held_grants:
-                    released = await self._release(event, state, request, policy)
-                    state = self._sessions.record(state, released)
-            case _:
-                pass
+        await self.router.dispatch(self, delivery)
 
+    @router.on(PlanProposed)
+    async def _on_plan(self, delivery: Delivery) -> None:
+        event = delivery.event
+        assert isinstance(event.data, PlanProposed)
+        plan, policy = event.data, self._policies.current
+        earlier = await self._earlier_steps(event, plan)
+        # A step whose tool requires a permission the requester lacks is neither authorised
+        # with the plan nor asked about with it: it is refused when scheduled.
+        needs_requester = any(policy.needs_requester(step.tool) for step in plan.steps)
+        requester = await self._requester(event) if needs_requester else None
+        decisions = judge_plan(
+            plan,
+            policy,
+            tenant=event.tenant,
+            requester=requester,
+            now=datetime.now(UTC),
+            earlier=earlier,
+        )
+        await self._append(event, decisions)
+
+    @router.on(StepScheduled)
+    async def _on_step(self, delivery: Delivery) -> None:
+        event = delivery.event
+        assert isinstance(event.data, StepScheduled)
+        scheduled = event.data
+        if scheduled.authorized_by_plan is not None:
+            return  # Its approved plan authorised it: the tool gateway runs it.
+        if delivery.maybe_handled and await self._already_judged(event, scheduled):
+            return
+        for _ in range(RECOUNTS):
+            with contextlib.suppress(ConcurrencyConflict):
+                await self._judge_step(event, scheduled, self._policies.current)
+                return
+        raise RetryableError(f"calls of the session kept being authorised: {scheduled.call_id}")
+
+    @router.on(ApprovalRequested, PermissionRequested)
+    async def _on_request(self, delivery: Delivery) -> None:
+        event = delivery.event
+        assert isinstance(event.data, ApprovalRequested)
+        await self._sessions.advance(delivery)
+        self._expire_later(event, event.data)
+        self._escalate_later(event, event.data)
+        if delivery.deliveries == 1:
+            self._notifier.announce(event, self._policies.current.document.webhooks)
+
+    @router.on(ApprovalDecisionSubmitted)
+    async def _on_vote(self, delivery: Delivery) -> None:
+        event = delivery.event
+        assert isinstance(event.data, ApprovalDecisionSubmitted)
+        vote, policy = event.data, self._policies.current
+        if delivery.maybe_handled:
+            decisions = await self._release_again(event, vote, policy)
+            self._settle_timers(event, vote, decisions)
+            return
+        state = await self._sessions.advance(delivery)
+        now = datetime.now(UTC)
+        request = state.approvals.get(vote.request_id)
+        tool = request.tool if request is not None else None
+        rule_uses, last_authorised = await self._counted_calls(event, tool, policy, now)
+        decisions = judge_vote(state, vote, policy, now, rule_uses)
+        try:
+            appended = await self._append(
+                event, decisions, expected_last_authorised=last_authorised
+            )
+        except ConcurrencyConflict:
+            # Another replica let a call of the session run since the count: the grant is
+            # recorded, the call it releases is judged against the new count.
+            decisions = await self._release_again(event, vote, policy)
+        else:
+            state = self._sessions.record(state, appended)
+            if state.status == "paused" and state.held_grants:
+                await self._release_if_resumed(event, policy)
+        self._settle_timers(event, vote, decisions)
+
+    @router.on(SessionCompleted, SessionFailed, SessionCancelled)
+    async def _on_end(self, delivery: Delivery) -> None:
+        # Requests still open are withdrawn with the session (the fold says so): a late vote
+        # is refused, and nothing is left to expire or escalate.
+        event = delivery.event
+        await self._keep_up(delivery)
+        for task in self._timers.pop((event.tenant, event.session_id), {}).values():
+            task.cancel()
+
+    @router.on(SessionResumed)
+    async def _on_resume(self, delivery: Delivery) -> None:
+        event, policy = delivery.event, self._policies.current
+        state = await self._sessions.advance(delivery)
+        for request in state.held_grants:
+            released = await self._release(event, state, request, policy)
+            state = self._sessions.record(state, released)
+
+    @router.on(SessionPaused)
     async def _keep_up(self, delivery: Delivery) -> None:
         """Fold the event into the session's state if it is held: one this replica never
         needed (most sessions, whose calls all ran without a person) is read from the log

@@ -5,11 +5,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from helmline.contracts import Event, RollbackCompleted, RollbackFailed, ToolCallFailed, ToolSpec
+from helmline.contracts import (
+    PLANNER_CONSUMER,
+    Event,
+    PlanApproved,
+    PlanRejected,
+    RollbackCompleted,
+    RollbackFailed,
+    RollbackRefused,
+    RollbackRequested,
+    SessionCancelRequested,
+    SessionPauseRequested,
+    SessionResumeRequested,
+    SessionStarted,
+    ToolCallCompleted,
+    ToolCallDenied,
+    ToolCallFailed,
+    ToolSpec,
+    WorkspaceRestored,
+)
 from helmline.planner._circuits import CircuitWatch
 from helmline.planner._domain import Decision, decide, retry_deferral
 from helmline.planner._engine import SOURCE, GoalEngine
-from helmline.runtime import Deferred, Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime import Deferred, Delivery, EventStore, FoldedStates, Router, SessionCache
 
 
 class PlannerHandler:
@@ -18,6 +36,8 @@ class PlannerHandler:
     Goal sessions (a model plans) go to the goal engine, which reads the session's whole log:
     a model call costs far more than the read, and the log holds the conversation.
     """
+
+    router = Router(PLANNER_CONSUMER)
 
     def __init__(
         self,
@@ -34,10 +54,32 @@ class PlannerHandler:
         self._circuits = circuits
 
     async def __call__(self, delivery: Delivery) -> None:
-        if isinstance(delivery.event.data, RollbackCompleted | RollbackFailed):
-            # A rollback changed steps through events the planner does not consume.
-            event = delivery.event
-            self._sessions.forget(event.tenant, event.session_id)
+        await self.router.dispatch(self, delivery)
+
+    @router.on(RollbackCompleted, RollbackFailed)
+    async def _after_rollback(self, delivery: Delivery) -> None:
+        # A rollback changed steps through events the planner does not consume.
+        event = delivery.event
+        self._sessions.forget(event.tenant, event.session_id)
+        await self._decide(delivery)
+
+    @router.on(
+        SessionStarted,
+        PlanApproved,
+        PlanRejected,
+        ToolCallCompleted,
+        ToolCallFailed,
+        ToolCallDenied,
+        SessionPauseRequested,
+        SessionResumeRequested,
+        SessionCancelRequested,
+        RollbackRequested,
+        RollbackRefused,
+        WorkspaceRestored,
+    )
+    async def _decide(self, delivery: Delivery) -> None:
+        """Fold the event in and append what `decide` (or, for a goal session, the goal
+        engine) makes of it."""
         state = await self._sessions.advance(delivery)
         if state.mode != "playbook":
             event = delivery.event

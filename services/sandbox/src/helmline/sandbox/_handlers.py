@@ -20,6 +20,7 @@ from cachetools import LRUCache
 from nats.errors import Error as NatsError
 
 from helmline.contracts import (
+    SANDBOX_CONSUMER,
     CompensationScheduled,
     Event,
     LimitHit,
@@ -39,8 +40,8 @@ from helmline.runtime import (
     FoldedStates,
     InjectionClassifier,
     LogStates,
-    PermanentError,
     RetryableError,
+    Router,
     SecretsError,
     SecretStore,
     classified,
@@ -75,6 +76,8 @@ CallKey = tuple[str, str, str]
 
 class SandboxHandler:
     """Handles the sandbox consumer's events; `cancel_session` also serves the fast path."""
+
+    router = Router(SANDBOX_CONSUMER)
 
     def __init__(
         self,
@@ -129,38 +132,44 @@ class SandboxHandler:
         return len(self._running)
 
     async def __call__(self, delivery: Delivery) -> None:
-        event = delivery.event
-        match event.data:
-            case SandboxExecutionRequested() as request:
-                await self._execute(delivery, request)
-            case SessionCancelRequested():
-                self.cancel_session(event.tenant, event.session_id)
-            case CompensationScheduled() | SessionStarted():
-                if self._restorer is None:  # Without snapshots there is nothing to restore.
-                    return
-                # A rollback may reopen a session whose end is being handled: one at a time.
-                held = (
-                    self._reclaimer.holding(self._workspace_of(event))
-                    if self._reclaimer is not None
-                    else contextlib.nullcontext()
-                )
-                async with held:
-                    await self._restorer(delivery)
-            case WorkspaceSnapshotsPruned() as pruned if self._snapshots is not None:
-                dropped = await self._snapshots.drop(
-                    event.tenant, event.session_id, pruned.snapshot_ids
-                )
-                logger.info(
-                    "pruned %d snapshot(s) of %s/%s", dropped, event.tenant, event.session_id
-                )
-            case WorkspaceSnapshotsPruned():
-                pass  # Without snapshots there is nothing stored to prune.
-            case SessionCompleted() | SessionFailed() | SessionCancelled():
-                if self._reclaimer is not None:
-                    workspace = self._workspace_of(event)
-                    await self._reclaimer.reclaim(event, workspace, delivery.deliveries)
-            case other:
-                raise PermanentError(f"the sandbox does not handle {other.TYPE} events")
+        await self.router.dispatch(self, delivery)
+
+    @router.on(SandboxExecutionRequested)
+    async def _on_request(self, delivery: Delivery) -> None:
+        assert isinstance(delivery.event.data, SandboxExecutionRequested)
+        await self._execute(delivery, delivery.event.data)
+
+    @router.on(SessionCancelRequested)
+    async def _on_cancel(self, delivery: Delivery) -> None:
+        self.cancel_session(delivery.event.tenant, delivery.event.session_id)
+
+    @router.on(CompensationScheduled, SessionStarted)
+    async def _on_restore(self, delivery: Delivery) -> None:
+        if self._restorer is None:  # Without snapshots there is nothing to restore.
+            return
+        # A rollback may reopen a session whose end is being handled: one at a time.
+        held = (
+            self._reclaimer.holding(self._workspace_of(delivery.event))
+            if self._reclaimer is not None
+            else contextlib.nullcontext()
+        )
+        async with held:
+            await self._restorer(delivery)
+
+    @router.on(WorkspaceSnapshotsPruned)
+    async def _on_pruned(self, delivery: Delivery) -> None:
+        event, pruned = delivery.event, delivery.event.data
+        assert isinstance(pruned, WorkspaceSnapshotsPruned)
+        if self._snapshots is None:
+            return  # Without snapshots there is nothing stored to prune.
+        dropped = await self._snapshots.drop(event.tenant, event.session_id, pruned.snapshot_ids)
+        logger.info("pruned %d snapshot(s) of %s/%s", dropped, event.tenant, event.session_id)
+
+    @router.on(SessionCompleted, SessionFailed, SessionCancelled)
+    async def _on_end(self, delivery: Delivery) -> None:
+        if self._reclaimer is not None:
+            workspace = self._workspace_of(delivery.event)
+            await self._reclaimer.reclaim(delivery.event, workspace, delivery.deliveries)
 
     def _workspace_of(self, event: Event) -> Path:
         return workspace_of(self._workspaces_dir, event.tenant, event.session_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from helmline.contracts import (
+    STATE_CONSUMER,
     CompensationCompleted,
     CompensationFailed,
     Event,
@@ -21,7 +22,7 @@ from helmline.contracts import (
     fold,
     source_of,
 )
-from helmline.runtime import Delivery, EventStore, FoldedStates, SessionCache
+from helmline.runtime import Delivery, EventStore, FoldedStates, Router, SessionCache
 from helmline.state._checkpoints import checkpoint_after, snapshots_beyond
 from helmline.state._rollback import call_outcome, is_undo_step, next_decisions, plan_rollback
 
@@ -30,6 +31,8 @@ SOURCE = source_of("state")
 
 class StateHandler:
     """Records checkpoints and drives rollbacks."""
+
+    router = Router(STATE_CONSUMER)
 
     def __init__(
         self,
@@ -47,15 +50,26 @@ class StateHandler:
         self._sessions = SessionCache(states, on_load=states.note_folded)
 
     async def __call__(self, delivery: Delivery) -> None:
-        event = delivery.event
-        match event.data:
-            case RollbackRequested() | CompensationCompleted() | CompensationFailed():
-                await self._advance_rollbacks(event)
-            case ToolCallFailed() | ToolCallDenied() as outcome if is_undo_step(outcome.step_id):
-                await self._advance_rollbacks(event)
-            case _:
-                # Completions (checkpoints), snapshots, and failures of the plan's own steps.
-                await self.handle_gathered([delivery])
+        await self.router.dispatch(self, delivery)
+
+    @router.on(RollbackRequested, CompensationCompleted, CompensationFailed)
+    async def _on_rollback(self, delivery: Delivery) -> None:
+        await self._advance_rollbacks(delivery.event)
+
+    @router.on(ToolCallFailed, ToolCallDenied)
+    async def _on_failure(self, delivery: Delivery) -> None:
+        outcome = delivery.event.data
+        assert isinstance(outcome, ToolCallFailed | ToolCallDenied)
+        if is_undo_step(outcome.step_id):
+            await self._advance_rollbacks(delivery.event)
+        else:
+            await self.handle_gathered([delivery])
+
+    @router.on(ToolCallCompleted, WorkspaceSnapshotted, WorkspaceRestored)
+    async def _on_checkpointed(self, delivery: Delivery) -> None:
+        """A completion (its checkpoint), or a snapshot it notes, handled alone: the
+        gathering it was in failed, or its consumer does not gather."""
+        await self.handle_gathered([delivery])
 
     def may_wait(self, event: Event) -> bool:
         """Checkpoints, and the snapshots they note, may be made late, and a plan step's

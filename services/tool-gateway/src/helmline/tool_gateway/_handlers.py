@@ -28,6 +28,7 @@ from pydantic import JsonValue
 from pydantic_core import to_json
 
 from helmline.contracts import (
+    TOOL_GATEWAY_CONSUMER,
     Event,
     InverseCall,
     Risk,
@@ -49,6 +50,7 @@ from helmline.runtime import (
     InjectionClassifier,
     LogStates,
     RetryableError,
+    Router,
     SecretsError,
     SecretStore,
     classified,
@@ -95,6 +97,8 @@ class GatewayHandler:
     """Validates each authorised call and runs it: pure tools here, MCP tools on their
     server, built-in workspace tools by handing them to the sandbox."""
 
+    router = Router(TOOL_GATEWAY_CONSUMER)
+
     def __init__(
         self,
         store: EventStore,
@@ -127,9 +131,37 @@ class GatewayHandler:
         self._plans = PlanApprovals(store)
 
     async def __call__(self, delivery: Delivery) -> None:
-        call = await self._authorized_call(delivery.event)
-        if call is None:
+        await self.router.dispatch(self, delivery)
+
+    @router.on(ToolCallAuthorized)
+    async def _on_authorized(self, delivery: Delivery) -> None:
+        assert isinstance(delivery.event.data, ToolCallAuthorized)
+        await self._run(delivery, delivery.event.data)
+
+    @router.on(StepScheduled)
+    async def _on_scheduled(self, delivery: Delivery) -> None:
+        """Run a step scheduled as its approved plan authorised it (others are the approval
+        service's to judge). A step that claims an authorisation its plan's approval does not
+        hold is failed, not run (nor judged: the approval service leaves it here)."""
+        event = delivery.event
+        scheduled = event.data
+        assert isinstance(scheduled, StepScheduled)
+        if scheduled.authorized_by_plan is None:
             return
+        authorized = await self._plans.authorized_call(event, scheduled)
+        if authorized is None:
+            refusal = ToolError(
+                kind="permission",
+                message=f"the call was scheduled as authorised by plan revision "
+                f"{scheduled.authorized_by_plan}, whose approval does not authorise it",
+                suggestion="report it: the planner and the approval disagree",
+            )
+            await self._record(event, _refused(scheduled, refusal))
+            return
+        await self._run(delivery, authorized)
+
+    async def _run(self, delivery: Delivery, call: ToolCallAuthorized) -> None:
+        """Validate an authorised call and run it where its tool runs."""
         if call.tool not in self._federation.tools:
             # A federated tool whose server is not connected (yet: the gateway may have just
             # started; or again: its process is being restarted) is unavailable for now, not
@@ -150,27 +182,6 @@ class GatewayHandler:
             await self._store.append(delivery.event.derive(next_step, source=SOURCE))
             return
         await self._run_on_server(delivery, call, next_step.tool)
-
-    async def _authorized_call(self, event: Event) -> ToolCallAuthorized | None:
-        """The call to run on `event`: an authorised call, or a step scheduled as its
-        approved plan authorised it. A step that claims an authorisation its plan's approval
-        does not hold is failed, not run (nor judged: the approval service leaves it here)."""
-        match event.data:
-            case ToolCallAuthorized() as call:
-                return call
-            case StepScheduled(authorized_by_plan=int(revision)) as scheduled:
-                authorized = await self._plans.authorized_call(event, scheduled)
-                if authorized is None:
-                    refusal = ToolError(
-                        kind="permission",
-                        message=f"the call was scheduled as authorised by plan revision "
-                        f"{revision}, whose approval does not authorise it",
-                        suggestion="report it: the planner and the approval disagree",
-                    )
-                    await self._record(event, _refused(scheduled, refusal))
-                return authorized
-            case _:
-                return None
 
     async def _run_on_server(
         self, delivery: Delivery, call: ToolCallAuthorized, tool: ToolSpec
