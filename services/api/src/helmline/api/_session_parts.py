@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, OrderedDict
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -23,9 +24,12 @@ from helmline.api._problems import (
     invalid,
     not_found,
 )
+from helmline.api._reads import load_session
 from helmline.api._routes import NOT_FOUND, SessionPath
 from helmline.contracts import (
+    BUILTIN_SERVER,
     IN_FLIGHT_STEPS,
+    MCP_NAME_SEPARATOR,
     Event,
     SessionState,
     StepState,
@@ -146,6 +150,11 @@ class StepAt(BaseModel):
     """Its index in plan order."""
     call_index: int | None
     """The index of its latest call in the order calls were scheduled; None: never called."""
+    server: str
+    """What serves its tool: `builtin`, or the MCP server the tool is federated from."""
+    approval_wait_ms: float | None = None
+    """How long its approval request waited for a person (so far, while it is pending);
+    None: it asked nobody."""
     step: StepState
 
 
@@ -211,10 +220,31 @@ class _Indexed:
         self.state = state
         self.positions = {step_id: index for index, step_id in enumerate(state.steps)}
         self.calls = {call_id: index for index, call_id in enumerate(state.calls)}
+        self.now = datetime.now(UTC)
 
     def at(self, step: StepState) -> StepAt:
         call = self.calls.get(step.call_id) if step.call_id else None
-        return StepAt(position=self.positions[step.id], call_index=call, step=step)
+        return StepAt(
+            position=self.positions[step.id],
+            call_index=call,
+            server=server_of(step.tool),
+            approval_wait_ms=self._waited(step),
+            step=step,
+        )
+
+    def _waited(self, step: StepState) -> float | None:
+        request = step.approval_request_id
+        approval = self.state.approvals.get(request) if request else None
+        if approval is None:
+            return None
+        until = approval.decided_at or self.now
+        return max(0.0, (until - approval.requested_at).total_seconds() * 1000)
+
+
+def server_of(tool: str) -> str:
+    """The server of a tool by its registry name (`<server>__<name>` for an MCP server's)."""
+    server, separator, _ = tool.partition(MCP_NAME_SEPARATOR)
+    return server if separator and server else BUILTIN_SERVER
 
 
 def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
@@ -249,13 +279,28 @@ def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
     )
 
 
+AtSeq = Annotated[
+    int | None, Query(ge=1, description="The session as it was after this stream sequence")
+]
+
+
+async def snapshot_at(
+    request: Request, tenant: str, session_id: str, at_seq: int | None
+) -> SessionSnapshot:
+    """The session now (kept for the next read), or folded up to `at_seq` (time travel)."""
+    if at_seq is None:
+        return await _latest(request).load(tenant, session_id)
+    return await load_session(request.app.state.states, tenant, session_id, at_seq=at_seq)
+
+
 @router.get("/sessions/{session_id}/overview")
 async def session_overview(
-    session_id: SessionPath, principal: Viewer, request: Request
+    session_id: SessionPath, principal: Viewer, request: Request, at_seq: AtSeq = None
 ) -> SessionOverview:
     """The session without its steps: status, plan facts, approvals, rollbacks, counts of
-    steps by status and tool, its latest checkpoints and thoughts."""
-    return overview_of(await _latest(request).load(principal.tenant, session_id))
+    steps by status and tool, its latest checkpoints and thoughts; as it was after `at_seq`
+    when given."""
+    return overview_of(await snapshot_at(request, principal.tenant, session_id, at_seq))
 
 
 @router.get("/sessions/{session_id}/steps")
