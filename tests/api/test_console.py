@@ -667,6 +667,15 @@ def echo_chain(steps: int) -> dict[str, object]:
     }
 
 
+ELEMENTS_BY_PART = """() => Object.fromEntries(
+  [...document.querySelectorAll(".session > *, .session .columns > section")]
+    .filter((part) => part.id || part.querySelector("[id]"))
+    .map((part) => [part.id || part.querySelector("[id]").id,
+                    part.getElementsByTagName("*").length]))"""
+"""A session page's elements, counted in each of its parts (named by their id, or the first
+id in them)."""
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -715,6 +724,8 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
         "lag_max_ms": round(max(lags)),
         # The steps and calls lists draw what is on screen, not the session.
         "dom_elements": await page.evaluate("document.getElementsByTagName('*').length"),
+        # Where they are, should the bound be passed: each part of the page's own count.
+        "dom_elements_by_part": await page.evaluate(ELEMENTS_BY_PART),
     }
     keep_figures("long-session-lag", figures)
     # The page was watched for a while as the steps ran, and moved with them all along: a
@@ -723,6 +734,15 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     assert len(shown) >= 5, figures
     assert figures["lag_p95_ms"] <= 2_000, figures
     assert figures["dom_elements"] <= 1_500, figures
+
+    # The latest checkpoints are drawn; the earlier ones once asked for.
+    checkpoints = page.locator("#checkpoints li.checkpoint")
+    await expect(checkpoints).to_have_count(10)
+    earlier = page.locator("#checkpoints-earlier")
+    await expect(earlier.locator("summary")).to_have_text("90 earlier checkpoints")
+    await expect(earlier.locator("li.checkpoint")).to_have_count(0)
+    await earlier.locator("summary").click()
+    await expect(earlier.locator("li.checkpoint")).to_have_count(90)
 
 
 async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floods_events(

@@ -30,8 +30,14 @@ export interface GraphOptions {
 
 export class PlanGraphView {
   private graph: PlanGraph | null = null;
-  /** The step the window is centred on when a person moved it; null follows the session. */
-  private pinned: string | null = null;
+  /** Where a person moved the window: to a step, or to a layer; null follows the session. */
+  private where: { focus: string } | { layer: number } | null = null;
+  /** Requests made: only the answer to the latest is drawn. A read begun when the view came
+   * on screen may answer after a person's move asked later, and would draw the window back. */
+  private asked = 0;
+  /** A person moved the window: the node drawn active takes the focus, from whichever
+   * answer is drawn next. */
+  private focusWanted = false;
   private active: string | null = null;
   private positions = new Map<string, { x: number; y: number; layer: number }>();
 
@@ -50,7 +56,7 @@ export class PlanGraphView {
 
   /** Centre on a step (a person went to it elsewhere: the focus stays where it is). */
   centre(stepId: string): Promise<void> {
-    this.pinned = stepId;
+    this.where = { focus: stepId };
     this.active = stepId;
     return this.load(false);
   }
@@ -60,36 +66,40 @@ export class PlanGraphView {
     return this.load(false);
   }
 
-  private async move(how: string): Promise<void> {
+  private move(how: string): Promise<void> {
     const g = this.graph;
-    if (!g) return;
+    if (!g) return Promise.resolve();
     if (how === "current") {
-      this.pinned = null;
+      this.where = null;
       this.active = g.current;
       return this.load(true);
     }
-    // The first (or last) step drawn in the layer a window further on.
+    // The first (or last) step drawn in the layer a window further on. The window is set
+    // before it is read: a read made meanwhile asks for it too.
     const span = g.layers.length;
     const target = how === "earlier" ? g.first_layer - span : g.first_layer + 2 * span - 1;
-    const layer = Math.max(0, Math.min(g.layers_total - 1, target));
-    const answer = await api<PlanGraph>(this.path(null, layer));
-    this.pinned = answer.focus;
-    this.active = answer.focus;
-    this.show(answer, true);
+    this.where = { layer: Math.max(0, Math.min(g.layers_total - 1, target)) };
+    this.active = null;
+    return this.load(true);
   }
 
-  private path(focus: string | null, layer?: number): string {
+  private path(): string {
     const query = new URLSearchParams({ layers: "7", per_layer: "10" });
-    if (focus) query.set("focus", focus);
-    if (layer !== undefined) query.set("layer", String(layer));
+    if (this.where && "focus" in this.where) query.set("focus", this.where.focus);
+    if (this.where && "layer" in this.where) query.set("layer", String(this.where.layer));
     const at = this.options.atSeq?.();
     if (at) query.set("at_seq", String(at));
     return `/sessions/${this.options.sessionId}/graph?${query}`;
   }
 
   private async load(focus: boolean): Promise<void> {
+    const ticket = ++this.asked;
+    this.focusWanted ||= focus;
     try {
-      this.show(await api<PlanGraph>(this.path(this.pinned)), focus);
+      const answer = await api<PlanGraph>(this.path());
+      if (ticket !== this.asked) return; // A later request's answer is drawn instead.
+      this.show(answer, this.focusWanted);
+      this.focusWanted = false;
     } catch (error) {
       this.options.onError(error);
     }

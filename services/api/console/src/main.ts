@@ -49,6 +49,8 @@ function showConnection(state: Connection): void {
   connection.dataset.state = state;
 }
 
+/** Checkpoints drawn at first, the latest: the earlier ones are drawn when asked for. */
+const CHECKPOINTS_SHOWN = 10;
 /** As many sessions as the API lists by default. */
 const LIST_LIMIT = 100;
 /** How long the list is read again while a line stays behind an event heard. */
@@ -204,7 +206,9 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <section id="travel-part" aria-labelledby="travel-title" tabindex="-1"><h2 id="travel-title">Time travel</h2>
         <p class="hint">The session as it was after any point of its log: move the slider (arrow keys, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>), or pick a checkpoint below.</p>
         <div id="travel"></div></section>
-      <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p><ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
+      <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p>
+        <details id="checkpoints-earlier" hidden><summary></summary><ol id="checkpoints-earlier-list" class="timeline"></ol></details>
+        <ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
     </section>`;
 
   let overview: SessionOverview | null = null;
@@ -390,6 +394,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     document.getElementById("approvals")!.innerHTML = pending.map(approvalForm).join("");
   };
 
+  const earlierCheckpoints = document.getElementById("checkpoints-earlier") as HTMLDetailsElement;
+  earlierCheckpoints.addEventListener("toggle", () => state && renderCheckpoints(state));
   const renderCheckpoints = (s: SessionState): void => {
     const list = s.checkpoints;
     const total = overview?.checkpoints_total ?? list.length;
@@ -419,7 +425,14 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
           ${locked ? "Locked" : "Roll back to here"}</button>
       </li>`;
     });
-    patchRows(document.getElementById("checkpoints")!, list.map((c) => c.checkpoint_id), rows, '<li class="empty"><small>No checkpoints yet.</small></li>');
+    // The latest few, where rollbacks mostly go; the earlier ones drawn only when asked for.
+    const split = Math.max(0, list.length - CHECKPOINTS_SHOWN);
+    const keys = list.map((c) => c.checkpoint_id);
+    earlierCheckpoints.hidden = split === 0;
+    earlierCheckpoints.querySelector("summary")!.textContent = `${split} earlier checkpoint${split === 1 ? "" : "s"}`;
+    const earlier = earlierCheckpoints.open ? split : 0;
+    patchRows(document.getElementById("checkpoints-earlier-list")!, keys.slice(0, earlier), rows.slice(0, earlier));
+    patchRows(document.getElementById("checkpoints")!, keys.slice(split), rows.slice(split), '<li class="empty"><small>No checkpoints yet.</small></li>');
     setHtml(document.getElementById("rollbacks")!, Object.values(s.rollbacks)
       .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id)}
         ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
@@ -629,7 +642,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   if (!current()) return;
   steps.setTotal(overview!.steps_total);
   calls.setTotal(overview!.calls_total);
+  // The views below the lists are watched from the frame after the lists' first draw, when
+  // they have their height: watched from the first layout, they were on screen for a moment
+  // above lists still empty, and so drawn (and kept) on a page that shows only the lists.
+  await new Promise((drawn) => requestAnimationFrame(drawn));
   if (!current()) return;
+  for (const observed of [graphShown, timelineShown, travelShown]) observed.start();
   // Live from the sequence the overview reflects: the events before are in it.
   follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
   teardown = () => {

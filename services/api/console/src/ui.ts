@@ -77,10 +77,10 @@ export function onToolbar(box: HTMLElement, name: string, act: (key: string) => 
   });
 }
 
-/** Whether `element` is on screen, kept up to date;
+/** Whether `element` is on screen, kept up to date from `start()` on;
  * `shown` runs each time it comes into view. Views below the fold are so drawn, and read
  * again while the session runs, only once someone scrolls to them. */
-export function onScreen(element: HTMLElement, shown: () => void): { visible: () => boolean; stop: () => void } {
+export function onScreen(element: HTMLElement, shown: () => void): { visible: () => boolean; start: () => void; stop: () => void } {
   let visible = false;
   const observer = new IntersectionObserver(
     (entries) => {
@@ -90,6 +90,5 @@ export function onScreen(element: HTMLElement, shown: () => void): { visible: ()
     },
     { rootMargin: "0px" },
   );
-  observer.observe(element);
-  return { visible: () => visible, stop: () => observer.disconnect() };
+  return { visible: () => visible, start: () => observer.observe(element), stop: () => observer.disconnect() };
 }
