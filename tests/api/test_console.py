@@ -789,7 +789,9 @@ async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floo
     keep_figures("list-shows-waiting", figures)
     # Shown while the busy session still ran, not once its events stopped.
     assert ended_at > shown_at, figures
-    assert figures["shown_after_asked_ms"] <= 5_000, figures
+    # The list reads a line behind an event heard from its session's log, not only from the
+    # projection (which trailed the busy session by seconds here).
+    assert figures["shown_after_asked_ms"] <= 1_000, figures
 
 
 AXE = Path(__file__).resolve().parents[2] / "services/api/console/node_modules/axe-core/axe.min.js"

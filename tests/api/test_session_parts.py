@@ -1,4 +1,4 @@
-"""A session in parts: its overview, steps and calls by range and filter, its log by
+"""A session in parts: its overview, its list line, steps and calls by range and filter, its log by
 sequence, and what changed since a sequence, as the console reads a long session."""
 
 from __future__ import annotations
@@ -51,6 +51,14 @@ async def test_a_long_session_is_read_in_parts(
     assert overview["tools"] == {"echo": 6}
     # Services may still add to a session that ended (its snapshots, say).
     assert overview["last_seq"] >= int(whole.headers["X-Last-Seq"])
+
+    # Its line of the session list, from its log (the list's projection may trail it).
+    line = (await client.get(f"{base}/summary", headers=viewer)).json()
+    assert (line["session_id"], line["status"], line["goal"]) == (session_id, "waiting", "6 echoes")
+    assert (line["steps_total"], line["steps_succeeded"]) == (6, 5)
+    assert [(w["step_id"], w["tool"]) for w in line["waiting_for"]] == [("s5", "echo")]
+    assert line["last_seq"] >= overview["last_seq"]
+    assert_problem(await client.get("/sessions/no-such-session/summary", headers=viewer), 404)
 
     page = (await client.get(f"{base}/steps?offset=2&limit=3", headers=viewer)).json()
     assert page["total"] == 6

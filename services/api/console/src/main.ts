@@ -53,8 +53,16 @@ function showConnection(state: Connection): void {
 const CHECKPOINTS_SHOWN = 10;
 /** As many sessions as the API lists by default. */
 const LIST_LIMIT = 100;
+/** At most how many lines behind an event heard are read from their sessions' logs at once. */
+const LINES_READ_AHEAD = 10;
 /** How long the list is read again while a line stays behind an event heard. */
 const CATCH_UP_FOR_MS = 10_000;
+
+/** Null for a resource the API has not (a session not yet stored, say). */
+function missing(error: unknown): null {
+  if (error instanceof ApiError && error.status === 404) return null;
+  throw error;
+}
 
 function follow(path: string, onEvent: (event: StreamEvent) => void): void {
   feed?.stop();
@@ -109,7 +117,7 @@ async function sessionList(current: Current): Promise<void> {
   let behindSince: number | null = null;
   const render = async (): Promise<void> => {
     const query = filter.value ? `?status=${encodeURIComponent(filter.value)}` : "";
-    const sessions = await api<SessionSummary[]>(`/sessions${query}`);
+    const sessions = await lineByLine(await api<SessionSummary[]>(`/sessions${query}`));
     const rows = document.getElementById("session-rows");
     if (!rows || !current()) return;
     rows.innerHTML = sessions.length
@@ -137,6 +145,32 @@ async function sessionList(current: Current): Promise<void> {
     // Read again until caught up; a line that never catches up (a projection stopped) is
     // not read for ever: the note stays, and the next event heard tries again.
     if (behindSince !== null && now - behindSince < CATCH_UP_FOR_MS) refresh();
+  };
+  /** The list as read, with each line behind an event heard (or missing from it) read from
+   * its session's log instead: the projection trails a busy stream by seconds, and a session
+   * that comes to wait for a person must show at once. The latest heard first, a few. */
+  const lineByLine = async (sessions: SessionSummary[]): Promise<SessionSummary[]> => {
+    const listed = new Map(sessions.map((s) => [s.session_id, s]));
+    const behind = [...heard]
+      .filter(([id, seq]) => (listed.get(id)?.last_seq ?? 0) < seq)
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, LINES_READ_AHEAD)
+      .map(([id]) => id);
+    const read = await Promise.all(behind.map((id) => api<SessionSummary>(`/sessions/${id}/summary`).catch(missing)));
+    const started = (line: SessionSummary): number => (line.started_at ? Date.parse(line.started_at) : -Infinity);
+    const last = sessions.length ? started(sessions[sessions.length - 1]) : -Infinity;
+    for (const line of read) {
+      if (!line || (filter.value && line.status !== filter.value)) {
+        if (line) listed.delete(line.session_id); // It left the filter's list.
+        continue;
+      }
+      const known = listed.get(line.session_id);
+      // A line missing from a full list joins it only where it sorts among those listed.
+      const fits = known || sessions.length < LIST_LIMIT || started(line) >= last;
+      if (fits && line.last_seq > (known?.last_seq ?? 0)) listed.set(line.session_id, line);
+    }
+    // Newest first, as the API lists them.
+    return [...listed.values()].sort((a, b) => started(b) - started(a) || a.session_id.localeCompare(b.session_id));
   };
   const refresh = throttle(render, fail);
   await render();

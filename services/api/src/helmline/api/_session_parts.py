@@ -1,5 +1,6 @@
-"""A session in parts, for views of long sessions: its overview, its steps and calls by range
-(filtered by status and tool), its log by sequence, and what changed since a sequence.
+"""A session in parts, for views of long sessions: its overview, its line of the session list,
+its steps and calls by range (filtered by status and tool), its log by sequence, and what
+changed since a sequence.
 
 Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
 10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
@@ -24,7 +25,7 @@ from helmline.api._problems import (
     invalid,
     not_found,
 )
-from helmline.api._reads import load_session
+from helmline.api._reads import SessionSummary, load_session, summary_of
 from helmline.api._routes import NOT_FOUND, SessionPath
 from helmline.contracts import (
     BUILTIN_SERVER,
@@ -301,6 +302,16 @@ async def session_overview(
     steps by status and tool, its latest checkpoints and thoughts; as it was after `at_seq`
     when given."""
     return overview_of(await snapshot_at(request, principal.tenant, session_id, at_seq))
+
+
+@router.get("/sessions/{session_id}/summary")
+async def session_summary(
+    session_id: SessionPath, principal: Viewer, request: Request
+) -> SessionSummary:
+    """The session's line of the list, from its log now: where the list (read from a
+    projection that trails the stream) is behind an event heard, the line as it is."""
+    snapshot = await _latest(request).load(principal.tenant, session_id)
+    return summary_of(snapshot.state, snapshot.last_seq)
 
 
 @router.get("/sessions/{session_id}/steps")
