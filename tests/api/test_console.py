@@ -953,6 +953,26 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
     await expect(rows.first).to_have_attribute("data-step-id", "s399")
     await page.get_by_label("Status").select_option("")
     await expect(rows.first).to_be_visible()
+
+    # The run of succeeded steps folded into one row, opened in its place from the keyboard.
+    fold = page.get_by_label("Fold runs of succeeded steps")
+    await fold.check()
+    run = page.locator("#steps > li[data-run]")
+    await expect(run).to_have_text(re.compile(r"399 succeeded steps\s*s0 to s398"))
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_have_attribute("data-step-id", "s399")
+    await page.locator(".columns").screenshot(path=ARTIFACTS / "plan-folded.png")
+    await run.locator("summary").focus()
+    await page.keyboard.press("Enter")
+    await expect(page.locator('details[data-step="s0"] summary')).to_be_focused()
+    await expect(run).to_have_count(0)
+    await fold.uncheck()
+    # A search of step ids (and tools) narrows the steps and the calls alike.
+    await page.get_by_label("Search").fill("s35")
+    await expect(rows).to_have_count(11)
+    await expect(page.locator("#calls > li.call-row")).to_have_count(11)
+    await page.get_by_label("Search").fill("")
+    await expect(rows.first).to_have_attribute("data-step-id", "s0")
     assert await serious_violations(page) == []
     await screenshot(page, "long-plan")
 
@@ -1193,6 +1213,12 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     await think("one more")
     await expect(thoughts).to_contain_text("one more")
     assert await thoughts.evaluate("e => e.scrollTop") == 0
+
+    # Steps and calls searched by tool, in any case.
+    await page.get_by_label("Search").fill("WRITE")
+    await expect(page.locator("#steps > li[data-step-id]")).to_have_count(3)
+    await expect(page.locator("#calls > li.call-row")).to_have_count(3)
+    await expect(page.locator("#calls > li.call-row").first).to_contain_text("write_file")
 
     drawn = "#travel g.node.st-succeeded >> nth=3"  # The last step, at the end of the page.
     await fits_320_px(

@@ -73,6 +73,24 @@ async def test_a_long_session_is_read_in_parts(
     echoes = await client.get(f"{base}/steps?status=succeeded&tool=echo&offset=4", headers=viewer)
     assert [i["step"]["id"] for i in echoes.json()["items"]] == ["s4"]
     assert echoes.json()["total"] == 5
+    # A search of ids and tools, in any case.
+    found = (await client.get(f"{base}/steps?q=S3", headers=viewer)).json()
+    assert [i["step"]["id"] for i in found["items"]] == ["s3"]
+    by_tool = (await client.get(f"{base}/steps?q=ECH&status=scheduled", headers=viewer)).json()
+    assert [i["step"]["id"] for i in by_tool["items"]] == ["s5"]
+    # Runs of succeeded steps folded, each into one row, unless unfolded.
+    folded = (await client.get(f"{base}/steps?fold=3", headers=viewer)).json()
+    assert folded["total"] == 2
+    assert folded["items"][0] == {"first": "s0", "last": "s4", "steps": 5, "position": 0}
+    assert folded["items"][1]["step"]["id"] == "s5"
+    short = (
+        await client.get(
+            f"{base}/steps?fold=3&q=s&offset=1&status=succeeded&tool=echo", headers=viewer
+        )
+    ).json()
+    assert (short["total"], short["items"]) == (1, [])
+    unfolded = (await client.get(f"{base}/steps?fold=3&unfold=s0", headers=viewer)).json()
+    assert [i["step"]["id"] for i in unfolded["items"]] == [f"s{i}" for i in range(6)]
     past = (await client.get(f"{base}/steps?offset=99", headers=viewer)).json()
     assert (past["total"], past["items"]) == (6, [])
 

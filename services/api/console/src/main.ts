@@ -1,7 +1,7 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
-import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt } from "./types";
+import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt, StepRun } from "./types";
 import { patchRows, setHtml, VirtualList } from "./virtual";
 import { compareWithOrigin } from "./compare";
 import { fleetView } from "./fleet";
@@ -49,6 +49,8 @@ function showConnection(state: Connection): void {
   connection.dataset.state = state;
 }
 
+/** The shortest run of succeeded steps the plan folds into one row, when asked. */
+const FOLD_RUNS_OF = 3;
 /** Checkpoints drawn at first, the latest: the earlier ones are drawn when asked for. */
 const CHECKPOINTS_SHOWN = 10;
 /** As many sessions as the API lists by default. */
@@ -219,6 +221,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <form id="list-tools" class="list-tools" role="search" aria-label="Steps and calls">
         <label>Status <select id="step-status" name="status"><option value="">any</option></select></label>
         <label>Tool <select id="step-tool" name="tool"><option value="">any</option></select></label>
+        <label>Search <input id="step-search" name="q" type="search" autocomplete="off" size="12" placeholder="step or tool"></label>
+        <label><input id="fold-runs" type="checkbox"> Fold runs of succeeded steps</label>
         <label>Go to step <input id="jump-to" name="step" autocomplete="off" size="10"></label>
         <button type="submit">Go</button>
       </form>
@@ -255,18 +259,31 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   let approvalKey: string | null = null;
   const statusField = document.getElementById("step-status") as HTMLSelectElement;
   const toolField = document.getElementById("step-tool") as HTMLSelectElement;
-  const filtered = (): boolean => statusField.value !== "" || toolField.value !== "";
-  const rangeQuery = (offset: number, limit: number): string => {
+  const searchField = document.getElementById("step-search") as HTMLInputElement;
+  const foldField = document.getElementById("fold-runs") as HTMLInputElement;
+  /** Runs of succeeded steps a person unfolded, by their first step. */
+  const unfolded = new Set<string>();
+  // Filtered or folded, a row's index is not its step's position: changes read rows again.
+  const filtered = (): boolean => statusField.value !== "" || toolField.value !== "" || searchField.value.trim() !== "" || foldField.checked;
+  const rangeQuery = (offset: number, limit: number): URLSearchParams => {
     const query = new URLSearchParams({ offset: String(offset), limit: String(limit) });
     if (statusField.value) query.append("status", statusField.value);
     if (toolField.value) query.append("tool", toolField.value);
-    return query.toString();
+    if (searchField.value.trim()) query.append("q", searchField.value.trim());
+    return query;
   };
-  const steps = new VirtualList<StepAt>({
+  const stepsQuery = (offset: number, limit: number): URLSearchParams => {
+    const query = rangeQuery(offset, limit);
+    if (foldField.checked) query.append("fold", String(FOLD_RUNS_OF));
+    for (const first of unfolded) query.append("unfold", first);
+    return query;
+  };
+  const steps = new VirtualList<StepAt | StepRun>({
     box: document.getElementById("steps-box")!,
     list: document.getElementById("steps")!,
-    fetch: (offset, limit) => api<RangePage<StepAt>>(`/sessions/${sessionId}/steps?${rangeQuery(offset, limit)}`),
+    fetch: (offset, limit) => api<RangePage<StepAt | StepRun>>(`/sessions/${sessionId}/steps?${stepsQuery(offset, limit)}`),
     render: (at) => {
+      if (!("step" in at)) return runItem(at);
       const s = state;
       const retry = s && s.status === "failed" && ["failed", "denied"].includes(at.step.status) ? retryPoint(s) : undefined;
       return stepItem(at.step, openDetails.has(at.step.id), retry);
@@ -521,6 +538,11 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   };
   statusField.addEventListener("change", refilter);
   toolField.addEventListener("change", refilter);
+  searchField.addEventListener("input", throttle(async () => refilter(), fail));
+  foldField.addEventListener("change", () => {
+    unfolded.clear();
+    refilter();
+  });
   (document.getElementById("list-tools") as HTMLFormElement).addEventListener("submit", (event) => {
     event.preventDefault();
     const stepId = (document.getElementById("jump-to") as HTMLInputElement).value.trim();
@@ -531,7 +553,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     try {
       const at = await api<StepAt>(`/sessions/${sessionId}/steps/${encodeURIComponent(stepId)}`);
       if (filtered()) {
-        statusField.value = toolField.value = "";
+        statusField.value = toolField.value = searchField.value = "";
+        foldField.checked = false;
         refilter();
       }
       steps.put(at.position, at);
@@ -559,7 +582,15 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   main.addEventListener("click", (event) => {
     const summary = (event.target as HTMLElement).closest("summary");
     const details = summary?.parentElement;
-    if (details instanceof HTMLDetailsElement) noteOpen(details, !details.open);
+    if (!(details instanceof HTMLDetailsElement)) return;
+    const run = details.dataset.run;
+    if (run === undefined) return noteOpen(details, !details.open);
+    // A folded run opens into its steps, in its place: the first of them takes the focus.
+    event.preventDefault();
+    unfolded.add(run);
+    const row = Number(details.closest<HTMLElement>("li[data-index]")?.dataset.index ?? 0);
+    steps.reload();
+    steps.scrollTo(row, true);
   }, true);
   main.addEventListener("toggle", (event) => {
     const details = event.target as HTMLDetailsElement;
@@ -770,6 +801,12 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
       ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
       ${step.retry_at ? `<p><small>tried again at ${esc(when(step.retry_at))}</small></p>` : ""}
     </details>${retry}</li>`;
+}
+
+/** A run of succeeded steps, folded: opening it shows them. */
+function runItem(run: StepRun): string {
+  return `<li class="step succeeded run" data-run="${esc(run.first)}"><details data-run="${esc(run.first)}">
+    <summary>${badge("succeeded", `${run.steps} succeeded steps`)} <strong>${esc(run.first)}</strong> to <strong>${esc(run.last)}</strong></summary></details></li>`;
 }
 
 /** How a call stands, from its step: the step's result is its latest call's. */

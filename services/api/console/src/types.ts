@@ -218,6 +218,15 @@ export interface StepAt {
   step: Step & { call_id: string | null; redacted_by: Record<string, number> };
 }
 
+/** Succeeded steps one after another in plan order, drawn as one row of the plan. */
+export interface StepRun {
+  first: string;
+  last: string;
+  steps: number;
+  /** Its first step's index in plan order. */
+  position: number;
+}
+
 export interface CallAt {
   index: number;
   call_id: string;

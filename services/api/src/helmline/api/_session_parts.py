@@ -1,6 +1,6 @@
 """A session in parts, for views of long sessions: its overview, its line of the session list,
-its steps and calls by range (filtered by status and tool), its log by sequence, and what
-changed since a sequence.
+its steps (runs of succeeded ones folded when asked) and calls by range (filtered by status,
+tool, or a search of ids and tools), its log by sequence, and what changed since a sequence.
 
 Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
 10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
@@ -51,6 +51,10 @@ Offset = Annotated[int, Query(ge=0, le=1_000_000, description="The first item's 
 Limit = Annotated[int, Query(ge=1, le=500, description="How many items at most")]
 StatusFilter = Annotated[list[StepStatus], Query(description="Only steps in one of these statuses")]
 ToolFilter = Annotated[list[str], Query(description="Only steps calling one of these tools")]
+Search = Annotated[
+    str,
+    Query(max_length=128, description="Only steps whose id or tool has this in it, in any case"),
+]
 
 
 class LatestStates:
@@ -103,10 +107,14 @@ class Part:
     limit: int
     status: list[StepStatus]
     tool: list[str]
+    q: str
 
     def matches(self, step: StepState) -> bool:
-        return (not self.status or step.status in self.status) and (
-            not self.tool or step.tool in self.tool
+        search = self.q.casefold()
+        return (
+            (not self.status or step.status in self.status)
+            and (not self.tool or step.tool in self.tool)
+            and (search in step.id.casefold() or search in step.tool.casefold())
         )
 
 
@@ -115,8 +123,9 @@ def _part(
     limit: Limit = 100,
     status: StatusFilter = [],  # noqa: B006 - FastAPI copies it
     tool: ToolFilter = [],  # noqa: B006
+    q: Search = "",
 ) -> Part:
-    return Part(offset, limit, status, tool)
+    return Part(offset, limit, status, tool, q)
 
 
 PartQuery = Annotated[Part, Depends(_part)]
@@ -159,13 +168,25 @@ class StepAt(BaseModel):
     step: StepState
 
 
+class StepRun(BaseModel):
+    """Succeeded steps one after another in plan order (of those matching the filter), in
+    one row of the list."""
+
+    first: str
+    last: str
+    steps: int
+    position: int
+    """Its first step's index in plan order."""
+
+
 class StepPage(BaseModel):
-    """Steps from `offset` on, of those matching the filter."""
+    """Rows from `offset` on: the steps matching the filter, runs of succeeded steps folded
+    into one row each when asked."""
 
     total: int
-    """Steps matching the filter."""
+    """Rows: steps matching the filter, each run folded counting one."""
     offset: int
-    items: list[StepAt]
+    items: list[StepAt | StepRun]
 
 
 class CallAt(BaseModel):
@@ -314,16 +335,59 @@ async def session_summary(
     return summary_of(snapshot.state, snapshot.last_seq)
 
 
+def rows_of(
+    steps: list[StepState], positions: dict[str, int], fold: int, unfolded: set[str]
+) -> list[StepState | StepRun]:
+    """The steps as rows: each run of at least `fold` succeeded steps (0: none) in one row,
+    unless the run's first step is `unfolded`."""
+    rows: list[StepState | StepRun] = []
+    run: list[StepState] = []
+
+    def close_run() -> None:
+        if fold and len(run) >= fold and run[0].id not in unfolded:
+            first = run[0].id
+            rows.append(
+                StepRun(first=first, last=run[-1].id, steps=len(run), position=positions[first])
+            )
+        else:
+            rows.extend(run)
+        run.clear()
+
+    for step in steps:
+        if step.status == "succeeded":
+            run.append(step)
+            continue
+        close_run()
+        rows.append(step)
+    close_run()
+    return rows
+
+
 @router.get("/sessions/{session_id}/steps")
 async def session_steps(
-    session_id: SessionPath, principal: Viewer, request: Request, part: PartQuery
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    part: PartQuery,
+    fold: Annotated[
+        int,
+        Query(ge=0, le=1_000_000, description="Fold runs of this many succeeded steps or more"),
+    ] = 0,
+    unfold: Annotated[
+        list[str], Query(description="Runs (named by their first step) to leave unfolded")
+    ] = [],  # noqa: B006 - FastAPI copies it
 ) -> StepPage:
-    """The session's steps in plan order, from `offset`, of those matching the filter."""
+    """The session's steps in plan order, from `offset`, of those matching the filter; with
+    `fold`, each run of succeeded steps at least that long counts as one row."""
     state = (await _latest(request).load(principal.tenant, session_id)).state
     indexed = _Indexed(state)
     chosen = [step for step in state.steps.values() if part.matches(step)]
-    items = [indexed.at(step) for step in chosen[part.offset : part.offset + part.limit]]
-    return StepPage(total=len(chosen), offset=part.offset, items=items)
+    rows = rows_of(chosen, indexed.positions, fold, set(unfold))
+    items = [
+        row if isinstance(row, StepRun) else indexed.at(row)
+        for row in rows[part.offset : part.offset + part.limit]
+    ]
+    return StepPage(total=len(rows), offset=part.offset, items=items)
 
 
 @router.get(
