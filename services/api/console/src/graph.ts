@@ -101,6 +101,7 @@ export class PlanGraphView {
       this.show(answer, this.focusWanted);
       this.focusWanted = false;
     } catch (error) {
+      if (ticket === this.asked) this.focusWanted = false;
       this.options.onError(error);
     }
   }

@@ -707,18 +707,18 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   if (!current()) return;
   steps.setTotal(overview!.steps_total);
   calls.setTotal(overview!.calls_total);
+  // Live from the sequence the overview reflects: the events before are in it.
+  follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
+  const below = [graphShown, timelineShown, travelShown];
+  teardown = () => {
+    main.onclick = null;
+    for (const observed of below) observed.stop();
+  };
   // The views below the lists are watched from the frame after the lists' first draw, when
   // they have their height: watched from the first layout, they were on screen for a moment
   // above lists still empty, and so drawn (and kept) on a page that shows only the lists.
   await new Promise((drawn) => requestAnimationFrame(drawn));
-  if (!current()) return;
-  for (const observed of [graphShown, timelineShown, travelShown]) observed.start();
-  // Live from the sequence the overview reflects: the events before are in it.
-  follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
-  teardown = () => {
-    main.onclick = null;
-    for (const observed of [graphShown, timelineShown, travelShown]) observed.stop();
-  };
+  if (current()) for (const observed of below) observed.start();
 }
 
 interface RetryPoint {
