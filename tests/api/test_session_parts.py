@@ -1,12 +1,17 @@
-"""A session in parts: its overview, steps and calls by range and filter, its log by
+"""A session in parts: its overview, its list line, steps and calls by range and filter, its log by
 sequence, and what changed since a sequence, as the console reads a long session."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 
+from helmline.api._plan_graph import layers_of
+from helmline.contracts import StepState
+from helmline.runtime.testing import eventually
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import assert_problem, start, until
 
@@ -47,6 +52,14 @@ async def test_a_long_session_is_read_in_parts(
     # Services may still add to a session that ended (its snapshots, say).
     assert overview["last_seq"] >= int(whole.headers["X-Last-Seq"])
 
+    # Its line of the session list, from its log (the list's projection may trail it).
+    line = (await client.get(f"{base}/summary", headers=viewer)).json()
+    assert (line["session_id"], line["status"], line["goal"]) == (session_id, "waiting", "6 echoes")
+    assert (line["steps_total"], line["steps_succeeded"]) == (6, 5)
+    assert [(w["step_id"], w["tool"]) for w in line["waiting_for"]] == [("s5", "echo")]
+    assert line["last_seq"] >= overview["last_seq"]
+    assert_problem(await client.get("/sessions/no-such-session/summary", headers=viewer), 404)
+
     page = (await client.get(f"{base}/steps?offset=2&limit=3", headers=viewer)).json()
     assert page["total"] == 6
     assert [(i["position"], i["step"]["id"]) for i in page["items"]] == [
@@ -60,6 +73,24 @@ async def test_a_long_session_is_read_in_parts(
     echoes = await client.get(f"{base}/steps?status=succeeded&tool=echo&offset=4", headers=viewer)
     assert [i["step"]["id"] for i in echoes.json()["items"]] == ["s4"]
     assert echoes.json()["total"] == 5
+    # A search of ids and tools, in any case.
+    found = (await client.get(f"{base}/steps?q=S3", headers=viewer)).json()
+    assert [i["step"]["id"] for i in found["items"]] == ["s3"]
+    by_tool = (await client.get(f"{base}/steps?q=ECH&status=scheduled", headers=viewer)).json()
+    assert [i["step"]["id"] for i in by_tool["items"]] == ["s5"]
+    # Runs of succeeded steps folded, each into one row, unless unfolded.
+    folded = (await client.get(f"{base}/steps?fold=3", headers=viewer)).json()
+    assert folded["total"] == 2
+    assert folded["items"][0] == {"first": "s0", "last": "s4", "steps": 5, "position": 0}
+    assert folded["items"][1]["step"]["id"] == "s5"
+    short = (
+        await client.get(
+            f"{base}/steps?fold=3&q=s&offset=1&status=succeeded&tool=echo", headers=viewer
+        )
+    ).json()
+    assert (short["total"], short["items"]) == (1, [])
+    unfolded = (await client.get(f"{base}/steps?fold=3&unfold=s0", headers=viewer)).json()
+    assert [i["step"]["id"] for i in unfolded["items"]] == [f"s{i}" for i in range(6)]
     past = (await client.get(f"{base}/steps?offset=99", headers=viewer)).json()
     assert (past["total"], past["items"]) == (6, [])
 
@@ -128,3 +159,123 @@ async def test_a_range_out_of_bounds_is_refused_with_a_problem(
     for part in ("overview", "steps", "calls", "log", "changes?since=0"):
         missing = await client.get(f"/sessions/nope/{part}", headers=viewer)
         assert_problem(missing, 404, "nope")
+
+
+def diamond_with_a_tail(tail: int) -> dict[str, Any]:
+    """`a`, then `b` and `c` in parallel, then `d` after both, then a chain of `tail` steps;
+    `d` asks a person first."""
+    steps: list[dict[str, Any]] = [
+        {"id": "a", "tool": "echo", "arguments": {"message": "a"}},
+        {"id": "b", "tool": "echo", "arguments": {"message": "b"}, "depends_on": ["a"]},
+        {"id": "c", "tool": "echo", "arguments": {"message": "c"}, "depends_on": ["a"]},
+        {
+            "id": "d",
+            "tool": "echo",
+            "arguments": {"message": "d"},
+            "depends_on": ["b", "c"],
+            "requires_approval": True,
+        },
+    ]
+    for i in range(tail):
+        before = "d" if i == 0 else f"t{i - 1}"
+        steps.append(
+            {"id": f"t{i}", "tool": "echo", "arguments": {"message": "t"}, "depends_on": [before]}
+        )
+    return {"goal": "a diamond", "steps": steps}
+
+
+async def test_the_plan_graph_is_a_window_of_layers_around_the_current_step(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin, diamond_with_a_tail(20))
+    await until(client, admin, session_id, "waiting")
+    base = f"/sessions/{session_id}"
+
+    graph = (await client.get(f"{base}/graph?layers=3", headers=admin)).json()
+    assert (graph["steps_total"], graph["layers_total"]) == (24, 23)
+    assert graph["current"] == graph["focus"] == "d"  # It waits there for a person.
+    assert graph["first_layer"] == 1
+    assert [(x["layer"], x["steps"], x["shown"]) for x in graph["layers"]] == [
+        (1, 2, 2),
+        (2, 1, 1),
+        (3, 1, 1),
+    ]
+    nodes = {n["id"]: n for n in graph["nodes"]}
+    assert list(nodes) == ["b", "c", "d", "t0"]
+    assert nodes["d"]["depends_on"] == ["b", "c"]
+    assert nodes["b"]["hidden_depends_on"] == 1  # `a`, above the window.
+    assert graph["before"] == {"succeeded": 1}
+    assert graph["after"] == {"pending": 19}
+
+    # Another step to centre on, one a layer at most, as the plan was at an earlier point.
+    top = (await client.get(f"{base}/graph?focus=a&layers=2&per_layer=1", headers=admin)).json()
+    assert [n["id"] for n in top["nodes"]] == ["a", "b"]
+    assert top["layers"][1] == {"layer": 1, "steps": 2, "by_status": {"succeeded": 2}, "shown": 1}
+    bottom = (await client.get(f"{base}/graph?layer=22&layers=3", headers=admin)).json()
+    assert (bottom["focus"], bottom["first_layer"]) == ("t19", 20)
+    log = (await client.get(f"{base}/log?limit=500", headers=admin)).json()["items"]
+    first_call = next(e["seq"] for e in log if e["event"]["type"] == "step.scheduled")
+    planned = (await client.get(f"{base}/graph?at_seq={first_call - 1}", headers=admin)).json()
+    assert planned["current"] == "a"
+    assert {n["status"] for n in planned["nodes"]} == {"pending"}
+    then = (await client.get(f"{base}/overview?at_seq={first_call - 1}", headers=admin)).json()
+    assert then["steps_by_status"] == {"pending": 24}
+
+    for query, field in (
+        ("graph?focus=zz", "query.focus"),
+        ("graph?layers=0", "layers"),
+        ("graph?layer=23", "the plan has 23 layers"),
+        ("graph?per_layer=101", "per_layer"),
+        ("graph?at_seq=0", "at_seq"),
+        ("overview?at_seq=0", "at_seq"),
+    ):
+        assert_problem(await client.get(f"{base}/{query}", headers=admin), 422, field)
+
+    # The call that waited for a person says for how long, and who serves it.
+    waiting = (await client.get(f"{base}/steps/d", headers=admin)).json()
+    assert waiting["server"] == "builtin"
+    assert waiting["approval_wait_ms"] is not None
+    assert waiting["approval_wait_ms"] >= 0
+    assert (await client.get(f"{base}/steps/a", headers=admin)).json()["approval_wait_ms"] is None
+
+
+async def test_sessions_that_ended_lately_are_listed_by_when_they_ended(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str
+) -> None:
+    admin = await make_key(tenant, "admin")
+    session_id = await start(client, admin, chain(1))
+    ended = await until(client, admin, session_id, "completed")
+    ended_at = datetime.fromisoformat(ended["ended_at"])
+
+    async def listed(after: datetime) -> list[str]:
+        query = {"ended_after": after.isoformat(), "status": "completed"}
+        return [
+            s["session_id"]
+            for s in (await client.get("/sessions", params=query, headers=admin)).json()
+        ]
+
+    assert session_id in await eventually(
+        lambda: _non_empty(listed(ended_at - timedelta(minutes=1))), timeout_s=10, what="listed"
+    )
+    assert session_id not in await listed(ended_at + timedelta(minutes=1))
+    naive = await client.get("/sessions?ended_after=2026-01-01T00:00:00", headers=admin)
+    assert_problem(naive, 422, "ended_after")
+
+
+async def _non_empty(found: Awaitable[list[str]]) -> list[str] | None:
+    return (await found) or None
+
+
+def test_a_step_s_layer_is_its_longest_chain_of_dependencies_whatever_their_order() -> None:
+    def steps(*pairs: tuple[str, tuple[str, ...]]) -> list[StepState]:
+        return [StepState(id=step_id, depends_on=deps) for step_id, deps in pairs]
+
+    # `c` is declared before `b`, which it waits for; `d` waits for both; `x` for no step
+    # of the plan.
+    plan = steps(("a", ()), ("c", ("b",)), ("b", ("a",)), ("d", ("b", "c")), ("x", ("gone",)))
+    assert layers_of(plan) == {"a": 0, "b": 1, "c": 2, "d": 3, "x": 0}
+    # A chain longer than any recursion limit, declared last step first.
+    chain = steps(*((f"s{i}", (f"s{i + 1}",) if i < 4_999 else ()) for i in range(5_000)))
+    layers = layers_of(chain)
+    assert (layers["s4999"], layers["s0"]) == (0, 4_999)

@@ -1,8 +1,14 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
-import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt } from "./types";
+import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt, StepRun } from "./types";
 import { patchRows, setHtml, VirtualList } from "./virtual";
+import { compareWithOrigin } from "./compare";
+import { fleetView } from "./fleet";
+import { PlanGraphView } from "./graph";
+import { CallTimeline } from "./timeline";
+import { TimeTravel } from "./travel";
+import { badge, duration, esc, onScreen, throttle, when } from "./ui";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -20,10 +26,6 @@ type Current = () => boolean;
 // How the approval service answers a person's decision.
 const ANSWERS = new Set(["approval.granted", "approval.denied", "approval.vote_counted", "approval.decision_refused"]);
 
-const escapeMap: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
-function esc(value: unknown): string {
-  return String(value ?? "").replace(/[&<>"']/g, (c) => escapeMap[c]);
-}
 function json(value: unknown): string {
   return esc(JSON.stringify(value, null, 2));
 }
@@ -37,13 +39,6 @@ function errorText(error: unknown): string {
   const what = `${String(e.kind ?? "error")}: ${String(e.message ?? "")}`;
   return esc(e.suggestion ? `${what}\n${String(e.suggestion)}` : what);
 }
-function badge(kind: string, text: string): string {
-  return `<span class="badge ${esc(kind)}">${esc(text)}</span>`;
-}
-function when(iso: string | null): string {
-  return iso ? new Date(iso).toLocaleString() : "";
-}
-
 function showConnection(state: Connection): void {
   const labels: Record<Connection, string> = {
     connecting: "connecting…",
@@ -54,43 +49,21 @@ function showConnection(state: Connection): void {
   connection.dataset.state = state;
 }
 
-/** How far behind its events a live view may fall while they keep coming. */
-const LIVE_EVERY_MS = 250;
+/** The shortest run of succeeded steps the plan folds into one row, when asked. */
+const FOLD_RUNS_OF = 3;
+/** Checkpoints drawn at first, the latest: the earlier ones are drawn when asked for. */
+const CHECKPOINTS_SHOWN = 10;
 /** As many sessions as the API lists by default. */
 const LIST_LIMIT = 100;
+/** At most how many lines behind an event heard are read from their sessions' logs at once. */
+const LINES_READ_AHEAD = 10;
 /** How long the list is read again while a line stays behind an event heard. */
 const CATCH_UP_FOR_MS = 10_000;
 
-/** A call of the function returned asks for `work` to run; a burst of calls is coalesced but
- * never starved. One run at a time: the first call after a quiet spell runs at once, and calls
- * that come while a run is due or under way make one more, begun no sooner than `every` ms
- * after the last began. A steady stream of events so gets a run every `every` ms (back to back
- * when a run takes longer), where a debounce waits for the stream to stop. Runs one at a time
- * also means two reads never answer out of order and leave the older one on the page. */
-function throttle(work: () => Promise<void>, every = LIVE_EVERY_MS): () => void {
-  let timer: number | undefined;
-  let running = false;
-  let again = false;
-  let began = -Infinity;
-  const run = async (): Promise<void> => {
-    timer = undefined;
-    running = true;
-    again = false;
-    began = performance.now();
-    try {
-      await work();
-    } catch (error) {
-      fail(error);
-    } finally {
-      running = false;
-      if (again) schedule();
-    }
-  };
-  const schedule = (): void => {
-    if (running) again = true;
-    else if (timer === undefined) timer = window.setTimeout(() => void run(), Math.max(0, began + every - performance.now()));
-  };
-  return schedule;
+/** Null for a resource the API has not (a session not yet stored, say). */
+function missing(error: unknown): null {
+  if (error instanceof ApiError && error.status === 404) return null;
+  throw error;
 }
 
 function follow(path: string, onEvent: (event: StreamEvent) => void): void {
@@ -146,7 +119,7 @@ async function sessionList(current: Current): Promise<void> {
   let behindSince: number | null = null;
   const render = async (): Promise<void> => {
     const query = filter.value ? `?status=${encodeURIComponent(filter.value)}` : "";
-    const sessions = await api<SessionSummary[]>(`/sessions${query}`);
+    const sessions = await lineByLine(await api<SessionSummary[]>(`/sessions${query}`));
     const rows = document.getElementById("session-rows");
     if (!rows || !current()) return;
     rows.innerHTML = sessions.length
@@ -175,7 +148,33 @@ async function sessionList(current: Current): Promise<void> {
     // not read for ever: the note stays, and the next event heard tries again.
     if (behindSince !== null && now - behindSince < CATCH_UP_FOR_MS) refresh();
   };
-  const refresh = throttle(render);
+  /** The list as read, with each line behind an event heard (or missing from it) read from
+   * its session's log instead: the projection trails a busy stream by seconds, and a session
+   * that comes to wait for a person must show at once. The latest heard first, a few. */
+  const lineByLine = async (sessions: SessionSummary[]): Promise<SessionSummary[]> => {
+    const listed = new Map(sessions.map((s) => [s.session_id, s]));
+    const behind = [...heard]
+      .filter(([id, seq]) => (listed.get(id)?.last_seq ?? 0) < seq)
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, LINES_READ_AHEAD)
+      .map(([id]) => id);
+    const read = await Promise.all(behind.map((id) => api<SessionSummary>(`/sessions/${id}/summary`).catch(missing)));
+    const started = (line: SessionSummary): number => (line.started_at ? Date.parse(line.started_at) : -Infinity);
+    const last = sessions.length ? started(sessions[sessions.length - 1]) : -Infinity;
+    for (const line of read) {
+      if (!line || (filter.value && line.status !== filter.value)) {
+        if (line) listed.delete(line.session_id); // It left the filter's list.
+        continue;
+      }
+      const known = listed.get(line.session_id);
+      // A line missing from a full list joins it only where it sorts among those listed.
+      const fits = known || sessions.length < LIST_LIMIT || started(line) >= last;
+      if (fits && line.last_seq > (known?.last_seq ?? 0)) listed.set(line.session_id, line);
+    }
+    // Newest first, as the API lists them.
+    return [...listed.values()].sort((a, b) => started(b) - started(a) || a.session_id.localeCompare(b.session_id));
+  };
+  const refresh = throttle(render, fail);
   await render();
   if (!current()) return;
   // The whole list is read again, at most every LIVE_EVERY_MS while any session's events
@@ -213,13 +212,17 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <p id="notice" role="status" aria-live="polite"></p>
       <section id="approvals" aria-label="Approvals" aria-live="polite"></section>
       <div id="grants"></div>
+      <section id="compare-part" aria-labelledby="compare-title" hidden><h2 id="compare-title">Compared with its origin</h2><div class="compare"></div></section>
       <nav class="page-nav" aria-label="Parts of the session">
-        <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#calls-box" data-skip="calls-box">Tool calls</a>
+        <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#graph-part" data-skip="graph-part">Graph</a>
+        <a href="#calls-box" data-skip="calls-box">Tool calls</a> <a href="#timeline-part" data-skip="timeline-part">Timeline</a> <a href="#travel-part" data-skip="travel-part">Time travel</a>
         <a href="#thoughts" data-skip="thoughts">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a>
       </nav>
       <form id="list-tools" class="list-tools" role="search" aria-label="Steps and calls">
         <label>Status <select id="step-status" name="status"><option value="">any</option></select></label>
         <label>Tool <select id="step-tool" name="tool"><option value="">any</option></select></label>
+        <label>Search <input id="step-search" name="q" type="search" autocomplete="off" size="12" placeholder="step or tool"></label>
+        <label><input id="fold-runs" type="checkbox"> Fold runs of succeeded steps</label>
         <label>Go to step <input id="jump-to" name="step" autocomplete="off" size="10"></label>
         <button type="submit">Go</button>
       </form>
@@ -230,10 +233,20 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
           <p id="list-keys" class="hint">In a list: <kbd>↑</kbd>/<kbd>↓</kbd>, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>, <kbd>Home</kbd>/<kbd>End</kbd> move; <kbd>Enter</kbd> opens.</p></section>
         <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts" tabindex="-1"></ol><p id="thoughts-more" class="hint"></p></section>
       </div>
+      <section id="graph-part" aria-labelledby="graph-title" tabindex="-1"><h2 id="graph-title">Plan graph</h2>
+        <p class="hint">Arrow keys move between steps; <kbd>Enter</kbd> shows the step in the plan.</p>
+        <div id="graph" class="graph"></div></section>
       <section><h2 id="calls-title">Tool calls</h2>
         <div id="calls-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="calls-title" aria-describedby="list-keys">
           <ol id="calls" class="virtual calls"></ol></div></section>
-      <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p><ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
+      <section id="timeline-part" aria-labelledby="timeline-title" tabindex="-1"><h2 id="timeline-title">Tool-call timeline</h2>
+        <div id="timeline"></div></section>
+      <section id="travel-part" aria-labelledby="travel-title" tabindex="-1"><h2 id="travel-title">Time travel</h2>
+        <p class="hint">The session as it was after any point of its log: move the slider (arrow keys, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>), or pick a checkpoint below.</p>
+        <div id="travel"></div></section>
+      <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p>
+        <details id="checkpoints-earlier" hidden><summary></summary><ol id="checkpoints-earlier-list" class="timeline"></ol></details>
+        <ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
     </section>`;
 
   let overview: SessionOverview | null = null;
@@ -246,18 +259,31 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   let approvalKey: string | null = null;
   const statusField = document.getElementById("step-status") as HTMLSelectElement;
   const toolField = document.getElementById("step-tool") as HTMLSelectElement;
-  const filtered = (): boolean => statusField.value !== "" || toolField.value !== "";
-  const rangeQuery = (offset: number, limit: number): string => {
+  const searchField = document.getElementById("step-search") as HTMLInputElement;
+  const foldField = document.getElementById("fold-runs") as HTMLInputElement;
+  /** Runs of succeeded steps a person unfolded, by their first step. */
+  const unfolded = new Set<string>();
+  // Filtered or folded, a row's index is not its step's position: changes read rows again.
+  const filtered = (): boolean => statusField.value !== "" || toolField.value !== "" || searchField.value.trim() !== "" || foldField.checked;
+  const rangeQuery = (offset: number, limit: number): URLSearchParams => {
     const query = new URLSearchParams({ offset: String(offset), limit: String(limit) });
     if (statusField.value) query.append("status", statusField.value);
     if (toolField.value) query.append("tool", toolField.value);
-    return query.toString();
+    if (searchField.value.trim()) query.append("q", searchField.value.trim());
+    return query;
   };
-  const steps = new VirtualList<StepAt>({
+  const stepsQuery = (offset: number, limit: number): URLSearchParams => {
+    const query = rangeQuery(offset, limit);
+    if (foldField.checked) query.append("fold", String(FOLD_RUNS_OF));
+    for (const first of unfolded) query.append("unfold", first);
+    return query;
+  };
+  const steps = new VirtualList<StepAt | StepRun>({
     box: document.getElementById("steps-box")!,
     list: document.getElementById("steps")!,
-    fetch: (offset, limit) => api<RangePage<StepAt>>(`/sessions/${sessionId}/steps?${rangeQuery(offset, limit)}`),
+    fetch: (offset, limit) => api<RangePage<StepAt | StepRun>>(`/sessions/${sessionId}/steps?${stepsQuery(offset, limit)}`),
     render: (at) => {
+      if (!("step" in at)) return runItem(at);
       const s = state;
       const retry = s && s.status === "failed" && ["failed", "denied"].includes(at.step.status) ? retryPoint(s) : undefined;
       return stepItem(at.step, openDetails.has(at.step.id), retry);
@@ -274,6 +300,42 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     estimate: 36,
     onError: fail,
   });
+
+  const graph = new PlanGraphView({
+    box: document.getElementById("graph")!,
+    sessionId,
+    onPick: (stepId) => void jump(stepId),
+    onError: fail,
+  });
+  const travel = new TimeTravel({
+    box: document.getElementById("travel")!,
+    sessionId,
+    shown: () => travelShown.visible(),
+    onPick: (stepId) => void jump(stepId),
+    onError: fail,
+  });
+  const timeline = new CallTimeline({
+    box: document.getElementById("timeline")!,
+    sessionId,
+    total: () => overview?.calls_total ?? 0,
+    onError: fail,
+  });
+  // The graph and the timeline are read whole (a window of each) each time: less often
+  // than the lists.
+  const compared = (): Promise<void> => (overview ? compareWithOrigin(document.getElementById("compare-part")!, overview) : Promise.resolve());
+  const graphShown = onScreen(document.getElementById("graph-part")!, () => void graph.refresh());
+  const timelineShown = onScreen(document.getElementById("timeline-part")!, () => void timeline.refresh());
+  const travelShown = onScreen(document.getElementById("travel-part")!, () => travel.wake());
+  const graphSoon = throttle(
+    () =>
+      Promise.all([graphShown.visible() && graph.refresh(), timelineShown.visible() && timeline.refresh()]).then(
+        () => undefined,
+      ),
+    fail,
+    1000,
+  );
+  // From the overview the page holds: asked for each time it changed.
+  const comparedSoon = throttle(compared, fail, 1000);
 
   const notice = (text: string, error = false): void => {
     const el = document.getElementById("notice");
@@ -360,13 +422,16 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     document.getElementById("thinking")!.textContent = !o.steps_underway && thinking(s) ? "thinking…" : "";
     const thoughts = document.getElementById("thoughts")!;
     const thoughtsWere = thoughts.innerHTML;
+    // Follows the newest only while the reader is at the end: one who scrolled up to read
+    // stays where they are.
+    const atEnd = thoughts.scrollHeight - thoughts.scrollTop - thoughts.clientHeight < 8;
     setHtml(
       thoughts,
       s.thoughts
         .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
         .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>',
     );
-    if (thoughts.innerHTML !== thoughtsWere) thoughts.scrollTop = thoughts.scrollHeight;
+    if (thoughts.innerHTML !== thoughtsWere && atEnd) thoughts.scrollTop = thoughts.scrollHeight;
     const earlierThoughts = o.thoughts_total - s.thoughts.length;
     document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s);
@@ -380,6 +445,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     document.getElementById("approvals")!.innerHTML = pending.map(approvalForm).join("");
   };
 
+  const earlierCheckpoints = document.getElementById("checkpoints-earlier") as HTMLDetailsElement;
+  earlierCheckpoints.addEventListener("toggle", () => state && renderCheckpoints(state));
   const renderCheckpoints = (s: SessionState): void => {
     const list = s.checkpoints;
     const total = overview?.checkpoints_total ?? list.length;
@@ -391,17 +458,32 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       const locked = blocking.length > 0;
       const undone = overview?.checkpoint_steps[c.step_id] === "undone";
       const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
+      const undoes = later.filter((x) => overview?.checkpoint_steps[x.step_id] !== "undone").reverse();
+      const files = undoes.reduce((n, x) => n + (x.changes ? x.changes.created.length + x.changes.modified.length + x.changes.deleted.length + x.changes.unlisted : 0), 0);
+      const would = locked
+        ? `a rollback here cannot pass ${blocking.map((b) => b.step_id).join(", ")} (irreversible)`
+        : undoes.length
+          ? `a rollback here undoes ${undoes.map((x) => x.step_id).join(", ")}${files ? ` (${files} file change${files > 1 ? "s" : ""})` : ""}`
+          : "nothing to undo after it";
       return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
         <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
           <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
-          ${c.changes ? filesChanged(c.changes) : ""}</span>
+          ${c.changes ? filesChanged(c.changes) : ""}<small class="would-undo">${esc(would)}</small></span>
         ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
+        <button type="button" data-action="travel" data-seq="${c.at_seq}">Show the session here</button>
         <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
           title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
           ${locked ? "Locked" : "Roll back to here"}</button>
       </li>`;
     });
-    patchRows(document.getElementById("checkpoints")!, list.map((c) => c.checkpoint_id), rows, '<li class="empty"><small>No checkpoints yet.</small></li>');
+    // The latest few, where rollbacks mostly go; the earlier ones drawn only when asked for.
+    const split = Math.max(0, list.length - CHECKPOINTS_SHOWN);
+    const keys = list.map((c) => c.checkpoint_id);
+    earlierCheckpoints.hidden = split === 0;
+    earlierCheckpoints.querySelector("summary")!.textContent = `${split} earlier checkpoint${split === 1 ? "" : "s"}`;
+    const earlier = earlierCheckpoints.open ? split : 0;
+    patchRows(document.getElementById("checkpoints-earlier-list")!, keys.slice(0, earlier), rows.slice(0, earlier));
+    patchRows(document.getElementById("checkpoints")!, keys.slice(split), rows.slice(split), '<li class="empty"><small>No checkpoints yet.</small></li>');
     setHtml(document.getElementById("rollbacks")!, Object.values(s.rollbacks)
       .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id)}
         ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
@@ -415,6 +497,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     state = fresh.state;
     applied = fresh.last_seq;
     render();
+    travel.span(fresh.last_seq).catch(fail);
+    comparedSoon();
   };
   /** What changed since the page last looked: the overview, and the steps (and so the
    * calls) the events since touched, redrawn where they are on screen. */
@@ -435,7 +519,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       if (at.call_index !== null && at.step.call_id) calls.put(at.call_index, { index: at.call_index, call_id: at.step.call_id, latest: true, step: at });
     }
   };
-  const refreshSoon = throttle(refresh);
+  const refreshSoon = throttle(refresh, fail);
 
   const onEvent = (event: StreamEvent): void => {
     heard(event);
@@ -445,6 +529,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       retriesHeard.set(callId, [...(retriesHeard.get(callId) ?? []), { attempt: Number(data.attempt), error: data.error, retry_in_s: Number(data.retry_in_s) }]);
     }
     refreshSoon();
+    graphSoon();
   };
 
   const refilter = (): void => {
@@ -453,23 +538,32 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   };
   statusField.addEventListener("change", refilter);
   toolField.addEventListener("change", refilter);
+  searchField.addEventListener("input", throttle(async () => refilter(), fail));
+  foldField.addEventListener("change", () => {
+    unfolded.clear();
+    refilter();
+  });
   (document.getElementById("list-tools") as HTMLFormElement).addEventListener("submit", (event) => {
     event.preventDefault();
-    void jump((document.getElementById("jump-to") as HTMLInputElement).value.trim());
+    const stepId = (document.getElementById("jump-to") as HTMLInputElement).value.trim();
+    void jump(stepId).then((found) => (found ? graph.centre(stepId) : undefined));
   });
-  const jump = async (stepId: string): Promise<void> => {
-    if (!stepId) return;
+  const jump = async (stepId: string): Promise<boolean> => {
+    if (!stepId) return false;
     try {
       const at = await api<StepAt>(`/sessions/${sessionId}/steps/${encodeURIComponent(stepId)}`);
       if (filtered()) {
-        statusField.value = toolField.value = "";
+        statusField.value = toolField.value = searchField.value = "";
+        foldField.checked = false;
         refilter();
       }
       steps.put(at.position, at);
       steps.scrollTo(at.position, true);
+      return true;
     } catch (error) {
       if (error instanceof ApiError) notice(error.detail, true);
       else throw error;
+      return false;
     }
   };
 
@@ -488,7 +582,15 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   main.addEventListener("click", (event) => {
     const summary = (event.target as HTMLElement).closest("summary");
     const details = summary?.parentElement;
-    if (details instanceof HTMLDetailsElement) noteOpen(details, !details.open);
+    if (!(details instanceof HTMLDetailsElement)) return;
+    const run = details.dataset.run;
+    if (run === undefined) return noteOpen(details, !details.open);
+    // A folded run opens into its steps, in its place: the first of them takes the focus.
+    event.preventDefault();
+    unfolded.add(run);
+    const row = Number(details.closest<HTMLElement>("li[data-index]")?.dataset.index ?? 0);
+    steps.reload();
+    steps.scrollTo(row, true);
   }, true);
   main.addEventListener("toggle", (event) => {
     const details = event.target as HTMLDetailsElement;
@@ -504,6 +606,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     if (action === "grant" || action === "deny") void decide(button, action);
     if (action === "rollback") void rollback(button.dataset.checkpoint!);
     if (action === "retry") void retry(button.dataset.session!, button.dataset.checkpoint!);
+    if (action === "travel") {
+      travel.go(Number(button.dataset.seq));
+      document.getElementById("travel-part")!.scrollIntoView({ block: "start" });
+    }
   };
 
   const retry = async (origin: string, checkpointId: string): Promise<void> => {
@@ -603,9 +709,16 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   calls.setTotal(overview!.calls_total);
   // Live from the sequence the overview reflects: the events before are in it.
   follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
+  const below = [graphShown, timelineShown, travelShown];
   teardown = () => {
     main.onclick = null;
+    for (const observed of below) observed.stop();
   };
+  // The views below the lists are watched from the frame after the lists' first draw, when
+  // they have their height: watched from the first layout, they were on screen for a moment
+  // above lists still empty, and so drawn (and kept) on a page that shows only the lists.
+  await new Promise((drawn) => requestAnimationFrame(drawn));
+  if (current()) for (const observed of below) observed.start();
 }
 
 interface RetryPoint {
@@ -636,12 +749,6 @@ function planFacts(s: SessionState): string {
 
 function retries(count: number): string {
   return count === 1 ? "1 retry" : `${count} retries`;
-}
-
-function duration(seconds: number): string {
-  if (seconds < 90) return `${Number(seconds.toFixed(1))} s`;
-  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
-  return `${(seconds / 3600).toFixed(1)} h`;
 }
 
 /** Calls, tokens and cost of each model the session asked, with the totals. */
@@ -694,6 +801,12 @@ function stepItem(step: Step, open: boolean, retryFrom?: RetryPoint | null): str
       ${step.reason ? `<p><small>${esc(step.reason)}</small></p>` : ""}
       ${step.retry_at ? `<p><small>tried again at ${esc(when(step.retry_at))}</small></p>` : ""}
     </details>${retry}</li>`;
+}
+
+/** A run of succeeded steps, folded: opening it shows them. */
+function runItem(run: StepRun): string {
+  return `<li class="step succeeded run" data-run="${esc(run.first)}"><details data-run="${esc(run.first)}">
+    <summary>${badge("succeeded", `${run.steps} succeeded steps`)} <strong>${esc(run.first)}</strong> to <strong>${esc(run.last)}</strong></summary></details></li>`;
 }
 
 /** How a call stands, from its step: the step's result is its latest call's. */
@@ -824,6 +937,15 @@ function approvalForm(a: Approval): string {
 
 // ---- routing -----------------------------------------------------------------------------
 
+/** The header's links say which page is open. */
+function markPlace(): void {
+  for (const link of document.querySelectorAll<HTMLAnchorElement>("header nav a")) {
+    const here = link.getAttribute("href") === (location.hash === "#/fleet" ? "#/fleet" : "#/");
+    if (here) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+}
+
 function fail(error: unknown): void {
   if (error instanceof Unauthorized) {
     keepKey(null);
@@ -849,8 +971,13 @@ async function route(): Promise<void> {
     if (!current()) return;
     who.textContent = `${me.id} · ${me.tenant} · ${me.roles.join(", ")}`;
     const session = /^#\/sessions\/([\w-]+)$/.exec(location.hash);
+    markPlace();
     if (session) await sessionView(session[1], current);
-    else await sessionList(current);
+    else if (location.hash === "#/fleet") {
+      const stop = await fleetView(main, { follow, fail, current });
+      if (current()) teardown = stop;
+      else stop();
+    } else await sessionList(current);
   } catch (error) {
     fail(error);
   }

@@ -12,6 +12,7 @@ export interface SessionSummary {
   status: string;
   goal: string;
   started_at: string | null;
+  ended_at: string | null;
   steps_total: number;
   steps_succeeded: number;
   steps_failed: number;
@@ -29,6 +30,7 @@ export interface Step {
   risk: string | null;
   requires_approval: boolean;
   estimated_duration_s: number | null;
+  depends_on: string[];
   status: string;
   attempts: number;
   retries: number;
@@ -39,6 +41,9 @@ export interface Step {
   reason: string | null;
   duration_ms: number | null;
   retry_at: string | null;
+  /** When its latest attempt was scheduled, and finished. */
+  scheduled_at: string | null;
+  finished_at: string | null;
 }
 
 export interface Approval {
@@ -206,7 +211,20 @@ export interface SessionOverview {
 export interface StepAt {
   position: number;
   call_index: number | null;
+  /** What serves its tool: `builtin`, or an MCP server's id. */
+  server: string;
+  /** How long its approval request waited for a person; null: it asked nobody. */
+  approval_wait_ms: number | null;
   step: Step & { call_id: string | null; redacted_by: Record<string, number> };
+}
+
+/** Succeeded steps one after another in plan order, drawn as one row of the plan. */
+export interface StepRun {
+  first: string;
+  last: string;
+  steps: number;
+  /** Its first step's index in plan order. */
+  position: number;
 }
 
 export interface CallAt {
@@ -230,4 +248,36 @@ export interface SessionChanges {
   /** Too much changed to say step by step: read the rows shown again. */
   reset: boolean;
   steps: StepAt[];
+}
+
+/** A step drawn in the plan graph. */
+export interface GraphNode {
+  id: string;
+  tool: string;
+  status: string;
+  layer: number;
+  position: number;
+  /** The steps it waits for that are drawn too. */
+  depends_on: string[];
+  hidden_depends_on: number;
+}
+
+export interface GraphLayer {
+  layer: number;
+  steps: number;
+  by_status: Record<string, number>;
+  shown: number;
+}
+
+/** `GET /sessions/{id}/graph`: a window of the plan's layers around a step. */
+export interface PlanGraph {
+  steps_total: number;
+  layers_total: number;
+  current: string | null;
+  focus: string | null;
+  first_layer: number;
+  layers: GraphLayer[];
+  nodes: GraphNode[];
+  before: Record<string, number>;
+  after: Record<string, number>;
 }

@@ -7,7 +7,7 @@ from pathlib import Path
 from fastapi import FastAPI, Response
 from fastapi.staticfiles import StaticFiles
 
-from helmline.api import _events, _key_routes, _routes, _session_parts
+from helmline.api import _events, _key_routes, _plan_graph, _routes, _session_parts
 from helmline.api._auth import Authenticator
 from helmline.api._fanout import FanOut
 from helmline.api._limits import BodyLimit
@@ -53,6 +53,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
 
     app.include_router(_routes.router)
     app.include_router(_session_parts.router)
+    app.include_router(_plan_graph.router)
     app.include_router(_events.router)
     app.include_router(_key_routes.router)
     console = settings.console_dir or CONSOLE_BUILD

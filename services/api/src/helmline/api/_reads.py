@@ -65,6 +65,9 @@ class SessionFilter(BaseModel):
     status: list[SessionStatus] = []
     waiting: bool | None = None
     """Only sessions with (True) or without (False) a pending approval."""
+    ended_after: datetime | None = None
+    """Only sessions that ended at or after this time (the fleet's "failed in the last
+    hour")."""
     limit: int = 100
     offset: int = 0
 
@@ -156,6 +159,10 @@ class SessionLister:
             for state, last_seq in reversed(states)
             if (not query.status or state.status in query.status)
             and (query.waiting is None or bool(state.pending_approvals) == query.waiting)
+            and (
+                query.ended_after is None
+                or (state.ended_at is not None and state.ended_at >= query.ended_after)
+            )
         ]
         return chosen[query.offset : query.offset + query.limit]
 
@@ -172,6 +179,7 @@ FROM {SESSIONS.name}
 WHERE tenant = $1
   AND (cardinality($2::text[]) = 0 OR status = ANY($2::text[]))
   AND ($3::boolean IS NULL OR (pending_approvals > 0) = $3)
+  AND ($6::timestamptz IS NULL OR ended_at >= $6)
 ORDER BY started_at DESC NULLS LAST, session_id
 LIMIT $4 OFFSET $5
 """
@@ -189,7 +197,13 @@ async def _from_read_model(
 ) -> list[SessionSummary]:
     async with pool.acquire() as connection:
         rows = await connection.fetch(
-            SESSIONS_QUERY, tenant, list(query.status), query.waiting, query.limit, query.offset
+            SESSIONS_QUERY,
+            tenant,
+            list(query.status),
+            query.waiting,
+            query.limit,
+            query.offset,
+            query.ended_after,
         )
         ids = [row["session_id"] for row in rows]
         pending = await connection.fetch(PENDING_QUERY, tenant, ids) if ids else []

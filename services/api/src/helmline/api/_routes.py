@@ -260,12 +260,18 @@ async def list_sessions(
     waiting: Annotated[
         bool | None, Query(description="Only sessions with (or without) a pending approval")
     ] = None,
+    ended_after: Annotated[
+        AwareDatetime | None,
+        Query(description="Only sessions that ended at or after this time (with its offset)"),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> list[SessionSummary]:
     """The tenant's sessions, newest first, with what each waits for."""
     lister: SessionLister = request.app.state.lister
-    query = SessionFilter(status=status, waiting=waiting, limit=limit, offset=offset)
+    query = SessionFilter(
+        status=status, waiting=waiting, ended_after=ended_after, limit=limit, offset=offset
+    )
     return await lister.sessions(principal.tenant, query)
 
 

@@ -1,5 +1,6 @@
-"""A session in parts, for views of long sessions: its overview, its steps and calls by range
-(filtered by status and tool), its log by sequence, and what changed since a sequence.
+"""A session in parts, for views of long sessions: its overview, its line of the session list,
+its steps (runs of succeeded ones folded when asked) and calls by range (filtered by status,
+tool, or a search of ids and tools), its log by sequence, and what changed since a sequence.
 
 Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
 10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, OrderedDict
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -23,9 +25,12 @@ from helmline.api._problems import (
     invalid,
     not_found,
 )
+from helmline.api._reads import SessionSummary, load_session, summary_of
 from helmline.api._routes import NOT_FOUND, SessionPath
 from helmline.contracts import (
+    BUILTIN_SERVER,
     IN_FLIGHT_STEPS,
+    MCP_NAME_SEPARATOR,
     Event,
     SessionState,
     StepState,
@@ -46,6 +51,10 @@ Offset = Annotated[int, Query(ge=0, le=1_000_000, description="The first item's 
 Limit = Annotated[int, Query(ge=1, le=500, description="How many items at most")]
 StatusFilter = Annotated[list[StepStatus], Query(description="Only steps in one of these statuses")]
 ToolFilter = Annotated[list[str], Query(description="Only steps calling one of these tools")]
+Search = Annotated[
+    str,
+    Query(max_length=128, description="Only steps whose id or tool has this in it, in any case"),
+]
 
 
 class LatestStates:
@@ -98,10 +107,14 @@ class Part:
     limit: int
     status: list[StepStatus]
     tool: list[str]
+    q: str
 
     def matches(self, step: StepState) -> bool:
-        return (not self.status or step.status in self.status) and (
-            not self.tool or step.tool in self.tool
+        search = self.q.casefold()
+        return (
+            (not self.status or step.status in self.status)
+            and (not self.tool or step.tool in self.tool)
+            and (search in step.id.casefold() or search in step.tool.casefold())
         )
 
 
@@ -110,8 +123,9 @@ def _part(
     limit: Limit = 100,
     status: StatusFilter = [],  # noqa: B006 - FastAPI copies it
     tool: ToolFilter = [],  # noqa: B006
+    q: Search = "",
 ) -> Part:
-    return Part(offset, limit, status, tool)
+    return Part(offset, limit, status, tool, q)
 
 
 PartQuery = Annotated[Part, Depends(_part)]
@@ -146,16 +160,33 @@ class StepAt(BaseModel):
     """Its index in plan order."""
     call_index: int | None
     """The index of its latest call in the order calls were scheduled; None: never called."""
+    server: str
+    """What serves its tool: `builtin`, or the MCP server the tool is federated from."""
+    approval_wait_ms: float | None = None
+    """How long its approval request waited for a person (so far, while it is pending);
+    None: it asked nobody."""
     step: StepState
 
 
+class StepRun(BaseModel):
+    """Succeeded steps one after another in plan order (of those matching the filter), in
+    one row of the list."""
+
+    first: str
+    last: str
+    steps: int
+    position: int
+    """Its first step's index in plan order."""
+
+
 class StepPage(BaseModel):
-    """Steps from `offset` on, of those matching the filter."""
+    """Rows from `offset` on: the steps matching the filter, runs of succeeded steps folded
+    into one row each when asked."""
 
     total: int
-    """Steps matching the filter."""
+    """Rows: steps matching the filter, each run folded counting one."""
     offset: int
-    items: list[StepAt]
+    items: list[StepAt | StepRun]
 
 
 class CallAt(BaseModel):
@@ -211,10 +242,31 @@ class _Indexed:
         self.state = state
         self.positions = {step_id: index for index, step_id in enumerate(state.steps)}
         self.calls = {call_id: index for index, call_id in enumerate(state.calls)}
+        self.now = datetime.now(UTC)
 
     def at(self, step: StepState) -> StepAt:
         call = self.calls.get(step.call_id) if step.call_id else None
-        return StepAt(position=self.positions[step.id], call_index=call, step=step)
+        return StepAt(
+            position=self.positions[step.id],
+            call_index=call,
+            server=server_of(step.tool),
+            approval_wait_ms=self._waited(step),
+            step=step,
+        )
+
+    def _waited(self, step: StepState) -> float | None:
+        request = step.approval_request_id
+        approval = self.state.approvals.get(request) if request else None
+        if approval is None:
+            return None
+        until = approval.decided_at or self.now
+        return max(0.0, (until - approval.requested_at).total_seconds() * 1000)
+
+
+def server_of(tool: str) -> str:
+    """The server of a tool by its registry name (`<server>__<name>` for an MCP server's)."""
+    server, separator, _ = tool.partition(MCP_NAME_SEPARATOR)
+    return server if separator and server else BUILTIN_SERVER
 
 
 def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
@@ -249,25 +301,93 @@ def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
     )
 
 
+AtSeq = Annotated[
+    int | None, Query(ge=1, description="The session as it was after this stream sequence")
+]
+
+
+async def snapshot_at(
+    request: Request, tenant: str, session_id: str, at_seq: int | None
+) -> SessionSnapshot:
+    """The session now (kept for the next read), or folded up to `at_seq` (time travel)."""
+    if at_seq is None:
+        return await _latest(request).load(tenant, session_id)
+    return await load_session(request.app.state.states, tenant, session_id, at_seq=at_seq)
+
+
 @router.get("/sessions/{session_id}/overview")
 async def session_overview(
-    session_id: SessionPath, principal: Viewer, request: Request
+    session_id: SessionPath, principal: Viewer, request: Request, at_seq: AtSeq = None
 ) -> SessionOverview:
     """The session without its steps: status, plan facts, approvals, rollbacks, counts of
-    steps by status and tool, its latest checkpoints and thoughts."""
-    return overview_of(await _latest(request).load(principal.tenant, session_id))
+    steps by status and tool, its latest checkpoints and thoughts; as it was after `at_seq`
+    when given."""
+    return overview_of(await snapshot_at(request, principal.tenant, session_id, at_seq))
+
+
+@router.get("/sessions/{session_id}/summary")
+async def session_summary(
+    session_id: SessionPath, principal: Viewer, request: Request
+) -> SessionSummary:
+    """The session's line of the list, from its log now: where the list (read from a
+    projection that trails the stream) is behind an event heard, the line as it is."""
+    snapshot = await _latest(request).load(principal.tenant, session_id)
+    return summary_of(snapshot.state, snapshot.last_seq)
+
+
+def rows_of(
+    steps: list[StepState], positions: dict[str, int], fold: int, unfolded: set[str]
+) -> list[StepState | StepRun]:
+    """The steps as rows: each run of at least `fold` succeeded steps (0: none) in one row,
+    unless the run's first step is `unfolded`."""
+    rows: list[StepState | StepRun] = []
+    run: list[StepState] = []
+
+    def close_run() -> None:
+        if fold and len(run) >= fold and run[0].id not in unfolded:
+            first = run[0].id
+            rows.append(
+                StepRun(first=first, last=run[-1].id, steps=len(run), position=positions[first])
+            )
+        else:
+            rows.extend(run)
+        run.clear()
+
+    for step in steps:
+        if step.status == "succeeded":
+            run.append(step)
+            continue
+        close_run()
+        rows.append(step)
+    close_run()
+    return rows
 
 
 @router.get("/sessions/{session_id}/steps")
 async def session_steps(
-    session_id: SessionPath, principal: Viewer, request: Request, part: PartQuery
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    part: PartQuery,
+    fold: Annotated[
+        int,
+        Query(ge=0, le=1_000_000, description="Fold runs of this many succeeded steps or more"),
+    ] = 0,
+    unfold: Annotated[
+        list[str], Query(description="Runs (named by their first step) to leave unfolded")
+    ] = [],  # noqa: B006 - FastAPI copies it
 ) -> StepPage:
-    """The session's steps in plan order, from `offset`, of those matching the filter."""
+    """The session's steps in plan order, from `offset`, of those matching the filter; with
+    `fold`, each run of succeeded steps at least that long counts as one row."""
     state = (await _latest(request).load(principal.tenant, session_id)).state
     indexed = _Indexed(state)
     chosen = [step for step in state.steps.values() if part.matches(step)]
-    items = [indexed.at(step) for step in chosen[part.offset : part.offset + part.limit]]
-    return StepPage(total=len(chosen), offset=part.offset, items=items)
+    rows = rows_of(chosen, indexed.positions, fold, set(unfold))
+    items = [
+        row if isinstance(row, StepRun) else indexed.at(row)
+        for row in rows[part.offset : part.offset + part.limit]
+    ]
+    return StepPage(total=len(rows), offset=part.offset, items=items)
 
 
 @router.get(
