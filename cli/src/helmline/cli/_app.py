@@ -415,7 +415,7 @@ app.command()(archive_commands.export)
 app.command("import")(archive_commands.import_)
 app.command()(replay_commands.replay)
 app.add_typer(workspace_commands.app, name="workspace")
-app.command()(tool_commands.tools)
+app.add_typer(tool_commands.app, name="tools")
 app.command("raw-output")(tool_commands.raw_output)
 
 

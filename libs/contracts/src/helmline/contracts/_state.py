@@ -94,6 +94,9 @@ from helmline.contracts.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCircuitChanged,
+    ToolDefinitionAccepted,
+    ToolDefinitionChanged,
+    ToolDefinitionPinned,
     ToolRegistryPublished,
     ToolServerHealthChanged,
     WorkspaceRestored,
@@ -838,6 +841,9 @@ def _reduces(
     ToolRegistryPublished,  # Gateway-wide facts on the tools stream, never in a session's log.
     ToolCircuitChanged,
     ToolServerHealthChanged,
+    ToolDefinitionPinned,
+    ToolDefinitionChanged,
+    ToolDefinitionAccepted,
     StreamLimitApproaching,  # A stream-wide notice on the ops stream.
     ApiKeyCreated,  # Credentials' lifecycle, on the keys stream.
     ApiKeyRotated,

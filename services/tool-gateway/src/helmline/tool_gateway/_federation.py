@@ -2,8 +2,9 @@
 
 The registry goes to the tools stream whenever it changes (a server connects, drops, lists
 other tools, or its breaker moves), so the approval service, the planner and the console
-see the tools this gateway can call; breaker changes and each server's moves from one health
-to another go there too, as their own events. Each server's health is also kept in the
+see the tools this gateway can call; breaker changes, each server's moves from one health
+to another, and each tool's definition pinned or changed (`_pins`) go there too, as their
+own events. Each server's health is also kept in the
 service's `about` (its `/readyz`), which `helmline status` shows.
 """
 
@@ -28,16 +29,20 @@ from helmline.contracts import (
     Payload,
     ServerHealth,
     ToolCircuitChanged,
+    ToolDefinitionChanged,
+    ToolError,
     ToolServerHealthChanged,
     ToolSpec,
     circuit_subject,
     new_event,
     server_health_subject,
     source_of,
+    tool_definition_subject,
 )
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._mcp import McpServer
+from helmline.tool_gateway._pins import DefinitionPins, decide, event_id, refusal
 from helmline.tool_gateway._registry import ServerView, registry_event
 from helmline.tool_gateway._resilience import CircuitChange
 
@@ -66,6 +71,7 @@ class Federation:
         self._health_changes: list[ToolServerHealthChanged] = []
         """Told, not yet published, oldest first."""
         self._gateway = f"{socket.gethostname()}/{os.getpid()}"
+        self._pins = DefinitionPins()
         self._dirty = asyncio.Event()
         self._publisher: asyncio.Task[None] | None = None
         for server in self.servers.values():
@@ -77,7 +83,11 @@ class Federation:
         that is down is retried there; it never holds the gateway up).
 
         A replica starting again would otherwise publish its servers without tools, and the
-        approval service deny their calls as of unknown tools until they had connected."""
+        approval service deny their calls as of unknown tools until they had connected.
+
+        The pinned tool definitions are read first: a tool listed before they were would
+        be taken for one seen for the first time."""
+        await self._pins.follow(self._store.js)
         published = await latest_tool_registry(self._store.js)
         if published is not None:
             for server in self.servers.values():
@@ -94,6 +104,7 @@ class Federation:
         """Close every connection."""
         for server in self.servers.values():
             await server.stop()
+        await self._pins.close()
         if self._publisher is not None:
             self._publisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -103,6 +114,13 @@ class Federation:
         """The configured server a federated tool's name points at (`<server>__<tool>`)."""
         server, separator, _ = tool.partition(MCP_NAME_SEPARATOR)
         return self.servers.get(server) if separator else None
+
+    def refusal(self, tool: ToolSpec) -> ToolError | None:
+        """Why a call of a federated tool is refused before it is sent: its server lists it
+        otherwise than pinned, and no operator accepted the change."""
+        server = self.servers.get(tool.server)
+        listed = server.view.listed.get(tool.name) if server is not None else None
+        return refusal(self._pins.pins.get(tool.name), listed)
 
     async def circuit_changed(self, server: McpServer, change: CircuitChange) -> None:
         """Record a breaker's move on the tools stream (the server shows it in the registry)."""
@@ -176,6 +194,15 @@ class Federation:
             change = self._health_changes[0]
             await self._send(server_health_subject(change.server), change, uuid.uuid4())
             self._health_changes.pop(0)
+        # Pins and changes before the registry that lists the tools. Each is folded in once
+        # the stream brings it back: until then it is decided again, with the same id, and
+        # the stream keeps one.
+        for server in self.servers.values():
+            pins = self._pins.pins
+            for event in decide(pins, server.config.id, server.view.listed):
+                if isinstance(event, ToolDefinitionChanged):
+                    logger.warning("MCP tool %s changed since pinned: held", event.tool)
+                await self._send(tool_definition_subject(event.tool), event, event_id(event, pins))
         registry = registry_event(server.view for server in self.servers.values())
         # A fresh id each time: a registry equal to an earlier one (a breaker closed again)
         # must still become the newest.

@@ -54,7 +54,7 @@ from helmline.contracts import ToolDefinition, ToolSpec
 from helmline.runtime import make_text_safe
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refusal
-from helmline.tool_gateway._registry import ServerView, tool_specs
+from helmline.tool_gateway._registry import ServerView, listed_by_name, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -301,6 +301,7 @@ class McpServer:
                 logger.info("MCP server %s: %d tools", self.config.id, len(listed))
                 self._show(
                     tools=tool_specs(self.config, listed),
+                    listed=listed_by_name(self.config, listed),
                     available=True,
                     error=None,
                     retry_at=None,
