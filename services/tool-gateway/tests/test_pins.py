@@ -16,6 +16,7 @@ from helmline.contracts import (
     TOOLS_STREAM,
     Actor,
     Payload,
+    ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallFailed,
     ToolDefinition,
@@ -23,8 +24,10 @@ from helmline.contracts import (
     ToolDefinitionChanged,
     ToolDefinitionPinned,
     decode_event,
+    new_event,
     tool_definition_subject,
 )
+from helmline.runtime import EventStore
 from helmline.runtime.testing import eventually
 from helmline.tool_gateway import Pin, read_pin
 from helmline.tool_gateway._pins import decide, evolve, refusal
@@ -102,6 +105,23 @@ def test_only_an_acceptance_of_the_change_waiting_moves_the_pin() -> None:
     assert refusal(pin, listing(LOOKUP)["docs__lookup"]) is not None
     # A second pin (another replica's first sight) changes nothing: the first stands.
     assert evolve(pins, pinned.model_copy(update={"definition": other}), 5) == pins
+
+
+def test_a_call_decided_for_another_definition_is_refused() -> None:
+    pin = evolve(
+        {},
+        ToolDefinitionPinned(
+            tool="docs__lookup", server="docs", digest=LOOKUP.digest, definition=LOOKUP
+        ),
+        1,
+    )["docs__lookup"]
+    now = listing(LOOKUP)["docs__lookup"]
+    assert refusal(pin, now, LOOKUP.digest) is None
+    assert refusal(pin, now, None) is None
+    decided_before = refusal(pin, now, POISONED.digest)
+    assert decided_before is not None
+    assert decided_before.kind == "tool_changed"
+    assert "after the call was decided on" in decided_before.message
 
 
 def pinning_servers_file(path: Path, server_id: str, state_dir: Path) -> Path:
@@ -222,3 +242,46 @@ async def test_a_changed_description_holds_the_tool_across_a_restart_until_accep
         code, out, err = await helmline(nats_url, "tools", "diff", tool)
         assert code == 0, err
         assert "no change waits" in out
+
+
+@pytest.mark.usefixtures("drop_consumer")
+async def test_the_gateway_runs_a_call_only_for_the_definition_it_was_authorised_for(
+    nats_url: str,
+    js: JetStreamContext,
+    store: EventStore,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+) -> None:
+    tool = f"{server_id}__lookup"
+    (state_dir / "description").write_text("Look a term up.")
+    servers = pinning_servers_file(tmp_path / "servers.yaml", server_id, state_dir)
+    async with gateway_in_process(nats_url, servers, tenant):
+        registry = await federated(js, server_id)
+        (spec,) = (entry for entry in registry.tools if entry.name == tool)
+        assert spec.definition_digest is not None
+
+        async def authorised_for(digest: str, call_id: str) -> ToolCallCompleted | ToolCallFailed:
+            authorized = ToolCallAuthorized(
+                call_id=call_id,
+                step_id="s1",
+                tool=tool,
+                arguments={"term": call_id},
+                risk="low",
+                definition_digest=digest,
+            )
+            await store.append(
+                new_event(authorized, tenant=tenant, session_id=calls.session_id, source="test")
+            )
+            outcome: ToolCallCompleted | ToolCallFailed = await calls.outcome(call_id)
+            return outcome
+
+        other = await authorised_for(POISONED.digest, "c-other")
+        assert isinstance(other, ToolCallFailed), other
+        assert other.error.kind == "tool_changed"
+        assert calls_received(state_dir, "lookup") == 0
+        same = await authorised_for(spec.definition_digest, "c-same")
+        assert isinstance(same, ToolCallCompleted), same
+        assert calls_received(state_dir, "lookup") == 1

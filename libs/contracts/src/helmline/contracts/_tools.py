@@ -151,6 +151,10 @@ class ToolSpec(Contract):
     trust: Trust = "untrusted"
     """Whether its results are trusted; untrusted unless declared (the built-in tools are
     trusted, an MCP server's tools only when its configuration says `trust: trusted`)."""
+    definition_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """For an MCP tool, the SHA-256 of its definition as its server lists it
+    (`ToolDefinition.digest`): approvals name it, so that a grant made for one definition
+    never approves calls of a changed one. None for built-in tools."""
 
 
 _PATH = {

@@ -115,12 +115,13 @@ class Federation:
         server, separator, _ = tool.partition(MCP_NAME_SEPARATOR)
         return self.servers.get(server) if separator else None
 
-    def refusal(self, tool: ToolSpec) -> ToolError | None:
+    def refusal(self, tool: ToolSpec, authorized_for: str | None) -> ToolError | None:
         """Why a call of a federated tool is refused before it is sent: its server lists it
-        otherwise than pinned, and no operator accepted the change."""
+        otherwise than pinned (and no operator accepted the change), or otherwise than the
+        definition the call was authorised for (`authorized_for`, its digest)."""
         server = self.servers.get(tool.server)
         listed = server.view.listed.get(tool.name) if server is not None else None
-        return refusal(self._pins.pins.get(tool.name), listed)
+        return refusal(self._pins.pins.get(tool.name), listed, authorized_for)
 
     async def circuit_changed(self, server: McpServer, change: CircuitChange) -> None:
         """Record a breaker's move on the tools stream (the server shows it in the registry)."""

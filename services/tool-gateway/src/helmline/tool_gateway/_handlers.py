@@ -183,7 +183,7 @@ class GatewayHandler:
             if progress == "started" and not tool.idempotent:
                 await self._record(cause, failed(call, _UNKNOWN_OUTCOME))
                 return
-        held = self._federation.refusal(tool)
+        held = self._federation.refusal(tool, call.definition_digest)
         if held is not None:
             await self._record(cause, failed(call, held))
             return

@@ -143,19 +143,33 @@ def event_id(
     )
 
 
-def refusal(pin: Pin | None, listed: Listed | None) -> ToolError | None:
-    """Why a call of the tool is refused: its server lists it otherwise than pinned."""
-    if pin is None or listed is None or listed.digest == pin.digest:
+def refusal(
+    pin: Pin | None, listed: Listed | None, authorized_for: str | None = None
+) -> ToolError | None:
+    """Why a call of the tool is refused: its server lists it otherwise than pinned, or
+    otherwise than when the call was decided on (`authorized_for`: the digest the decision
+    named, the grant a person made being for that definition only)."""
+    if listed is None:
         return None
-    changed = changed_parts(pin.definition, listed.definition)
-    parts = ", ".join(part.replace("_", " ") for part in changed)
-    return ToolError(
-        kind="tool_changed",
-        message=f"{pin.tool} is listed by its server otherwise than pinned ({parts} changed): "
-        "its calls are held until an operator accepts the change",
-        suggestion=f"an operator reviews it with `helmline tools diff {pin.tool}` and accepts "
-        f"it with `helmline tools accept {pin.tool}`; meanwhile do without this tool",
-    )
+    if pin is not None and listed.digest != pin.digest:
+        changed = changed_parts(pin.definition, listed.definition)
+        parts = ", ".join(part.replace("_", " ") for part in changed)
+        return ToolError(
+            kind="tool_changed",
+            message=f"{pin.tool} is listed by its server otherwise than pinned ({parts} "
+            "changed): its calls are held until an operator accepts the change",
+            suggestion=f"an operator reviews it with `helmline tools diff {pin.tool}` and "
+            f"accepts it with `helmline tools accept {pin.tool}`; meanwhile do without it",
+        )
+    if authorized_for is not None and listed.digest != authorized_for:
+        return ToolError(
+            kind="tool_changed",
+            message="the tool's definition changed after the call was decided on: the "
+            "decision (and any person's grant) was for the definition before",
+            retryable=False,
+            suggestion="propose the call again, to have it decided for the definition in force",
+        )
+    return None
 
 
 _NAMESPACE = uuid.UUID("5b0b6f0e-8d1c-4f49-9a43-2f5d7c1e0a91")

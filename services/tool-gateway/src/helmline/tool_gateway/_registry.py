@@ -119,6 +119,7 @@ def tool_specs(config: ServerConfig, listed: Iterable[ToolDefinition]) -> tuple[
                 remote_name=tool.name,
                 required_permission=override.required_permission,
                 trust=override.trust or config.trust,
+                definition_digest=tool.digest,
             )
         )
     return tuple(sorted(specs, key=lambda spec: spec.name))

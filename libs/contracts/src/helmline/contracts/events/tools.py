@@ -59,6 +59,10 @@ class ToolCallAuthorized(Payload, type="tool.call.authorized", published_by=(APP
     """Sandbox profile granted by policy."""
     network: bool = False
     """Whether the call may use the network."""
+    definition_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """For an MCP tool, the digest of its definition the decision was made for
+    (`ToolSpec.definition_digest`): the gateway refuses the call (`tool_changed`) if the
+    tool's server lists it otherwise by then. None for built-in tools."""
 
     @classmethod
     def example(cls) -> Self:
