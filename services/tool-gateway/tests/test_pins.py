@@ -215,6 +215,9 @@ async def test_a_changed_description_holds_the_tool_across_a_restart_until_accep
         kinds = [type(event) for event in await definition_events(js, tool)]
         assert kinds == [ToolDefinitionPinned, ToolDefinitionChanged]
 
+        code, out, err = await helmline(nats_url, "tools")
+        assert code == 0, err
+        assert f"held: {tool}: its server lists it otherwise than pinned" in out
         code, out, err = await helmline(nats_url, "tools", "diff", tool)
         assert code == 0, err
         assert "changed: description" in out
@@ -242,6 +245,9 @@ async def test_a_changed_description_holds_the_tool_across_a_restart_until_accep
         code, out, err = await helmline(nats_url, "tools", "diff", tool)
         assert code == 0, err
         assert "no change waits" in out
+        code, out, err = await helmline(nats_url, "tools")
+        assert code == 0, err
+        assert "held:" not in out
 
 
 @pytest.mark.usefixtures("drop_consumer")

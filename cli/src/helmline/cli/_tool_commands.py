@@ -125,7 +125,7 @@ def tools(ctx: typer.Context, as_json: Json = False, data_dir: DataDir = None) -
     from helmline.cli._session_commands import _nats_url, _run_async
 
     url = _nats_url(data_dir)
-    registry = _run_async(_registry(url))
+    registry, held = _run_async(_registry_and_held(url))
     if registry is None:
         registry = ToolRegistryPublished(tools=tuple(BUILTIN_TOOLS_BY_NAME.values()))
     if as_json:
@@ -150,6 +150,13 @@ def tools(ctx: typer.Context, as_json: Json = False, data_dir: DataDir = None) -
             f"server {server.server} ({server.transport}): {state}; {server.tools} tools; "
             f"circuit {server.circuit}; {server.health}",
             highlight=False,
+        )
+    for name in held:
+        console.print(
+            f"held: {name}: its server lists it otherwise than pinned; its calls are refused "
+            f"until accepted (`helmline tools diff {name}`, `helmline tools accept {name}`)",
+            highlight=False,
+            markup=False,
         )
 
 
@@ -240,6 +247,26 @@ def known_tools(data_dir: Path | None) -> Mapping[str, ToolSpec]:
         return tools_of(asyncio.run(_registry(url)))
     except CliError:
         return BUILTIN_TOOLS_BY_NAME
+
+
+async def _registry_and_held(url: str) -> tuple[ToolRegistryPublished | None, list[str]]:
+    """The registry, and the names of its tools that their server lists otherwise than
+    pinned (held until an operator accepts the change)."""
+    from helmline.cli._connection import connect
+    from helmline.runtime import latest_tool_registry
+    from helmline.tool_gateway import read_pins
+
+    async with connect(url) as log:
+        registry = await latest_tool_registry(log.js)
+        pins = await read_pins(log.js)
+    held = [
+        tool.name
+        for tool in (registry.tools if registry is not None else ())
+        if tool.definition_digest is not None
+        and tool.name in pins
+        and pins[tool.name].holds(tool.definition_digest)
+    ]
+    return registry, held
 
 
 async def _registry(url: str) -> ToolRegistryPublished | None:

@@ -2,7 +2,13 @@
 resilience, rate limits, output safety and pinned tool definitions."""
 
 from helmline.tool_gateway._config import ServersFile, load_servers
-from helmline.tool_gateway._pins import DefinitionError, Pin, accept_definition, read_pin
+from helmline.tool_gateway._pins import (
+    DefinitionError,
+    Pin,
+    accept_definition,
+    read_pin,
+    read_pins,
+)
 from helmline.tool_gateway._raw_outputs import RawOutputs, raw_output_name
 
 __all__ = [
@@ -14,4 +20,5 @@ __all__ = [
     "load_servers",
     "raw_output_name",
     "read_pin",
+    "read_pins",
 ]

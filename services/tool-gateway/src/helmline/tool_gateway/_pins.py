@@ -9,7 +9,8 @@ definition again. The pins are folded from those events on the tools stream, nev
 only in memory: a gateway that starts again, and every replica, holds the same tools.
 
 `evolve`, `decide` and `refusal` are pure; `DefinitionPins` follows the stream, and
-`read_pin` and `accept_definition` serve `helmline tools diff` and `accept`.
+`read_pins`, `read_pin` and `accept_definition` serve `helmline tools`, `tools diff` and
+`tools accept`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class Pin:
     """The latest listing that differs from `definition`, not accepted (yet)."""
     seq: int = 0
     """The stream sequence of the last event folded into the pin."""
+
+    def holds(self, listed_digest: str) -> bool:
+        """Whether a listing of this digest holds the tool: it differs from the pin."""
+        return listed_digest != self.digest
 
 
 def changed_parts(before: ToolDefinition, after: ToolDefinition) -> tuple[DefinitionPart, ...]:
@@ -151,7 +156,7 @@ def refusal(
     named, the grant a person made being for that definition only)."""
     if listed is None:
         return None
-    if pin is not None and listed.digest != pin.digest:
+    if pin is not None and pin.holds(listed.digest):
         changed = changed_parts(pin.definition, listed.definition)
         parts = ", ".join(part.replace("_", " ") for part in changed)
         return ToolError(
@@ -223,14 +228,19 @@ class DefinitionError(Exception):
     """There is nothing to accept: the tool has no pin, or no change waits."""
 
 
-async def read_pin(js: JetStreamContext, tool: str) -> Pin | None:
-    """A tool's pin as the stream records it now; None if none was recorded."""
+async def read_pins(js: JetStreamContext, subject: str = ALL_TOOL_DEFINITIONS) -> Mapping[str, Pin]:
+    """The pins as the stream records them now (of the tools `subject` covers)."""
     pins = DefinitionPins()
     try:
-        await pins.follow(js, tool_definition_subject(tool))
+        await pins.follow(js, subject)
     finally:
         await pins.close()
-    return pins.pins.get(tool)
+    return pins.pins
+
+
+async def read_pin(js: JetStreamContext, tool: str) -> Pin | None:
+    """A tool's pin as the stream records it now; None if none was recorded."""
+    return (await read_pins(js, tool_definition_subject(tool))).get(tool)
 
 
 async def accept_definition(
