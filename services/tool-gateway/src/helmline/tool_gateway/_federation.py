@@ -4,8 +4,8 @@ The registry goes to the tools stream whenever it changes (a server connects, dr
 other tools, or its breaker moves), so the approval service, the planner and the console
 see the tools this gateway can call; breaker changes, each server's moves from one health
 to another, and each tool's definition pinned or changed (`_pins`) go there too, as their
-own events. Each server's health is also kept in the
-service's `about` (its `/readyz`), which `helmline status` shows.
+own events. Each server's health is also kept in the service's `about` (its `/readyz`),
+which `helmline status` shows.
 """
 
 from __future__ import annotations

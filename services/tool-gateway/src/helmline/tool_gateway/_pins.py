@@ -20,6 +20,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import get_args
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 DefinitionEvent = ToolDefinitionPinned | ToolDefinitionChanged | ToolDefinitionAccepted
 
-_PARTS: tuple[DefinitionPart, ...] = ("name", "description", "input_schema", "annotations")
+_PARTS: tuple[DefinitionPart, ...] = get_args(DefinitionPart)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class Pin:
     tool: str
     """The tool, as the registry names it."""
     server: str
+    """Its MCP server."""
     definition: ToolDefinition
     """The definition in force: the one first seen, or the one last accepted."""
     digest: str
@@ -122,7 +124,7 @@ def decide(
                     tool=tool, server=server, digest=now.digest, definition=now.definition
                 )
             )
-        elif now.digest != pin.digest and (pin.change is None or pin.change.digest != now.digest):
+        elif pin.holds(now.digest) and (pin.change is None or pin.change.digest != now.digest):
             decided.append(
                 ToolDefinitionChanged(
                     tool=tool,
