@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 SOURCE = source_of("tool-gateway")
 
+PIN_CHECK_S = 3600.0
+"""How often pins are checked for being due to be recorded again, when nothing changes."""
+
 
 class Federation:
     """The gateway's MCP servers and the tools they and the built-ins offer."""
@@ -179,10 +182,14 @@ class Federation:
 
     async def _publish_changes(self) -> None:
         while True:
-            await self._dirty.wait()
+            changed = True
+            try:
+                await asyncio.wait_for(self._dirty.wait(), PIN_CHECK_S)
+            except TimeoutError:
+                changed = False  # Nothing changed, but pins come due to be recorded again.
             self._dirty.clear()
             try:
-                await self._publish()
+                await (self._publish() if changed else self._record_pins())
             except Exception as error:
                 logger.warning("could not publish the tool registry: %s", error)
                 await asyncio.sleep(1.0)
@@ -195,19 +202,25 @@ class Federation:
             change = self._health_changes[0]
             await self._send(server_health_subject(change.server), change, uuid.uuid4())
             self._health_changes.pop(0)
-        # Pins and changes before the registry that lists the tools. Each is folded in once
-        # the stream brings it back: until then it is decided again, with the same id, and
-        # the stream keeps one.
-        for server in self.servers.values():
-            pins = self._pins.pins
-            for event in decide(pins, server.config.id, server.view.listed):
-                if isinstance(event, ToolDefinitionChanged):
-                    logger.warning("MCP tool %s changed since pinned: held", event.tool)
-                await self._send(tool_definition_subject(event.tool), event, event_id(event, pins))
+        # Pins and changes before the registry that lists the tools.
+        await self._record_pins()
         registry = registry_event(server.view for server in self.servers.values())
         # A fresh id each time: a registry equal to an earlier one (a breaker closed again)
         # must still become the newest.
         await self._send(TOOL_REGISTRY_SUBJECT, registry, uuid.uuid4())
+
+    async def _record_pins(self) -> None:
+        """Record what the servers' listings add to the pins. Each is folded in once the
+        stream brings it back: until then it is decided again, with the same id, and the
+        stream keeps one."""
+        now = datetime.now(UTC)
+        for server in self.servers.values():
+            pins = self._pins.pins
+            for event in decide(pins, server.config.id, server.view.listed, now):
+                recorded = pins[event.tool].change if event.tool in pins else None
+                if isinstance(event, ToolDefinitionChanged) and event != recorded:
+                    logger.warning("MCP tool %s changed since pinned: held", event.tool)
+                await self._send(tool_definition_subject(event.tool), event, event_id(event, pins))
 
     async def _send(self, subject: str, data: Payload, event_id: uuid.UUID) -> None:
         event = new_event(

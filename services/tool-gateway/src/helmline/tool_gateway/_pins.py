@@ -8,6 +8,10 @@ gateway records `tool.definition.changed` and refuses the calls as `tool_changed
 definition again. The pins are folded from those events on the tools stream, never kept
 only in memory: a gateway that starts again, and every replica, holds the same tools.
 
+The tools stream keeps its messages for a while only (`TOOLS_STREAM.max_age_s`), so a pin
+(and a change waiting) is recorded again once its newest record is `REFRESH_AFTER` old: it
+never expires while a gateway lists its tool, and a held tool is never taken anew.
+
 `evolve`, `decide` and `refusal` are pure; `DefinitionPins` follows the stream, and
 `read_pins`, `read_pin` and `accept_definition` serve `helmline tools`, `tools diff` and
 `tools accept`.
@@ -20,6 +24,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import get_args
 
 from nats.aio.msg import Msg
@@ -54,6 +59,10 @@ DefinitionEvent = ToolDefinitionPinned | ToolDefinitionChanged | ToolDefinitionA
 
 _PARTS: tuple[DefinitionPart, ...] = get_args(DefinitionPart)
 
+REFRESH_AFTER = timedelta(seconds=(TOOLS_STREAM.max_age_s or 0) / 4)
+"""A pin or a change recorded this long ago is recorded again (a quarter of the tools
+stream's retention: a gateway down for most of it still finds its pins)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Pin:
@@ -71,6 +80,10 @@ class Pin:
     """The latest listing that differs from `definition`, not accepted (yet)."""
     seq: int = 0
     """The stream sequence of the last event folded into the pin."""
+    pinned_at: datetime | None = None
+    """When `definition` was last recorded (pinned, accepted, or pinned again)."""
+    changed_at: datetime | None = None
+    """When `change` was last recorded."""
 
     def holds(self, listed_digest: str) -> bool:
         """Whether a listing of this digest holds the tool: it differs from the pin."""
@@ -82,61 +95,83 @@ def changed_parts(before: ToolDefinition, after: ToolDefinition) -> tuple[Defini
     return tuple(part for part in _PARTS if getattr(before, part) != getattr(after, part))
 
 
-def evolve(pins: Mapping[str, Pin], event: DefinitionEvent, seq: int) -> Mapping[str, Pin]:
-    """The pins once `event` (stored at `seq`) is folded in."""
+def evolve(
+    pins: Mapping[str, Pin], event: DefinitionEvent, seq: int, at: datetime
+) -> Mapping[str, Pin]:
+    """The pins once `event` (stored at `seq`, at `at`) is folded in."""
     pin = pins.get(event.tool)
     match event:
         case ToolDefinitionPinned() if pin is None:
             pin = Pin(event.tool, event.server, event.definition, event.digest, seq=seq)
+            pin = replace(pin, pinned_at=at)
+        case ToolDefinitionPinned() if pin is not None and event.digest == pin.digest:
+            pin = replace(pin, seq=seq, pinned_at=at)  # Recorded again, before it expires.
         case ToolDefinitionPinned():
             return pins  # The first pin stands (another replica's came later).
         case ToolDefinitionChanged() if pin is not None and event.digest == pin.digest:
             return pins  # Decided before its replica heard the change was accepted.
         case ToolDefinitionChanged():
-            # Without a pin (its event expired from the stream) the change still says what
+            # Without a pin (its events expired from the stream) the change still says what
             # was in force.
             if pin is None:
                 pin = Pin(event.tool, event.server, event.pinned, event.pinned_digest)
-            pin = replace(pin, change=event, seq=seq)
+            pin = replace(pin, change=event, seq=seq, changed_at=at)
         case ToolDefinitionAccepted() if (
             pin is not None and pin.change is not None and pin.change.digest == event.digest
         ):
-            pin = replace(
-                pin, definition=pin.change.definition, digest=event.digest, change=None, seq=seq
-            )
+            definition = pin.change.definition
+            pin = replace(pin, definition=definition, digest=event.digest, change=None, seq=seq)
+            pin = replace(pin, pinned_at=at, changed_at=None)
         case ToolDefinitionAccepted():
             return pins  # Not the change waiting: a newer one came since, or none waits.
     return {**pins, event.tool: pin}
 
 
 def decide(
-    pins: Mapping[str, Pin], server: str, listed: Mapping[str, Listed]
+    pins: Mapping[str, Pin], server: str, listed: Mapping[str, Listed], now: datetime
 ) -> list[ToolDefinitionPinned | ToolDefinitionChanged]:
     """What a server's listing (its tools by registry name) adds to the record: a pin for
-    each tool seen for the first time, and a change for each that differs from its pin
-    unless that very change is already recorded."""
+    each tool seen for the first time, a change for each that differs from its pin unless
+    that very change is already recorded, and again each pin and change recorded
+    `REFRESH_AFTER` ago or more."""
     decided: list[ToolDefinitionPinned | ToolDefinitionChanged] = []
-    for tool, now in listed.items():
+    for tool, now_listed in listed.items():
         pin = pins.get(tool)
-        if pin is None:
+        if pin is None or _due(pin.pinned_at, now):
+            definition = now_listed if pin is None else Listed(pin.definition, pin.digest)
             decided.append(
                 ToolDefinitionPinned(
-                    tool=tool, server=server, digest=now.digest, definition=now.definition
+                    tool=tool,
+                    server=server,
+                    digest=definition.digest,
+                    definition=definition.definition,
                 )
             )
-        elif pin.holds(now.digest) and (pin.change is None or pin.change.digest != now.digest):
+        if pin is None:
+            continue
+        if pin.change is not None and _due(pin.changed_at, now):
+            decided.append(pin.change)
+        elif pin.holds(now_listed.digest) and (
+            pin.change is None or pin.change.digest != now_listed.digest
+        ):
             decided.append(
                 ToolDefinitionChanged(
                     tool=tool,
                     server=server,
                     pinned_digest=pin.digest,
-                    digest=now.digest,
-                    changed=changed_parts(pin.definition, now.definition),
+                    digest=now_listed.digest,
+                    changed=changed_parts(pin.definition, now_listed.definition),
                     pinned=pin.definition,
-                    definition=now.definition,
+                    definition=now_listed.definition,
                 )
             )
     return decided
+
+
+def _due(recorded_at: datetime | None, now: datetime) -> bool:
+    """Whether a record is old enough to be recorded again (one whose time the stream no
+    longer has is)."""
+    return recorded_at is None or now - recorded_at >= REFRESH_AFTER
 
 
 def event_id(
@@ -205,12 +240,12 @@ class DefinitionPins:
         async def folded(message: Msg) -> None:
             seq = message.metadata.sequence.stream
             try:
-                event = decode_event(message.data).data
+                event = decode_event(message.data)
             except UndecodableEvent as error:
                 logger.warning("ignoring an undecodable tool definition event: %s", error)
             else:
-                if isinstance(event, DefinitionEvent):
-                    self.pins = evolve(self.pins, event, seq)
+                if isinstance(event.data, DefinitionEvent):
+                    self.pins = evolve(self.pins, event.data, seq, event.time)
             if seq >= last:
                 caught_up.set()
 
