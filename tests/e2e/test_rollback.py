@@ -57,9 +57,12 @@ def stack(
     nats_url: str, tmp_path_factory: pytest.TempPathFactory, ledger: Path
 ) -> Iterator[ServiceProcesses]:
     """Every service as a process; the gateway federates the tickets server, whose
-    `open_ticket` declares `close_ticket` (by the id it returned) as its inverse."""
+    `open_ticket` declares `close_ticket` (by the id it returned) as its inverse, and the
+    time server, whose tools say they are read-only and nothing more."""
     inverse = {"tool": "tickets__close_ticket", "arguments": {"id": "/result/id"}}
+    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time"]}
     servers = [
+        {"id": "time", "stdio": time_server, "risk": "low"},
         {
             "id": "tickets",
             "stdio": {"command": sys.executable, "args": [str(TICKETS_SERVER), str(ledger)]},
@@ -69,7 +72,7 @@ def stack(
                 # Closing needs a person: a rollback then waits, and can be cut there.
                 "close_ticket": {"risk": "high"},
             },
-        }
+        },
     ]
     with federating_stack(nats_url, tmp_path_factory.mktemp("stack"), servers) as running:
         yield running
@@ -79,6 +82,12 @@ def stack(
 async def tickets(stack: ServiceProcesses, js: JetStreamContext) -> None:
     """Wait until the gateway federates the tickets server."""
     await until_federated(js, "tickets")
+
+
+@pytest.fixture
+async def clock(stack: ServiceProcesses, js: JetStreamContext) -> None:
+    """Wait until the gateway federates the time server."""
+    await until_federated(js, "time")
 
 
 def tree(folder: Path) -> Tree:
@@ -283,6 +292,37 @@ async def test_rolling_back_past_an_external_call_calls_its_inverse_exactly_once
     assert rollback.undone_steps == ("last", "ticket", "say")
     closes = [c for c in ledger_calls(ledger) if c["call"] == "close" and c["id"] == ticket]
     assert len(closes) == 1
+    workspace = stack.data_dir / "workspaces" / tenant / session_id
+    assert set(await asyncio.to_thread(tree, workspace)) == {"a.txt"}
+
+
+async def test_a_read_only_mcp_tool_does_not_stand_in_the_way_of_a_rollback(
+    stack: ServiceProcesses, clock: None, store: EventStore, tenant: str, helmline: Helmline
+) -> None:
+    # mcp-server-time's tools say `readOnlyHint: true`, and the servers file says nothing of
+    # their effect: read-only, they change nothing, so nothing is left to undo.
+    session_id = "read-only"
+    playbook = chain(
+        "ask the time between two writes",
+        write("first", "a.txt"),
+        ("now", "time__get_current_time", {"timezone": "UTC"}),
+        write("last", "b.txt"),
+    )
+    await completed_with_checkpoints(store, tenant, session_id, playbook)
+    t = ("--tenant", tenant)
+    code, out, err = await helmline("checkpoints", session_id, *t, "--json")
+    assert code == 0, err
+    assert [(c["step_id"], c["reversible"]) for c in json.loads(out)] == [
+        ("first", True),
+        ("now", True),
+        ("last", True),
+    ]
+
+    code, out, err = await helmline("rollback", session_id, "--to", "1", *t, "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["status"] == "completed", report
+    assert report["undone_steps"] == ["last", "now"]
     workspace = stack.data_dir / "workspaces" / tenant / session_id
     assert set(await asyncio.to_thread(tree, workspace)) == {"a.txt"}
 

@@ -18,6 +18,9 @@ from helmline.contracts import (
     Payload,
     StreamLimitApproaching,
     ToolCircuitChanged,
+    ToolDefinitionAccepted,
+    ToolDefinitionChanged,
+    ToolDefinitionPinned,
     ToolRegistryPublished,
     ToolServerHealthChanged,
     api_key_subject,
@@ -26,12 +29,16 @@ from helmline.contracts import (
     event_subject,
     export_schemas,
     server_health_subject,
+    tool_definition_subject,
 )
 
 OFF_THE_LOG: dict[type[Payload], str] = {
     ToolRegistryPublished: TOOL_REGISTRY_SUBJECT,
     ToolCircuitChanged: circuit_subject("{server}"),
     ToolServerHealthChanged: server_health_subject("{server}"),
+    ToolDefinitionPinned: tool_definition_subject("{tool}"),
+    ToolDefinitionChanged: tool_definition_subject("{tool}"),
+    ToolDefinitionAccepted: tool_definition_subject("{tool}"),
     StreamLimitApproaching: RETENTION_SUBJECT,
     ApiKeyCreated: api_key_subject("{tenant}", "{keyId}"),
     ApiKeyRotated: api_key_subject("{tenant}", "{keyId}"),

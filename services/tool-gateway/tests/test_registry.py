@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from helmline.contracts import Risk
+from helmline.contracts import Risk, ToolDefinition
 from helmline.tool_gateway import ServersFile, load_servers
 from helmline.tool_gateway._config import Rate, RateLimit, ServerConfig
 from helmline.tool_gateway._registry import (
-    ListedTool,
     ServerView,
     rate_limit_of,
     registry_event,
@@ -102,7 +101,7 @@ def test_every_problem_of_a_file_names_its_line_and_field(
 
 
 def test_the_same_tool_on_two_servers_keeps_both_under_their_prefix(tmp_path: Path) -> None:
-    listed = [ListedTool("get_time", "What time it is.", {"type": "object"})]
+    listed = [ToolDefinition(name="get_time", description="What time it is.")]
     one = ServerConfig.model_validate({"id": "one", "stdio": {"command": "x"}, "risk": "low"})
     two = ServerConfig.model_validate({"id": "two", "stdio": {"command": "x"}})
     registry = registry_event(
@@ -121,7 +120,7 @@ def test_the_same_tool_on_two_servers_keeps_both_under_their_prefix(tmp_path: Pa
 def test_overrides_fill_the_tool_spec(tmp_path: Path) -> None:
     git = _load(tmp_path, SERVERS).servers[0]
     [spec] = tool_specs(
-        git, [ListedTool("git_create_branch", "Create a branch.", {"type": "object"})]
+        git, [ToolDefinition(name="git_create_branch", description="Create a branch.")]
     )
     assert spec.name == "git__git_create_branch"
     assert (spec.risk, spec.required_permission, spec.timeout_s) == ("high", "repo.write", 5)
@@ -186,7 +185,7 @@ def test_a_tool_declared_pure_changes_nothing_may_be_sent_again_and_keeps_its_ac
             "tools": {"lookup": {"pure": True, "action": "read"}},
         }
     )
-    listed = [ListedTool(name, "", {"type": "object"}) for name in ("lookup", "publish")]
+    listed = [ToolDefinition(name=name) for name in ("lookup", "publish")]
     lookup, publish = tool_specs(config, listed)
     assert (lookup.pure, lookup.effect, lookup.idempotent) == (True, "none", True)
     assert (publish.pure, publish.effect, publish.idempotent) == (False, "external", False)
@@ -195,7 +194,7 @@ def test_a_tool_declared_pure_changes_nothing_may_be_sent_again_and_keeps_its_ac
 
 
 def test_mcp_tools_are_untrusted_unless_declared_and_built_in_tools_are_trusted() -> None:
-    listed = [ListedTool(name, "", {"type": "object"}) for name in ("fetch", "status")]
+    listed = [ToolDefinition(name=name) for name in ("fetch", "status")]
     web = ServerConfig.model_validate({"id": "web", "stdio": {"command": "x"}})
     ours = ServerConfig.model_validate(
         {
@@ -223,7 +222,7 @@ def test_a_tool_declared_read_only_may_be_sent_again_unless_declared_not_idempot
     config = ServerConfig.model_validate(
         {"id": "api", "stdio": {"command": "x"}, "tools": declared}
     )
-    listed = [ListedTool(name, "", {"type": "object"}) for name in declared]
+    listed = [ToolDefinition(name=name) for name in declared]
     resendable = {spec.remote_name: spec.idempotent for spec in tool_specs(config, listed)}
     assert resendable == {
         "get": True,
@@ -233,6 +232,67 @@ def test_a_tool_declared_read_only_may_be_sent_again_unless_declared_not_idempot
         "put": True,
         "post": False,
     }
+
+
+def test_annotations_set_the_defaults_and_the_file_overrides_each_field() -> None:
+    listed = [
+        ToolDefinition(name="look", annotations={"readOnlyHint": True}),
+        ToolDefinition(name="drop", annotations={"destructiveHint": True}),
+        ToolDefinition(name="put", annotations={"idempotentHint": True, "readOnlyHint": False}),
+        # Read-only wins: a destructive hint means nothing on a tool that changes nothing.
+        ToolDefinition(name="both", annotations={"readOnlyHint": True, "destructiveHint": True}),
+        ToolDefinition(name="plain", annotations={"title": "Plain"}),
+    ]
+    bare = ServerConfig.model_validate({"id": "api", "stdio": {"command": "x"}, "risk": "low"})
+    specs = {spec.remote_name: spec for spec in tool_specs(bare, listed)}
+    fields = {
+        name: (spec.effect, spec.action, spec.risk, spec.idempotent) for name, spec in specs.items()
+    }
+    assert fields == {
+        "look": ("none", "read", "low", True),
+        "drop": ("external", "delete", "high", False),
+        "put": ("external", None, "low", True),
+        "both": ("none", "read", "low", True),
+        "plain": ("external", None, "low", False),
+    }
+    overridden = ServerConfig.model_validate(
+        {
+            "id": "api",
+            "stdio": {"command": "x"},
+            "risk": "low",
+            "tools": {
+                "look": {"effect": "external", "idempotent": False},
+                "drop": {"risk": "medium", "action": "write"},
+                "put": {"idempotent": False},
+            },
+        }
+    )
+    specs = {spec.remote_name: spec for spec in tool_specs(overridden, listed)}
+    # Each field the file names is the file's; the others still follow the annotations.
+    assert (specs["look"].effect, specs["look"].action, specs["look"].idempotent) == (
+        "external",
+        "read",
+        False,
+    )
+    assert (specs["drop"].risk, specs["drop"].action) == ("medium", "write")
+    assert specs["put"].idempotent is False
+
+
+def test_a_definition_digest_ignores_key_order_and_follows_every_part() -> None:
+    one = ToolDefinition(name="t", description="d", input_schema={"type": "object", "required": []})
+    reordered = ToolDefinition(
+        name="t", description="d", input_schema={"required": [], "type": "object"}
+    )
+    assert one.digest == reordered.digest
+    assert len(one.digest) == 64
+    changed = {
+        one.model_copy(update={"description": "d2"}).digest,
+        one.model_copy(update={"input_schema": {"type": "object"}}).digest,
+        one.model_copy(update={"annotations": {"readOnlyHint": True}}).digest,
+        one.model_copy(update={"name": "u"}).digest,
+    }
+    assert one.digest not in changed
+    assert len(changed) == 4
 
 
 def test_a_tenant_named_in_a_limit_has_its_own_rate(tmp_path: Path) -> None:

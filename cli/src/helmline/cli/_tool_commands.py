@@ -1,7 +1,9 @@
-"""`helmline tools`: the federated tool registry, as the running stack's gateway published it."""
+"""`helmline tools`: the federated tool registry, as the running stack's gateway published it;
+`helmline tools diff` and `accept`: the MCP tools held because their definition changed."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -11,8 +13,18 @@ import typer
 from helmline.cli._errors import CliError
 from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tenant
 from helmline.cli._running import attempt, fail, nats_url, run_async
-from helmline.cli._tool_registry import published_registry
-from helmline.contracts import BUILTIN_TOOLS_BY_NAME, ToolRegistryPublished
+from helmline.contracts import (
+    BUILTIN_TOOLS_BY_NAME,
+    ToolDefinitionChanged,
+    ToolRegistryPublished,
+)
+
+app = typer.Typer(
+    help="The tools sessions may call; the MCP tools held because their definition changed.",
+    invoke_without_command=True,
+)
+
+ToolArg = Annotated[str, typer.Argument(help="The tool, as the registry names it: SERVER__TOOL.")]
 
 McpServersFile = Annotated[
     Path | None,
@@ -92,15 +104,18 @@ def raw_output(
     typer.echo(json.dumps(raw, ensure_ascii=False, indent=2))
 
 
-def tools(as_json: Json = False, data_dir: DataDir = None) -> None:
+@app.callback()
+def tools(ctx: typer.Context, as_json: Json = False, data_dir: DataDir = None) -> None:
     """List the tools sessions may call: each one's source, risk and argument schema.
 
     MCP tools are named `<server>__<tool>`; servers that are down are listed as unavailable.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from helmline.cli._display import stdout
 
     url = nats_url(data_dir)
-    registry = run_async(published_registry(url))
+    registry, held = run_async(_registry_and_held(url))
     if registry is None:
         registry = ToolRegistryPublished(tools=tuple(BUILTIN_TOOLS_BY_NAME.values()))
     if as_json:
@@ -126,3 +141,105 @@ def tools(as_json: Json = False, data_dir: DataDir = None) -> None:
             f"circuit {server.circuit}; {server.health}",
             highlight=False,
         )
+    for name in held:
+        console.print(
+            f"held: {name}: its server lists it otherwise than pinned; its calls are refused "
+            f"until accepted (`helmline tools diff {name}`, `helmline tools accept {name}`)",
+            highlight=False,
+            markup=False,
+        )
+
+
+@app.command()
+def diff(tool: ToolArg, as_json: Json = False, data_dir: DataDir = None) -> None:
+    """How an MCP tool's definition, as its server lists it now, differs from the one pinned
+    (first seen, or last accepted): the parts that changed, each as a unified diff. While it
+    differs, the tool's calls are refused (`tool_changed`) until `helmline tools accept`."""
+    from helmline.cli._connection import connect
+    from helmline.tool_gateway import Pin, read_pin
+
+    async def read() -> Pin | None:
+        async with connect(nats_url(data_dir)) as log:
+            return await read_pin(log.js, tool)
+
+    pin = run_async(read())
+    if pin is None:
+        fail(CliError(f"no definition of {tool} is pinned: no gateway has listed it"))
+    if as_json:
+        typer.echo(pin.change.model_dump_json(indent=2) if pin.change else "null")
+    elif pin.change is None:
+        typer.echo(f"{tool} is pinned at {pin.digest}: no change waits for acceptance")
+    else:
+        typer.echo(definition_diff(pin.change))
+
+
+@app.command()
+def accept(
+    tool: ToolArg,
+    reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    data_dir: DataDir = None,
+) -> None:
+    """Accept the changed definition of an MCP tool (review it with `helmline tools diff`
+    first): it is pinned in place of the one before (`tool.definition.accepted`, naming
+    you), and the tool's calls run again."""
+    from helmline.cli._connection import connect
+    from helmline.cli._intents import SOURCE, current_actor
+    from helmline.contracts import ToolDefinitionAccepted
+    from helmline.tool_gateway import DefinitionError, accept_definition
+
+    by = attempt(current_actor)
+
+    async def accepted() -> ToolDefinitionAccepted:
+        async with connect(nats_url(data_dir)) as log:
+            try:
+                return await accept_definition(log.store, tool, by=by, source=SOURCE, reason=reason)
+            except DefinitionError as error:
+                raise CliError(str(error)) from error
+
+    done = run_async(accepted())
+    typer.echo(f"accepted {tool} at {done.digest} in place of {done.previous_digest} (by {by.id})")
+
+
+def definition_diff(change: ToolDefinitionChanged) -> str:
+    """A changed definition for people: the digests, then each changed part as a unified
+    diff from the pinned definition to the listed one."""
+    lines = [
+        f"{change.tool} is held: its server lists it otherwise than pinned",
+        f"pinned {change.pinned_digest}",
+        f"listed {change.digest}",
+        f"changed: {', '.join(change.changed)}",
+    ]
+    for part in change.changed:
+        lines += difflib.unified_diff(
+            _lines(getattr(change.pinned, part)),
+            _lines(getattr(change.definition, part)),
+            f"pinned {part}",
+            f"listed {part}",
+            lineterm="",
+        )
+    return "\n".join(lines)
+
+
+def _lines(value: object) -> list[str]:
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, sort_keys=True)
+    return text.splitlines()
+
+
+async def _registry_and_held(url: str) -> tuple[ToolRegistryPublished | None, list[str]]:
+    """The registry, and the names of its tools that their server lists otherwise than
+    pinned (held until an operator accepts the change)."""
+    from helmline.cli._connection import connect
+    from helmline.runtime import latest_tool_registry
+    from helmline.tool_gateway import read_pins
+
+    async with connect(url) as log:
+        registry = await latest_tool_registry(log.js)
+        pins = await read_pins(log.js)
+    held = [
+        tool.name
+        for tool in (registry.tools if registry is not None else ())
+        if tool.definition_digest is not None
+        and tool.name in pins
+        and pins[tool.name].holds(tool.definition_digest)
+    ]
+    return registry, held

@@ -71,6 +71,7 @@ from helmline.contracts._tools import (
     MCP_NAME_SEPARATOR,
     CallPointer,
     ToolAction,
+    ToolDefinition,
     ToolEffect,
     ToolInverse,
     ToolSpec,
@@ -81,6 +82,7 @@ from helmline.contracts._topology import (
     ALL_CIRCUITS,
     ALL_EVENTS,
     ALL_SERVER_HEALTH,
+    ALL_TOOL_DEFINITIONS,
     API_KEYS_BUCKET,
     APPROVAL_CONSUMER,
     ATOMIC_BATCH_LIMIT,
@@ -140,6 +142,7 @@ from helmline.contracts._topology import (
     session_filter,
     source_of,
     tenant_filter,
+    tool_definition_subject,
 )
 from helmline.contracts._values import (
     Actor,
@@ -167,6 +170,7 @@ __all__ = [
     "ALL_CIRCUITS",
     "ALL_EVENTS",
     "ALL_SERVER_HEALTH",
+    "ALL_TOOL_DEFINITIONS",
     "API_KEYS_BUCKET",
     "APPROVAL_CONSUMER",
     "ATOMIC_BATCH_LIMIT",
@@ -266,6 +270,7 @@ __all__ = [
     "TenantId",
     "ThoughtState",
     "ToolAction",
+    "ToolDefinition",
     "ToolEffect",
     "ToolError",
     "ToolInverse",
@@ -312,6 +317,7 @@ __all__ = [
     "session_filter",
     "source_of",
     "tenant_filter",
+    "tool_definition_subject",
     "touched",
 ]
 # The events' names come from `events` (mypy reads them from the star import above).

@@ -18,10 +18,14 @@ from helmline.contracts._topology import (
     dead_letter_subject,
     event_subject,
     server_health_subject,
+    tool_definition_subject,
 )
 from helmline.contracts.events import (
     StreamLimitApproaching,
     ToolCircuitChanged,
+    ToolDefinitionAccepted,
+    ToolDefinitionChanged,
+    ToolDefinitionPinned,
     ToolRegistryPublished,
     ToolServerHealthChanged,
     keys,
@@ -49,6 +53,11 @@ def _where(payload_class: type[Payload]) -> dict[str, Any]:
         return {
             "address": server_health_subject("{server}"),
             "parameters": {"server": {"description": "The MCP server."}},
+        }
+    if payload_class in (ToolDefinitionPinned, ToolDefinitionChanged, ToolDefinitionAccepted):
+        return {
+            "address": tool_definition_subject("{tool}"),
+            "parameters": {"tool": {"description": "The tool, as the registry names it."}},
         }
     if payload_class is StreamLimitApproaching:
         return {"address": RETENTION_SUBJECT}

@@ -11,7 +11,7 @@ from helmline.contracts._envelope import EVENT_CLASSES
 from helmline.contracts._payload import Payload
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
-CATALOGUE_VERSION = "1.2.1"
+CATALOGUE_VERSION = "1.3.0"
 """Version of the published catalogue: minor for new types or versions, major never."""
 
 

@@ -94,6 +94,9 @@ from helmline.contracts.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCircuitChanged,
+    ToolDefinitionAccepted,
+    ToolDefinitionChanged,
+    ToolDefinitionPinned,
     ToolRegistryPublished,
     ToolServerHealthChanged,
     WorkspaceRestored,
@@ -267,6 +270,9 @@ class ApprovalState:
     """Conditions on the later calls' arguments that the standing grant is limited to."""
     similar_used: int = 0
     """Later calls authorised under the standing grant so far."""
+    definition_digest: str | None = None
+    """For a step approval of an MCP tool, the digest of the tool's definition when asked:
+    the grant holds for that definition only."""
     permissions: tuple[PermissionNeed, ...] = ()
     """For a permission request (`permission.requested`): what the call lacks; empty for
     other requests."""
@@ -838,6 +844,9 @@ def _reduces(
     ToolRegistryPublished,  # Gateway-wide facts on the tools stream, never in a session's log.
     ToolCircuitChanged,
     ToolServerHealthChanged,
+    ToolDefinitionPinned,
+    ToolDefinitionChanged,
+    ToolDefinitionAccepted,
     StreamLimitApproaching,  # A stream-wide notice on the ops stream.
     ApiKeyCreated,  # Credentials' lifecycle, on the keys stream.
     ApiKeyRotated,
@@ -1111,6 +1120,7 @@ def _approval_requested(fold: SessionFold, event: Event, data: ApprovalRequested
             arguments=data.arguments,
             taint=data.taint,
             rule=data.rule,
+            definition_digest=data.definition_digest,
             approver_roles=data.approver_roles,
             quorum=data.quorum,
             permissions=data.permissions if isinstance(data, PermissionRequested) else (),

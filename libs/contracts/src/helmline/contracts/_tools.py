@@ -6,6 +6,8 @@ parameters, and the approval service decides on their risk; all three read this 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -77,6 +79,36 @@ MCP_NAME_SEPARATOR = "__"
 """Between an MCP server's id and its tool's name in the registry: `git__git_status`."""
 
 
+class ToolDefinition(Contract):
+    """A tool as its MCP server lists it: what a model reads of it and what it claims to be.
+
+    Its `digest` pins it: a server that later lists the tool otherwise (a new description,
+    schema or annotations: a "rug pull") has it held until an operator accepts the change.
+    """
+
+    name: str = Field(min_length=1, max_length=128)
+    """Its name on its server."""
+    description: str = ""
+    """What the server says it does (its title, or its name, when it gives no description)."""
+    input_schema: dict[str, Any] = Field(default_factory=dict[str, Any])
+    """The JSON Schema of its arguments, as listed."""
+    annotations: dict[str, Any] = Field(default_factory=dict[str, Any])
+    """Its MCP annotations as listed (`readOnlyHint`, `destructiveHint`, `idempotentHint`,
+    `openWorldHint`, `title`); absent ones are left out."""
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of its canonical JSON (keys sorted, no spaces): equal for equal
+        definitions, whatever order the server wrote their keys in."""
+        document = self.model_dump(mode="json")
+        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def hints(self, annotation: str) -> bool:
+        """Whether the server sets the boolean annotation (`readOnlyHint`, ...) to true."""
+        return self.annotations.get(annotation) is True
+
+
 class ToolSpec(Contract):
     """A tool as the control plane knows it."""
 
@@ -119,6 +151,10 @@ class ToolSpec(Contract):
     trust: Trust = "untrusted"
     """Whether its results are trusted; untrusted unless declared (the built-in tools are
     trusted, an MCP server's tools only when its configuration says `trust: trusted`)."""
+    definition_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """For an MCP tool, the SHA-256 of its definition as its server lists it
+    (`ToolDefinition.digest`): approvals name it, so that a grant made for one definition
+    never approves calls of a changed one. None for built-in tools."""
 
 
 _PATH = {

@@ -115,6 +115,15 @@ ALL_SERVER_HEALTH = f"{TOOLS_SUBJECT_PREFIX}.health.*"
 """Every server's health changes."""
 
 
+def tool_definition_subject(tool: str) -> str:
+    """Where a tool's `tool.definition.*` events (pinned, changed, accepted) are published."""
+    return f"{TOOLS_SUBJECT_PREFIX}.definition.{tool}"
+
+
+ALL_TOOL_DEFINITIONS = f"{TOOLS_SUBJECT_PREFIX}.definition.>"
+"""Every tool's definition events (a tool's name may hold dots, hence `>`)."""
+
+
 class EventSubject(NamedTuple):
     """The parts of an event subject."""
 
@@ -549,6 +558,8 @@ SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {
     TOOL_REGISTRY_SUBJECT: (TOOL_GATEWAY,),
     ALL_CIRCUITS: (TOOL_GATEWAY,),
     ALL_SERVER_HEALTH: (TOOL_GATEWAY,),
+    # The gateway pins and holds; people accept (through the API, or the CLI as NATS admin).
+    ALL_TOOL_DEFINITIONS: (TOOL_GATEWAY, API),
     RETENTION_SUBJECT: (STATE,),
     ALL_API_KEYS: (API,),
 }

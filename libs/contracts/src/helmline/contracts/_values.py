@@ -104,8 +104,11 @@ class ToolError(Contract):
         "cancelled",
         "internal",
         "unknown_outcome",
+        "tool_changed",
     ]
-    """Class of the failure; decides whether retrying can help."""
+    """Class of the failure; decides whether retrying can help. `tool_changed`: the tool's
+    server lists it otherwise than pinned, and its calls are held until an operator accepts
+    the change."""
     message: str
     """What went wrong, in words a person understands."""
     retryable: bool = False

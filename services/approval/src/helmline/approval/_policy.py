@@ -359,6 +359,8 @@ def judge_step(
         return [Decision(asked, identity)]
     if scheduled.requires_approval:
         verdict = as_the_plan_asks(verdict, policy)
+    # Decisions name the MCP tool's definition they were made for: a grant stands for it only.
+    digest = spec.definition_digest if spec is not None else None
     payload: Payload
     match verdict.effect:
         case "deny":
@@ -371,12 +373,12 @@ def judge_step(
                 policy_hash=policy.hash,
             )
         case "allow":
-            payload = _authorized(scheduled, verdict, policy.hash)
+            payload = _authorized(scheduled, verdict, policy.hash, digest)
         case "require_approval" if (
-            standing := _standing_grant(session, scheduled, verdict.rule, now)
+            standing := _standing_grant(session, scheduled, verdict.rule, digest, now)
             or _plan_grant(session, approved_plan, scheduled)
         ) is not None:
-            payload = _authorized(scheduled, verdict, policy.hash, standing.request_id)
+            payload = _authorized(scheduled, verdict, policy.hash, digest, standing.request_id)
         case "require_approval":
             assert verdict.approval is not None
             payload = ApprovalRequested(
@@ -395,6 +397,7 @@ def judge_step(
                 expires_at=now + verdict.approval.expires_in,
                 agent_reason=_stated_reason(session, scheduled.step_id),
                 taint=scheduled.taint,
+                definition_digest=digest,
             )
     return [Decision(payload, identity)]
 
@@ -452,6 +455,7 @@ def _authorized(
     scheduled: StepScheduled,
     verdict: Verdict,
     policy_hash: str,
+    definition_digest: str | None,
     approval_request_id: str | None = None,
 ) -> ToolCallAuthorized:
     return ToolCallAuthorized(
@@ -465,6 +469,7 @@ def _authorized(
         approval_request_id=approval_request_id,
         sandbox_profile=verdict.sandbox_profile,
         network=verdict.network,
+        definition_digest=definition_digest,
     )
 
 
@@ -494,8 +499,16 @@ def _plan_grant(
 
 
 def _standing_grant(
-    session: SessionState | None, scheduled: StepScheduled, rule: str, now: datetime
+    session: SessionState | None,
+    scheduled: StepScheduled,
+    rule: str,
+    definition_digest: str | None,
+    now: datetime,
 ) -> ApprovalState | None:
+    """The "approve similar calls" grant that approves this call too: of the same rule and
+    tool, with uses and time left, for the tool's definition as it is listed now (a tool
+    changed since, even one an operator accepted, asks a person again), and whose conditions
+    on arguments the call meets."""
     if session is None:
         return None
     for request in session.approvals.values():
@@ -506,6 +519,7 @@ def _standing_grant(
             and (request.similar_until is None or now < request.similar_until)
             and request.tool == scheduled.tool
             and request.rule == rule
+            and request.definition_digest == definition_digest
             and arguments_meet(request.similar_where or {}, scheduled.arguments)
         ):
             return request
@@ -776,6 +790,8 @@ def _granted_call(
         approval_request_id=request.request_id,
         sandbox_profile=verdict.sandbox_profile,
         network=verdict.network,
+        # What the person was asked about: the gateway refuses the call if it changed since.
+        definition_digest=request.definition_digest,
     )
 
 

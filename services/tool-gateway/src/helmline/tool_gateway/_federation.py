@@ -2,9 +2,10 @@
 
 The registry goes to the tools stream whenever it changes (a server connects, drops, lists
 other tools, or its breaker moves), so the approval service, the planner and the console
-see the tools this gateway can call; breaker changes and each server's moves from one health
-to another go there too, as their own events. Each server's health is also kept in the
-service's `about` (its `/readyz`), which `helmline status` shows.
+see the tools this gateway can call; breaker changes, each server's moves from one health
+to another, and each tool's definition pinned or changed (`_pins`) go there too, as their
+own events. Each server's health is also kept in the service's `about` (its `/readyz`),
+which `helmline status` shows.
 """
 
 from __future__ import annotations
@@ -28,22 +29,29 @@ from helmline.contracts import (
     Payload,
     ServerHealth,
     ToolCircuitChanged,
+    ToolDefinitionChanged,
+    ToolError,
     ToolServerHealthChanged,
     ToolSpec,
     circuit_subject,
     new_event,
     server_health_subject,
     source_of,
+    tool_definition_subject,
 )
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._mcp import McpServer
+from helmline.tool_gateway._pins import DefinitionPins, decide, event_id, refusal
 from helmline.tool_gateway._registry import ServerView, registry_event
 from helmline.tool_gateway._resilience import CircuitChange
 
 logger = logging.getLogger(__name__)
 
 SOURCE = source_of("tool-gateway")
+
+PIN_CHECK_S = 3600.0
+"""How often pins are checked for being due to be recorded again, when nothing changes."""
 
 
 class Federation:
@@ -66,6 +74,7 @@ class Federation:
         self._health_changes: list[ToolServerHealthChanged] = []
         """Told, not yet published, oldest first."""
         self._gateway = f"{socket.gethostname()}/{os.getpid()}"
+        self._pins = DefinitionPins()
         self._dirty = asyncio.Event()
         self._publisher: asyncio.Task[None] | None = None
         for server in self.servers.values():
@@ -77,7 +86,11 @@ class Federation:
         that is down is retried there; it never holds the gateway up).
 
         A replica starting again would otherwise publish its servers without tools, and the
-        approval service deny their calls as of unknown tools until they had connected."""
+        approval service deny their calls as of unknown tools until they had connected.
+
+        The pinned tool definitions are read first: a tool listed before they were would
+        be taken for one seen for the first time."""
+        await self._pins.follow(self._store.js)
         published = await latest_tool_registry(self._store.js)
         if published is not None:
             for server in self.servers.values():
@@ -94,6 +107,7 @@ class Federation:
         """Close every connection."""
         for server in self.servers.values():
             await server.stop()
+        await self._pins.close()
         if self._publisher is not None:
             self._publisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -103,6 +117,14 @@ class Federation:
         """The configured server a federated tool's name points at (`<server>__<tool>`)."""
         server, separator, _ = tool.partition(MCP_NAME_SEPARATOR)
         return self.servers.get(server) if separator else None
+
+    def refusal(self, tool: ToolSpec, authorized_for: str | None) -> ToolError | None:
+        """Why a call of a federated tool is refused before it is sent: its server lists it
+        otherwise than pinned (and no operator accepted the change), or otherwise than the
+        definition the call was authorised for (`authorized_for`, its digest)."""
+        server = self.servers.get(tool.server)
+        listed = server.view.listed.get(tool.name) if server is not None else None
+        return refusal(self._pins.pins.get(tool.name), listed, authorized_for)
 
     async def circuit_changed(self, server: McpServer, change: CircuitChange) -> None:
         """Record a breaker's move on the tools stream (the server shows it in the registry)."""
@@ -160,10 +182,14 @@ class Federation:
 
     async def _publish_changes(self) -> None:
         while True:
-            await self._dirty.wait()
+            changed = True
+            try:
+                await asyncio.wait_for(self._dirty.wait(), PIN_CHECK_S)
+            except TimeoutError:
+                changed = False  # Nothing changed, but pins come due to be recorded again.
             self._dirty.clear()
             try:
-                await self._publish()
+                await (self._publish() if changed else self._record_pins())
             except Exception as error:
                 logger.warning("could not publish the tool registry: %s", error)
                 await asyncio.sleep(1.0)
@@ -176,10 +202,25 @@ class Federation:
             change = self._health_changes[0]
             await self._send(server_health_subject(change.server), change, uuid.uuid4())
             self._health_changes.pop(0)
+        # Pins and changes before the registry that lists the tools.
+        await self._record_pins()
         registry = registry_event(server.view for server in self.servers.values())
         # A fresh id each time: a registry equal to an earlier one (a breaker closed again)
         # must still become the newest.
         await self._send(TOOL_REGISTRY_SUBJECT, registry, uuid.uuid4())
+
+    async def _record_pins(self) -> None:
+        """Record what the servers' listings add to the pins. Each is folded in once the
+        stream brings it back: until then it is decided again, with the same id, and the
+        stream keeps one."""
+        now = datetime.now(UTC)
+        for server in self.servers.values():
+            pins = self._pins.pins
+            for event in decide(pins, server.config.id, server.view.listed, now):
+                recorded = pins[event.tool].change if event.tool in pins else None
+                if isinstance(event, ToolDefinitionChanged) and event != recorded:
+                    logger.warning("MCP tool %s changed since pinned: held", event.tool)
+                await self._send(tool_definition_subject(event.tool), event, event_id(event, pins))
 
     async def _send(self, subject: str, data: Payload, event_id: uuid.UUID) -> None:
         event = new_event(

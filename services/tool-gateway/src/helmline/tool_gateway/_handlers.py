@@ -194,6 +194,10 @@ class GatewayHandler:
             if progress == "started" and not tool.idempotent:
                 await self._record(cause, failed(call, _UNKNOWN_OUTCOME))
                 return
+        held = self._federation.refusal(tool, call.definition_digest)
+        if held is not None:
+            await self._record(cause, failed(call, held))
+            return
         # A secret's value may change under its reference: such a call is never answered
         # from an earlier one.
         reusable = tool.pure and not has_references(call.arguments)

@@ -45,15 +45,16 @@ from mcp.types import (
     CallToolResult,
     RequestParamsMeta,
     ServerNotification,
+    ToolAnnotations,
     ToolListChangedNotification,
 )
 from mcp_types import CONNECTION_CLOSED
 
-from helmline.contracts import ToolSpec
+from helmline.contracts import ToolDefinition, ToolSpec
 from helmline.runtime import make_text_safe
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refusal
-from helmline.tool_gateway._registry import ListedTool, ServerView, tool_specs
+from helmline.tool_gateway._registry import ServerView, listed_by_name, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker
 
 logger = logging.getLogger(__name__)
@@ -300,6 +301,7 @@ class McpServer:
                 logger.info("MCP server %s: %d tools", self.config.id, len(listed))
                 self._show(
                     tools=tool_specs(self.config, listed),
+                    listed=listed_by_name(self.config, listed),
                     available=True,
                     error=None,
                     retry_at=None,
@@ -452,18 +454,34 @@ async def _first_of(*events: asyncio.Event) -> asyncio.Event:
     return waits[next(iter(done))]
 
 
-async def _list_tools(client: Client) -> list[ListedTool]:
-    listed: list[ListedTool] = []
+async def _list_tools(client: Client) -> list[ToolDefinition]:
+    listed: list[ToolDefinition] = []
     cursor: str | None = None
     while True:
         page = await client.list_tools(cursor=cursor, cache_mode="refresh")
         listed.extend(
-            ListedTool(tool.name, tool.description or tool.title or tool.name, tool.input_schema)
+            ToolDefinition(
+                name=tool.name,
+                description=tool.description or tool.title or tool.name,
+                input_schema=tool.input_schema,
+                annotations=tool.annotations.model_dump(
+                    mode="json", by_alias=True, exclude_none=True
+                )
+                if tool.annotations is not None
+                else {},
+            )
             for tool in page.tools
         )
         cursor = page.next_cursor
         if cursor is None:
             return listed
+
+
+def _annotations(annotations: ToolAnnotations | None) -> dict[str, Any]:
+    """A tool's annotations as the protocol spells them (`readOnlyHint`), absent ones left out."""
+    if annotations is None:
+        return {}
+    return annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _credentials_refused(error: BaseException) -> HttpRefusal | None:

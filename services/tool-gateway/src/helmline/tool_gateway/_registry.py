@@ -1,12 +1,16 @@
 """The federated registry: each MCP server's listed tools, as the control plane knows them.
 
-Pure: listings and configuration in, `ToolSpec`s and the registry event out.
+Pure: listings and configuration in, `ToolSpec`s and the registry event out. A tool's MCP
+annotations set the defaults of its spec, and the servers file overrides each field it names:
+`readOnlyHint` makes a tool change nothing (`effect: none`, so it never stands in the way of a
+rollback) and read (`action: read`); `destructiveHint` (on a tool not read-only) makes it high
+risk and a deletion; `idempotentHint` lets a call whose outcome is unknown be sent again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from helmline.contracts import (
@@ -14,6 +18,8 @@ from helmline.contracts import (
     MCP_NAME_SEPARATOR,
     Risk,
     ServerHealth,
+    ToolAction,
+    ToolDefinition,
     ToolEffect,
     ToolRegistryPublished,
     ToolServerStatus,
@@ -26,12 +32,12 @@ _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 @dataclass(frozen=True, slots=True)
-class ListedTool:
-    """A tool as an MCP server lists it."""
+class Listed:
+    """A tool as its server last listed it, and its digest, worked out once per listing (not
+    once per call: it costs tens of microseconds)."""
 
-    name: str
-    description: str
-    input_schema: Mapping[str, Any]
+    definition: ToolDefinition
+    digest: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,9 @@ class ServerView:
 
     config: ServerConfig
     tools: tuple[ToolSpec, ...] = ()
+    listed: Mapping[str, Listed] = field(default_factory=dict[str, Listed])
+    """Its tools as it last listed them, by registry name (none before it listed them: the
+    tools remembered from the last registry published have no definitions)."""
     available: bool = False
     error: str | None = "not connected yet"
     circuit: CircuitState = "closed"
@@ -72,49 +81,64 @@ def registry_name(server: str, tool: str) -> str:
     return f"{server}{MCP_NAME_SEPARATOR}{tool}"
 
 
-def tool_specs(config: ServerConfig, listed: Iterable[ListedTool]) -> tuple[ToolSpec, ...]:
-    """The registry entries of a server's listed tools, with the configuration's overrides."""
+def listed_by_name(config: ServerConfig, listed: Iterable[ToolDefinition]) -> dict[str, Listed]:
+    """A server's listed tools by registry name."""
+    return {registry_name(config.id, tool.name): Listed(tool, tool.digest) for tool in listed}
+
+
+def tool_specs(config: ServerConfig, listed: Iterable[ToolDefinition]) -> tuple[ToolSpec, ...]:
+    """The registry entries of a server's listed tools: their annotations' defaults, with the
+    configuration's overrides."""
     specs = []
     for tool in listed:
-        override = config.tools.get(tool.name)
+        override = config.tools.get(tool.name) or ToolOverride()
+        read_only = tool.hints("readOnlyHint")
+        destructive = tool.hints("destructiveHint") and not read_only
+        pure = override.pure
+        # What it changes, as declared by the file or by the server; None when neither said.
+        declared_effect: ToolEffect | None = "none" if pure else override.effect
+        if declared_effect is None and read_only:
+            declared_effect = "none"
+        action: ToolAction | None = override.action
+        if action is None:
+            action = "read" if read_only else "delete" if destructive else None
         specs.append(
             ToolSpec(
                 name=registry_name(config.id, tool.name),
                 description=tool.description,
                 parameters=dict(tool.input_schema) or _ANY_OBJECT,
-                risk=(override and override.risk) or config.risk,
+                risk=override.risk or ("high" if destructive else config.risk),
                 executor="mcp",
-                timeout_s=(override and override.timeout_s) or config.timeout_s,
-                inverse=override.inverse if override else None,
-                idempotent=_resendable(override),
-                effect=_effect_of(override),
-                pure=bool(override and override.pure),
-                action=override.action if override else None,
+                timeout_s=override.timeout_s or config.timeout_s,
+                inverse=override.inverse,
+                idempotent=_resendable(override, tool, declared_effect, action),
+                effect=declared_effect or "external",
+                pure=pure,
+                action=action,
                 server=config.id,
                 remote_name=tool.name,
-                required_permission=override.required_permission if override else None,
-                trust=(override and override.trust) or config.trust,
+                required_permission=override.required_permission,
+                trust=override.trust or config.trust,
+                definition_digest=tool.digest,
             )
         )
     return tuple(sorted(specs, key=lambda spec: spec.name))
 
 
-def _resendable(override: ToolOverride | None) -> bool:
+def _resendable(
+    override: ToolOverride,
+    tool: ToolDefinition,
+    effect: ToolEffect | None,
+    action: ToolAction | None,
+) -> bool:
     """Whether a call whose outcome is unknown (its server died with it in flight) may be sent
-    again: the tool is declared idempotent, or read-only (pure, `effect: none`, or
-    `action: read` with no other effect), and not declared `idempotent: false`."""
-    if override is None:
-        return False
+    again: the tool is declared idempotent (by the file, or by its server's `idempotentHint`),
+    or read-only (pure, `effect: none`, or `action: read` with no other effect), and the file
+    does not say `idempotent: false`."""
     if override.idempotent is not None:
         return override.idempotent
-    reads = override.action == "read" and override.effect in (None, "none")
-    return override.pure or override.effect == "none" or reads
-
-
-def _effect_of(override: ToolOverride | None) -> ToolEffect:
-    if override is None:
-        return "external"
-    return "none" if override.pure else override.effect or "external"
+    reads = action == "read" and effect in (None, "none")
+    return tool.hints("idempotentHint") or override.pure or effect == "none" or reads
 
 
 def rate_limit_of(

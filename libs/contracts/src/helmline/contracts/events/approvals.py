@@ -59,6 +59,10 @@ class ApprovalRequested(Payload, type="approval.requested", published_by=(APPROV
     """For step approvals, what untrusted content the model had read when it proposed the
     call: the results (step, call and tool) its arguments came from, with the span to read,
     and those flagged as suspected injections. None when none was in its context."""
+    definition_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """For step approvals of an MCP tool, the digest of the tool's definition when asked
+    (`ToolSpec.definition_digest`): a grant, and an "approve similar" grant, holds for that
+    definition only. None for built-in tools, and in logs written before tools were pinned."""
 
     @classmethod
     def example(cls) -> Self:
