@@ -10,25 +10,10 @@ from helmline.contracts._envelope import encode_event
 from helmline.contracts._examples import EXAMPLE_PAYLOADS, example_event
 from helmline.contracts._payload import Payload
 from helmline.contracts._topology import (
-    RETENTION_SUBJECT,
-    TOOL_REGISTRY_SUBJECT,
+    SESSIONLESS_CHANNELS,
     Headers,
-    api_key_subject,
-    circuit_subject,
     dead_letter_subject,
     event_subject,
-    server_health_subject,
-    tool_definition_subject,
-)
-from helmline.contracts.events import (
-    StreamLimitApproaching,
-    ToolCircuitChanged,
-    ToolDefinitionAccepted,
-    ToolDefinitionChanged,
-    ToolDefinitionPinned,
-    ToolRegistryPublished,
-    ToolServerHealthChanged,
-    keys,
 )
 
 CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
@@ -42,41 +27,24 @@ def _name(payload_class: type[Payload]) -> str:
 def _where(payload_class: type[Payload]) -> dict[str, Any]:
     """The channel's address and parameters: a session's subject, or for the few notices
     that belong to no session, the subject of their own stream."""
-    if payload_class is ToolRegistryPublished:
-        return {"address": TOOL_REGISTRY_SUBJECT}
-    if payload_class is ToolCircuitChanged:
+    channel = SESSIONLESS_CHANNELS.get(payload_class)
+    if channel is None:
         return {
-            "address": circuit_subject("{server}"),
-            "parameters": {"server": {"description": "The MCP server."}},
+            "address": event_subject("{tenant}", "{sessionId}", payload_class.TYPE),
+            "parameters": {name: _described_below(name) for name in ("tenant", "sessionId")},
         }
-    if payload_class is ToolServerHealthChanged:
-        return {
-            "address": server_health_subject("{server}"),
-            "parameters": {"server": {"description": "The MCP server."}},
+    where: dict[str, Any] = {"address": channel.address}
+    if channel.parameters:
+        where["parameters"] = {
+            name: {"description": description} if description else _described_below(name)
+            for name, description in channel.parameters.items()
         }
-    if payload_class in (ToolDefinitionPinned, ToolDefinitionChanged, ToolDefinitionAccepted):
-        return {
-            "address": tool_definition_subject("{tool}"),
-            "parameters": {"tool": {"description": "The tool, as the registry names it."}},
-        }
-    if payload_class is StreamLimitApproaching:
-        return {"address": RETENTION_SUBJECT}
-    if payload_class.__module__ == keys.__name__:
-        # Every event of the keys aggregate is on the keys stream, on its key's subject.
-        return {
-            "address": api_key_subject("{tenant}", "{keyId}"),
-            "parameters": {
-                "tenant": {"$ref": "#/components/parameters/tenant"},
-                "keyId": {"description": "The API key's id (never its secret)."},
-            },
-        }
-    return {
-        "address": event_subject("{tenant}", "{sessionId}", payload_class.TYPE),
-        "parameters": {
-            "tenant": {"$ref": "#/components/parameters/tenant"},
-            "sessionId": {"$ref": "#/components/parameters/sessionId"},
-        },
-    }
+    return where
+
+
+def _described_below(parameter: str) -> dict[str, str]:
+    """A parameter the document's components describe once for every channel."""
+    return {"$ref": f"#/components/parameters/{parameter}"}
 
 
 def _message(example: Payload) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from helmline.contracts._plans import PlanStep
 from helmline.contracts._tables import Table, Vector
 from helmline.contracts._taint import CallTaint
 from helmline.contracts._tools import ToolEffect
+from helmline.contracts._topology import SESSIONLESS_CHANNELS
 from helmline.contracts._values import (
     Actor,
     ArgumentCondition,
@@ -40,9 +41,6 @@ from helmline.contracts._values import (
 )
 from helmline.contracts.events import (
     Alternative,
-    ApiKeyCreated,
-    ApiKeyRevoked,
-    ApiKeyRotated,
     ApprovalDecisionRefused,
     ApprovalDecisionSubmitted,
     ApprovalDenied,
@@ -85,7 +83,6 @@ from helmline.contracts.events import (
     StepRetryDeferred,
     StepScheduled,
     StepSkipped,
-    StreamLimitApproaching,
     ThoughtRecorded,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
@@ -93,12 +90,6 @@ from helmline.contracts.events import (
     ToolCallDenied,
     ToolCallFailed,
     ToolCallStarted,
-    ToolCircuitChanged,
-    ToolDefinitionAccepted,
-    ToolDefinitionChanged,
-    ToolDefinitionPinned,
-    ToolRegistryPublished,
-    ToolServerHealthChanged,
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
@@ -841,16 +832,7 @@ def _reduces(
 
 
 @_reduces(
-    ToolRegistryPublished,  # Gateway-wide facts on the tools stream, never in a session's log.
-    ToolCircuitChanged,
-    ToolServerHealthChanged,
-    ToolDefinitionPinned,
-    ToolDefinitionChanged,
-    ToolDefinitionAccepted,
-    StreamLimitApproaching,  # A stream-wide notice on the ops stream.
-    ApiKeyCreated,  # Credentials' lifecycle, on the keys stream.
-    ApiKeyRotated,
-    ApiKeyRevoked,
+    *SESSIONLESS_CHANNELS,  # Never in a session's log: each is on a stream of its own.
     SandboxExecutionRequested,  # The call is recorded as authorised; the sandbox takes it on.
     SandboxLimitApproached,  # A warning for people and alerts; the call runs on unchanged.
     ContextCompacted,  # Facts for people and replays.

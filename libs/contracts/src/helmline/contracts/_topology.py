@@ -6,7 +6,7 @@ streams, consumers and buckets from these definitions, and services subscribe th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from pydantic import Field
@@ -48,13 +48,21 @@ from helmline.contracts.events import (
     SessionResumeRequested,
     SessionStarted,
     StepScheduled,
+    StreamLimitApproaching,
     ToolCallAuthorized,
     ToolCallCompleted,
     ToolCallDenied,
     ToolCallFailed,
+    ToolCircuitChanged,
+    ToolDefinitionAccepted,
+    ToolDefinitionChanged,
+    ToolDefinitionPinned,
+    ToolRegistryPublished,
+    ToolServerHealthChanged,
     WorkspaceRestored,
     WorkspaceSnapshotsPruned,
     WorkspaceSnapshotted,
+    keys,
 )
 
 EVENTS_SUBJECT_PREFIX = "helmline.events"
@@ -122,6 +130,49 @@ def tool_definition_subject(tool: str) -> str:
 
 ALL_TOOL_DEFINITIONS = f"{TOOLS_SUBJECT_PREFIX}.definition.>"
 """Every tool's definition events (a tool's name may hold dots, hence `>`)."""
+
+
+class Channel(NamedTuple):
+    """Where events that belong to no session are published, on a stream of their own."""
+
+    address: str
+    """Their subject, with `{parameters}` where it varies (as AsyncAPI writes it)."""
+    covers: str
+    """Every subject of the channel, as a filter: what its publishers may publish to."""
+    parameters: Mapping[str, str] = {}
+    """What each parameter of the address is ("" for one AsyncAPI's components describe)."""
+
+
+_MCP_SERVER = {"server": "The MCP server."}
+
+SESSIONLESS_CHANNELS: dict[type[Payload], Channel] = {
+    ToolRegistryPublished: Channel(TOOL_REGISTRY_SUBJECT, TOOL_REGISTRY_SUBJECT),
+    ToolCircuitChanged: Channel(circuit_subject("{server}"), ALL_CIRCUITS, _MCP_SERVER),
+    ToolServerHealthChanged: Channel(
+        server_health_subject("{server}"), ALL_SERVER_HEALTH, _MCP_SERVER
+    ),
+    **dict.fromkeys(
+        (ToolDefinitionPinned, ToolDefinitionChanged, ToolDefinitionAccepted),
+        Channel(
+            tool_definition_subject("{tool}"),
+            ALL_TOOL_DEFINITIONS,
+            {"tool": "The tool, as the registry names it."},
+        ),
+    ),
+    StreamLimitApproaching: Channel(RETENTION_SUBJECT, RETENTION_SUBJECT),
+    # Every event of the keys aggregate is on the keys stream, on its key's subject.
+    **dict.fromkeys(
+        (payload for payload in PAYLOAD_CLASSES if payload.__module__ == keys.__name__),
+        Channel(
+            api_key_subject("{tenant}", "{keyId}"),
+            ALL_API_KEYS,
+            {"tenant": "", "keyId": "The API key's id (never its secret)."},
+        ),
+    ),
+}
+"""The event types that belong to no session, and where each is published; every other
+event type is in a session's log, on `event_subject`. A new one is declared here, beside
+its subject: AsyncAPI, the publish permissions and the fold (which never sees one) follow."""
 
 
 class EventSubject(NamedTuple):
@@ -549,21 +600,22 @@ SERVICE_CONSUMERS: tuple[ConsumerSpec, ...] = (
 # --- who may publish what -----------------------------------------------------------------
 
 EVENT_PUBLISHERS: dict[type[Payload], tuple[str, ...]] = {
-    payload: payload.PUBLISHED_BY for payload in PAYLOAD_CLASSES
+    payload: payload.PUBLISHED_BY
+    for payload in PAYLOAD_CLASSES
+    if payload not in SESSIONLESS_CHANNELS
 }
-"""The services that append each event type, as its class declares them: each service's NATS
-user may publish only these types' subjects."""
+"""The services that append each session event type, as its class declares them: each
+service's NATS user may publish only these types' subjects in sessions' logs."""
 
-SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {
-    TOOL_REGISTRY_SUBJECT: (TOOL_GATEWAY,),
-    ALL_CIRCUITS: (TOOL_GATEWAY,),
-    ALL_SERVER_HEALTH: (TOOL_GATEWAY,),
-    # The gateway pins and holds; people accept (through the API, or the CLI as NATS admin).
-    ALL_TOOL_DEFINITIONS: (TOOL_GATEWAY, API),
-    RETENTION_SUBJECT: (STATE,),
-    ALL_API_KEYS: (API,),
-}
-"""Subjects outside the events stream and who publishes on them."""
+SUBJECT_PUBLISHERS: dict[str, tuple[str, ...]] = {}
+for _payload, _channel in SESSIONLESS_CHANNELS.items():
+    _known = SUBJECT_PUBLISHERS.get(_channel.covers, ())
+    SUBJECT_PUBLISHERS[_channel.covers] = (
+        *_known,
+        *(owner for owner in _payload.PUBLISHED_BY if owner not in _known),
+    )
+"""Subjects outside the events stream and who publishes on them: the publishers their
+events' classes declare."""
 
 BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
     RATE_LIMITS_BUCKET.bucket: (TOOL_GATEWAY,),
