@@ -70,9 +70,16 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
 
 
 async def open_session(page: Page, api_url: str, headers: dict[str, str], session_id: str) -> None:
-    """Sign in with the key of `headers` and open the session's view."""
+    """Sign in with the key of `headers` and open the session's view, drawn."""
     await page.goto(f"{api_url}/#key={headers['Authorization'].removeprefix('Bearer ')}")
     await page.goto(f"{api_url}/#/sessions/{session_id}")
+    await session_drawn(page)
+
+
+async def session_drawn(page: Page) -> None:
+    """Until a session's view has drawn its lists: a part below them scrolled to before
+    then is pushed off screen as they fill, and is not drawn."""
+    await expect(page.locator('#main[aria-busy="false"]:has(section.session)')).to_have_count(1)
 
 
 async def screenshot(page: Page, name: str) -> None:
@@ -865,6 +872,7 @@ async def fits_320_px(
         await small.goto(f"{api_url}/#key={headers['Authorization'].removeprefix('Bearer ')}")
         await small.goto(f"{api_url}/{path}")
         if part:
+            await session_drawn(small)
             await small.locator(part).scroll_into_view_if_needed()
         await expect(small.locator(drawn).first).to_be_visible()
         assert await overflow(small) == 0

@@ -966,6 +966,9 @@ async function route(): Promise<void> {
   teardown?.();
   teardown = null;
   if (!storedKey()) return signIn();
+  // Busy until the view's first draw: assistive technology waits for it, and so can tests
+  // (a view below the lists is drawn once scrolled to, which only counts once they are).
+  main.setAttribute("aria-busy", "true");
   try {
     const me = await api<Me>("/me");
     if (!current()) return;
@@ -980,6 +983,8 @@ async function route(): Promise<void> {
     } else await sessionList(current);
   } catch (error) {
     fail(error);
+  } finally {
+    if (current()) main.setAttribute("aria-busy", "false");
   }
 }
 
