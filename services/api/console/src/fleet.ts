@@ -15,11 +15,15 @@ const HOUR_MS = 3_600_000;
 const CATCH_UP_FOR_MS = 2_000;
 /** As many as a part shows; more is said as a count. */
 const SHOWN = 50;
+/** At most how many sessions behind an event heard are read from their logs at once. */
+const LINES_READ_AHEAD = 10;
 
 interface Part {
   id: string;
   title: string;
   query: () => string;
+  /** Whether a session's line, read from its log, belongs in the part (as `query` asks). */
+  holds: (s: SessionSummary, now: number) => boolean;
   line: (s: SessionSummary) => string;
   empty: string;
 }
@@ -32,6 +36,7 @@ const PARTS: Part[] = [
     id: "waiting",
     title: "Waiting for approval",
     query: () => "waiting=true",
+    holds: (s) => s.waiting_for.length > 0,
     line: (s) =>
       `${s.waiting_for.map((w) => `${badge(w.risk, w.risk)} ${esc(w.tool ?? "the plan")}${w.step_id ? ` <small>step ${esc(w.step_id)}</small>` : ""}`).join("<br>")}
        <small>${steps(s)}</small>`,
@@ -41,6 +46,7 @@ const PARTS: Part[] = [
     id: "running",
     title: "Running",
     query: () => "status=planning&status=executing&status=paused",
+    holds: (s) => ["planning", "executing", "paused"].includes(s.status),
     line: (s) => `${badge(s.status, s.status)} <small>${steps(s)} · started ${esc(when(s.started_at))}</small>`,
     empty: "Nothing runs.",
   },
@@ -48,6 +54,7 @@ const PARTS: Part[] = [
     id: "failed",
     title: "Failed in the last hour",
     query: () => `status=failed&ended_after=${encodeURIComponent(new Date(Date.now() - HOUR_MS).toISOString())}`,
+    holds: (s, now) => s.status === "failed" && s.ended_at !== null && now - Date.parse(s.ended_at) < HOUR_MS,
     line: (s) => `<small>${steps(s)} · ended ${esc(when(s.ended_at))}</small>${s.outcome ? `<br><small class="outcome">${esc(s.outcome)}</small>` : ""}`,
     empty: "No session failed in the last hour.",
   },
@@ -80,9 +87,23 @@ export async function fleetView(main: HTMLElement, hooks: FleetHooks): Promise<(
     const answers = await Promise.all(PARTS.map((p) => api<SessionSummary[]>(`/sessions?${p.query()}&limit=${SHOWN + 1}`)));
     if (!hooks.current()) return;
     const listed = new Map<string, number>();
+    for (const s of answers.flat()) listed.set(s.session_id, Math.max(listed.get(s.session_id) ?? 0, s.last_seq));
+    // The parts come from a projection that trails a busy stream by seconds: a session
+    // behind an event heard is read from its log, so one that comes to wait shows at once.
+    const behindIds = [...heard]
+      .filter(([id, { seq }]) => (listed.get(id) ?? 0) < seq)
+      .sort((a, b) => b[1].seq - a[1].seq)
+      .slice(0, LINES_READ_AHEAD)
+      .map(([id]) => id);
+    const fresh = (await Promise.all(behindIds.map((id) => api<SessionSummary>(`/sessions/${id}/summary`).catch(() => null)))).filter(
+      (line): line is SessionSummary => line !== null,
+    );
+    if (!hooks.current()) return;
+    const readAt = Date.now();
+    for (const line of fresh) listed.set(line.session_id, Math.max(listed.get(line.session_id) ?? 0, line.last_seq));
+    const parts = PARTS.map((part, i) => withLines(answers[i], fresh, (line) => part.holds(line, readAt)));
     PARTS.forEach((part, i) => {
-      const sessions = answers[i];
-      for (const s of sessions) listed.set(s.session_id, Math.max(listed.get(s.session_id) ?? 0, s.last_seq));
+      const sessions = parts[i];
       const list = document.getElementById(`fleet-${part.id}-list`);
       const count = document.getElementById(`fleet-${part.id}-count`);
       if (!list || !count) return;
@@ -109,7 +130,7 @@ export async function fleetView(main: HTMLElement, hooks: FleetHooks): Promise<(
     const state = document.getElementById("fleet-state");
     if (state) state.textContent = behind ? "catching up with the live events…" : "";
     // Said (politely) when it changes: a new approval to decide is news, a redraw is not.
-    const waiting = answers[0].length;
+    const waiting = parts[0].length;
     const news = document.getElementById("fleet-news");
     if (news && waitingWere !== null && waiting !== waitingWere) news.textContent = `${waiting > SHOWN ? `${SHOWN}+` : waiting} waiting for approval.`;
     waitingWere = waiting;
@@ -125,4 +146,18 @@ export async function fleetView(main: HTMLElement, hooks: FleetHooks): Promise<(
   // "The last hour" moves on without events.
   const ticking = window.setInterval(refresh, 30_000);
   return () => window.clearInterval(ticking);
+}
+
+/** A part's sessions as listed, with the lines read from sessions' logs put in (newer than
+ * listed, and belonging) or taken out (no longer belonging); newest first, as listed. */
+function withLines(listed: SessionSummary[], fresh: SessionSummary[], belongs: (line: SessionSummary) => boolean): SessionSummary[] {
+  const byId = new Map(listed.map((s) => [s.session_id, s]));
+  for (const line of fresh) {
+    const known = byId.get(line.session_id);
+    if (known && known.last_seq >= line.last_seq) continue;
+    if (belongs(line)) byId.set(line.session_id, line);
+    else byId.delete(line.session_id);
+  }
+  const started = (s: SessionSummary): number => (s.started_at ? Date.parse(s.started_at) : -Infinity);
+  return [...byId.values()].sort((a, b) => started(b) - started(a) || a.session_id.localeCompare(b.session_id));
 }
