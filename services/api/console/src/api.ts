@@ -48,6 +48,12 @@ export async function api<T>(path: string, init: { method?: string; body?: unkno
   return (await response.json()) as T;
 }
 
+/** Null for a resource the API has not (a session not yet stored, say). */
+export function missing(error: unknown): null {
+  if (error instanceof ApiError && error.status === 404) return null;
+  throw error;
+}
+
 export type Connection = "connecting" | "live" | "reconnecting";
 
 export interface StreamEvent {

@@ -5,6 +5,7 @@
 // that comes to wait meanwhile.
 
 import { api, type StreamEvent } from "./api";
+import { linesFromLogs, newestFirst } from "./lines";
 import type { SessionSummary } from "./types";
 import { badge, esc, throttle, when } from "./ui";
 import { setHtml } from "./virtual";
@@ -95,9 +96,7 @@ export async function fleetView(main: HTMLElement, hooks: FleetHooks): Promise<(
       .sort((a, b) => b[1].seq - a[1].seq)
       .slice(0, LINES_READ_AHEAD)
       .map(([id]) => id);
-    const fresh = (await Promise.all(behindIds.map((id) => api<SessionSummary>(`/sessions/${id}/summary`).catch(() => null)))).filter(
-      (line): line is SessionSummary => line !== null,
-    );
+    const fresh = await linesFromLogs(behindIds);
     if (!hooks.current()) return;
     const readAt = Date.now();
     for (const line of fresh) listed.set(line.session_id, Math.max(listed.get(line.session_id) ?? 0, line.last_seq));
@@ -149,7 +148,7 @@ export async function fleetView(main: HTMLElement, hooks: FleetHooks): Promise<(
 }
 
 /** A part's sessions as listed, with the lines read from sessions' logs put in (newer than
- * listed, and belonging) or taken out (no longer belonging); newest first, as listed. */
+ * listed, and belonging) or taken out (no longer belonging). */
 function withLines(listed: SessionSummary[], fresh: SessionSummary[], belongs: (line: SessionSummary) => boolean): SessionSummary[] {
   const byId = new Map(listed.map((s) => [s.session_id, s]));
   for (const line of fresh) {
@@ -158,6 +157,5 @@ function withLines(listed: SessionSummary[], fresh: SessionSummary[], belongs: (
     if (belongs(line)) byId.set(line.session_id, line);
     else byId.delete(line.session_id);
   }
-  const started = (s: SessionSummary): number => (s.started_at ? Date.parse(s.started_at) : -Infinity);
-  return [...byId.values()].sort((a, b) => started(b) - started(a) || a.session_id.localeCompare(b.session_id));
+  return newestFirst(byId.values());
 }

@@ -5,6 +5,7 @@ import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, Ran
 import { patchRows, setHtml, VirtualList } from "./virtual";
 import { compareWithOrigin } from "./compare";
 import { fleetView } from "./fleet";
+import { linesFromLogs, newestFirst, startedAt } from "./lines";
 import { PlanGraphView } from "./graph";
 import { CallTimeline } from "./timeline";
 import { TimeTravel } from "./travel";
@@ -59,12 +60,6 @@ const LIST_LIMIT = 100;
 const LINES_READ_AHEAD = 10;
 /** How long the list is read again while a line stays behind an event heard. */
 const CATCH_UP_FOR_MS = 10_000;
-
-/** Null for a resource the API has not (a session not yet stored, say). */
-function missing(error: unknown): null {
-  if (error instanceof ApiError && error.status === 404) return null;
-  throw error;
-}
 
 function follow(path: string, onEvent: (event: StreamEvent) => void): void {
   feed?.stop();
@@ -158,21 +153,19 @@ async function sessionList(current: Current): Promise<void> {
       .sort((a, b) => b[1] - a[1])
       .slice(0, LINES_READ_AHEAD)
       .map(([id]) => id);
-    const read = await Promise.all(behind.map((id) => api<SessionSummary>(`/sessions/${id}/summary`).catch(missing)));
-    const started = (line: SessionSummary): number => (line.started_at ? Date.parse(line.started_at) : -Infinity);
-    const last = sessions.length ? started(sessions[sessions.length - 1]) : -Infinity;
+    const read = await linesFromLogs(behind);
+    const last = sessions.length ? startedAt(sessions[sessions.length - 1]) : -Infinity;
     for (const line of read) {
-      if (!line || (filter.value && line.status !== filter.value)) {
-        if (line) listed.delete(line.session_id); // It left the filter's list.
+      if (filter.value && line.status !== filter.value) {
+        listed.delete(line.session_id); // It left the filter's list.
         continue;
       }
       const known = listed.get(line.session_id);
       // A line missing from a full list joins it only where it sorts among those listed.
-      const fits = known || sessions.length < LIST_LIMIT || started(line) >= last;
+      const fits = known || sessions.length < LIST_LIMIT || startedAt(line) >= last;
       if (fits && line.last_seq > (known?.last_seq ?? 0)) listed.set(line.session_id, line);
     }
-    // Newest first, as the API lists them.
-    return [...listed.values()].sort((a, b) => started(b) - started(a) || a.session_id.localeCompare(b.session_id));
+    return newestFirst(listed.values());
   };
   const refresh = throttle(render, fail);
   await render();
