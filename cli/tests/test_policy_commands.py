@@ -24,6 +24,7 @@ from helmline.contracts import (
     PlanProposed,
     PlanStep,
     SessionStarted,
+    StepAuthorized,
     StepScheduled,
     ToolCallDenied,
     ToolRegistryPublished,
@@ -238,7 +239,7 @@ async def test_explain_shows_the_decision_a_step_was_scheduled_with_by_its_appro
         now=datetime.now(UTC),
     )
     assert isinstance(approval.payload, PlanApproved)
-    scheduled = StepScheduled(
+    scheduled = StepAuthorized(
         step_id="say", call_id="say.1", tool="echo", arguments=step.arguments, authorized_by_plan=1
     )
     planned = _planned_and_scheduled(started, step)[:2]

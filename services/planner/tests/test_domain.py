@@ -25,6 +25,7 @@ from helmline.contracts import (
     SessionResumeRequested,
     SessionStarted,
     StepAuthorization,
+    StepAuthorized,
     StepScheduled,
     StepSkipped,
     ToolCallCompleted,
@@ -326,12 +327,13 @@ def test_a_step_its_approved_plan_authorised_is_scheduled_as_authorised() -> Non
     (first,) = session.happen(
         PlanApproved(revision=1, approved_by=ANA, authorized_steps=(authorized,))
     )
-    assert isinstance(first, StepScheduled)
+    assert isinstance(first, StepAuthorized)
     assert first.authorized_by_plan == 1
     state = fold(session.events)
     # The log says the call may run: the fold shows it as authorised, as a decision would.
     assert (state.steps["a"].status, state.steps["a"].risk) == ("authorized", "low")
     (second,) = session.complete("a")
-    assert isinstance(second, StepScheduled)
-    assert second.authorized_by_plan is None  # Not authorised with the plan: judged.
+    # Not authorised with the plan: judged.
+    assert type(second) is StepScheduled
+    assert second.authorized_by_plan is None
     assert fold(session.events).steps["b"].status == "scheduled"

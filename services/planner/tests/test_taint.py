@@ -20,7 +20,7 @@ from helmline.contracts import (
     PlanApproved,
     SessionStarted,
     StepAuthorization,
-    StepScheduled,
+    StepAuthorized,
     ToolCallAuthorized,
     ToolCallCompleted,
     call_digest,
@@ -282,7 +282,7 @@ def test_a_network_call_authorised_with_its_plan_also_makes_the_workspace_outsid
             ),
         ),
     )
-    scheduled = StepScheduled(
+    scheduled = StepAuthorized(
         step_id="t2", call_id="t2.1", tool="run_command", arguments=clone, authorized_by_plan=1
     )
     cloned = ToolCallCompleted(call_id="t2.1", step_id="t2", tool="run_command", output={})

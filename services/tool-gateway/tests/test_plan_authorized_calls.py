@@ -12,6 +12,7 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import (
     StepAuthorization,
+    StepAuthorized,
     StepScheduled,
     ToolCallCompleted,
     ToolCallFailed,
@@ -39,13 +40,11 @@ def _authorization(step_id: str, tool: str, **arguments: Any) -> StepAuthorizati
 def _scheduled(
     step_id: str, tool: str, revision: int | None = 1, **arguments: Any
 ) -> StepScheduled:
-    return StepScheduled(
-        step_id=step_id,
-        call_id=f"{step_id}.1",
-        tool=tool,
-        arguments=arguments,
-        authorized_by_plan=revision,
-    )
+    """`step.authorized` by plan `revision`; `step.scheduled` to be judged when None."""
+    call = StepScheduled(step_id=step_id, call_id=f"{step_id}.1", tool=tool, arguments=arguments)
+    if revision is None:
+        return call
+    return StepAuthorized(**call.model_dump(exclude_defaults=True), authorized_by_plan=revision)
 
 
 async def test_a_step_its_plan_authorised_runs_when_scheduled_and_others_are_refused(
@@ -62,6 +61,7 @@ async def test_a_step_its_plan_authorised_runs_when_scheduled_and_others_are_ref
     await calls.approve_plan(
         _authorization("write", note, message="planned"),
         _authorization("other", note, message="planned"),
+        _authorization("older", note, message="planned"),
     )
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
@@ -69,6 +69,15 @@ async def test_a_step_its_plan_authorised_runs_when_scheduled_and_others_are_ref
             await calls.schedule(_scheduled("write", note, message="planned"))
         )
         assert isinstance(ran, ToolCallCompleted), ran
+        # Planners before `step.authorized` named the plan on `step.scheduled`: still run.
+        older = StepScheduled(
+            step_id="older",
+            call_id="older.1",
+            tool=note,
+            arguments={"message": "planned"},
+            authorized_by_plan=1,
+        )
+        assert isinstance(await calls.outcome(await calls.schedule(older)), ToolCallCompleted)
         # The plan authorised other arguments, another step, another revision: none runs.
         refused = [
             await calls.outcome(await calls.schedule(scheduled))
@@ -87,4 +96,4 @@ async def test_a_step_its_plan_authorised_runs_when_scheduled_and_others_are_ref
         assert outcome.error.kind == "permission"
         assert "does not authorise it" in outcome.error.message
     assert await calls.events(judged) == [_scheduled("judged", note, revision=None, message="x")]
-    assert calls_received(state_dir, "note") == 1
+    assert calls_received(state_dir, "note") == 2

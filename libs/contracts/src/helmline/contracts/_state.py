@@ -80,6 +80,7 @@ from helmline.contracts.events import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepAuthorized,
     StepRetryDeferred,
     StepScheduled,
     StepSkipped,
@@ -973,7 +974,7 @@ def _plan_rejected(fold: SessionFold, event: Event, data: PlanRejected) -> None:
 # --- steps and their calls ----------------------------------------------------------------
 
 
-@_reduces(StepScheduled)
+@_reduces(StepScheduled, StepAuthorized)
 def _step_scheduled(fold: SessionFold, event: Event, data: StepScheduled) -> None:
     fold.calls = fold.calls.set(data.call_id, data.step_id)
     if data.compensation_id is not None:

@@ -47,6 +47,7 @@ from helmline.contracts.events import (
     SessionResumed,
     SessionResumeRequested,
     SessionStarted,
+    StepAuthorized,
     StepScheduled,
     StreamLimitApproaching,
     ToolCallAuthorized,
@@ -527,8 +528,9 @@ APPROVAL_CONSUMER = consumer_for(
 )
 TOOL_GATEWAY_CONSUMER = consumer_for(
     "tool-gateway",
-    # A step whose call its approved plan authorised runs when scheduled.
-    (ToolCallAuthorized, StepScheduled),
+    # A step whose call its approved plan authorised runs when scheduled; planners before
+    # `step.authorized` said so on `step.scheduled`.
+    (ToolCallAuthorized, StepAuthorized, StepScheduled),
     "Validates authorised calls (and calls scheduled as their approved plan authorised "
     "them), runs pure tools, hands the rest to the sandbox.",
 )

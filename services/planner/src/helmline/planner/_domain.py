@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from helmline.contracts import (
     Event,
@@ -21,6 +22,7 @@ from helmline.contracts import (
     SessionResumeRequested,
     SessionStarted,
     SessionState,
+    StepAuthorized,
     StepRetryDeferred,
     StepScheduled,
     StepSkipped,
@@ -176,24 +178,24 @@ def _status(state: SessionState, step_id: str, skipping: set[str]) -> str:
 def _schedule(state: SessionState, step: StepState, attempt: int) -> Decision:
     """The step's next attempt, saying so when its approved plan authorised the call (it
     then runs without a decision of its own)."""
-    call_id = f"{step.id}.{attempt}"
+    call: dict[str, Any] = {
+        "step_id": step.id,
+        "call_id": f"{step.id}.{attempt}",
+        "attempt": attempt,
+        "tool": step.tool,
+        "arguments": step.arguments,
+        "risk": step.risk,
+        "requires_approval": step.requires_approval,
+        "hosts": step.hosts,
+        "taint": step.taint,
+    }
     approval = state.plan_approval
-    authorized = (
-        approval is not None
+    scheduled = (
+        StepAuthorized(**call, authorized_by_plan=approval.revision)
+        if approval is not None
         and not step.requires_approval
         and approval.authorization_of(step.id, step.tool, step.arguments) is not None
-    )
-    scheduled = StepScheduled(
-        step_id=step.id,
-        call_id=call_id,
-        attempt=attempt,
-        tool=step.tool,
-        arguments=step.arguments,
-        risk=step.risk,
-        requires_approval=step.requires_approval,
-        hosts=step.hosts,
-        taint=step.taint,
-        authorized_by_plan=approval.revision if approval is not None and authorized else None,
+        else StepScheduled(**call)
     )
     return Decision(scheduled, f"step/{step.id}/{attempt}")
 

@@ -32,6 +32,7 @@ from helmline.contracts import (
     Event,
     InverseCall,
     Risk,
+    StepAuthorized,
     StepScheduled,
     ToolCallAttemptFailed,
     ToolCallAuthorized,
@@ -138,11 +139,13 @@ class GatewayHandler:
         assert isinstance(delivery.event.data, ToolCallAuthorized)
         await self._run(delivery, delivery.event.data)
 
-    @router.on(StepScheduled)
+    @router.on(StepAuthorized, StepScheduled)
     async def _on_scheduled(self, delivery: Delivery) -> None:
-        """Run a step scheduled as its approved plan authorised it (others are the approval
-        service's to judge). A step that claims an authorisation its plan's approval does not
-        hold is failed, not run (nor judged: the approval service leaves it here)."""
+        """Run a step scheduled as its approved plan authorised it (`step.authorized`, or a
+        `step.scheduled` naming the plan, as planners before `step.authorized` appended it;
+        other steps are the approval service's to judge). A step that claims an
+        authorisation its plan's approval does not hold is failed, not run (nor judged: the
+        approval service leaves it here)."""
         event = delivery.event
         scheduled = event.data
         assert isinstance(scheduled, StepScheduled)

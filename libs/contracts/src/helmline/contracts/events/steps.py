@@ -44,10 +44,11 @@ class StepScheduled(Payload, type="step.scheduled", published_by=(PLANNER, STATE
     step records it; None when none was in its context (or a playbook or rollback made the
     call)."""
     authorized_by_plan: int | None = Field(default=None, ge=1)
-    """The approved plan revision whose `authorized_steps` allowed this call: the tool
-    gateway runs it on this event, once it has checked that authorisation against the
-    call, and the approval service does not judge it. None: the call is judged when
-    scheduled (`tool.call.authorized` or another decision follows)."""
+    """The approved plan revision whose `authorized_steps` allowed this call (see
+    `StepAuthorized`, which a planner appends for such a step). On `step.scheduled` it is
+    None, the call being judged when scheduled (`tool.call.authorized` or another decision
+    follows), except in events that planners before `step.authorized` appended: the gateway
+    still runs those as authorised."""
 
     def authorized_by(self, approved: PlanApproved) -> ToolCallAuthorized | None:
         """The call as `approved` authorised it: None unless this event names that plan
@@ -77,6 +78,30 @@ class StepScheduled(Payload, type="step.scheduled", published_by=(PLANNER, STATE
             call_id="count.1",
             tool="run_command",
             arguments={"command": "wc -c notes.txt"},
+        )
+
+
+class StepAuthorized(StepScheduled, type="step.authorized", published_by=(PLANNER,)):
+    """The planner wants a step to run now, and its approved plan authorised its call: the
+    tool gateway runs it on this event, once it has checked that authorisation against the
+    call, and no decision follows. A step scheduled all the same (the approval service,
+    which judges every `step.scheduled`, is not handed these).
+
+    A type of its own, not a flag on `step.scheduled`, because consumers filter by subject:
+    the approval service would otherwise receive, decode and acknowledge each of them only
+    to pass it by."""
+
+    authorized_by_plan: int = Field(ge=1)
+    """The approved plan revision whose `authorized_steps` allowed this call."""
+
+    @classmethod
+    def example(cls) -> Self:
+        return cls(
+            step_id="count",
+            call_id="count.1",
+            tool="run_command",
+            arguments={"command": "wc -c notes.txt"},
+            authorized_by_plan=1,
         )
 
 
