@@ -46,6 +46,7 @@ from helmline.runtime import (
     SecretStore,
     classified,
     resolved_arguments,
+    through_elections,
 )
 from helmline.sandbox._calls import (
     CANCELLED_BEFORE_START,
@@ -277,9 +278,13 @@ class SandboxHandler:
         await self._record(key, [*before, *after, *closing])
 
     async def _snapshot(self, workspace: Path, session: SessionKey, snapshot: str) -> Snapshot:
-        assert self._snapshots is not None
+        snapshots = self._snapshots
+        assert snapshots is not None
         try:
-            return await self._snapshots.take(workspace, *session, snapshot)
+            # Taking a snapshot again is harmless (blobs are named by their content, the
+            # manifest is the same), and a cluster electing a leader for the bucket's stream
+            # answers nothing for seconds: a snapshot lost to that would lose the checkpoint.
+            return await through_elections(lambda: snapshots.take(workspace, *session, snapshot))
         except (TimeoutError, OSError, NatsError) as error:
             # The call ran (or is about to): its result matters more than its snapshot.
             logger.warning("snapshot %s of %s/%s failed: %s", snapshot, *session, error)
