@@ -68,6 +68,14 @@ def ask_proxy(path: str, destination: str) -> str:
 
 
 @server.tool()
+def capabilities() -> dict[str, int]:
+    """The capability sets of this process (`CapEff`, `CapPrm`, ...), as numbers."""
+    with open("/proc/self/status") as status:
+        fields = (line.split(":", 1) for line in status if line.startswith("Cap"))
+        return {name: int(value, 16) for name, value in fields}
+
+
+@server.tool()
 def environment() -> dict[str, str]:
     """The environment's variables, each value's SHA-256 (never the value itself)."""
     return {name: hashlib.sha256(value.encode()).hexdigest() for name, value in os.environ.items()}

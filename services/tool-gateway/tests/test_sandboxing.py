@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 
 from helmline.contracts import Actor, ToolCallCompleted
 from helmline.runtime import SealingKey, SecretStore, latest_tool_registry
-from helmline.runtime.testing import free_port, stored_log
+from helmline.runtime.testing import eventually, free_port, stored_log
 from helmline.tool_gateway import load_servers
 from helmline.tool_gateway.testing import http_mcp_server
 from helmline.yamlfile import YamlFileError
@@ -114,6 +114,8 @@ async def test_a_sandboxed_server_reads_and_writes_only_what_it_is_given(
         for inside in ("/home/mcp/x", "/tmp/x", str(writable / "x")):
             assert await write(inside) == "written", inside
         assert (writable / "x").read_text() == "probe"
+        held = await probe(calls, server_id, "capabilities")
+        assert (held["CapEff"], held["CapPrm"], held["CapAmb"]) == (0, 0, 0), held
 
 
 async def test_a_sandboxed_server_reaches_only_the_destinations_named(
@@ -141,10 +143,17 @@ async def test_a_sandboxed_server_reaches_only_the_destinations_named(
             assert await connect("localhost", named) == f"answered: echo {named}: hi"
             # Open on the host, but not named: nothing in the sandbox leads there.
             refused = "failed: ConnectionRefusedError: Connection refused"
+            caplog.set_level(logging.WARNING)
             assert await connect("127.0.0.1", not_allowed) == refused
             assert await connect("127.0.0.1", named) == refused
-            # Asked of the proxy itself, it refuses, and says so in the gateway's log.
-            caplog.set_level(logging.WARNING)
+            # Refused in the sandbox, and recorded in the gateway's log all the same.
+            for unrouted in (not_allowed, named):
+                message = f"connection to 127.0.0.1:{unrouted} refused (not an allowed"
+                await eventually(lambda m=message: m in caplog.text, what=message)  # type: ignore[misc]
+            # The forwarder watches with capabilities the server never holds.
+            held = await probe(calls, server_id, "capabilities")
+            assert set(held.values()) == {0}, held
+            # Asked of the proxy itself, it refuses, and says so too.
             asked = await probe(
                 calls,
                 server_id,
@@ -153,7 +162,10 @@ async def test_a_sandboxed_server_reaches_only_the_destinations_named(
                 destination=f"127.0.0.1:{not_allowed}",
             )
             assert asked == "refused"
-            assert f"connection to 127.0.0.1:{not_allowed} refused" in caplog.text
+            assert (
+                f"connection to 127.0.0.1:{not_allowed} refused (not an allowed destination)"
+                in caplog.text
+            )
 
 
 async def test_a_sandboxed_server_without_destinations_has_no_network(

@@ -11,6 +11,8 @@ from helmline.confinement._bubblewrap import (
 )
 from helmline.confinement._egress import (
     FORWARDER_SCRIPT,
+    SETPRIV,
+    WATCHING_CAPABILITIES,
     Destination,
     EgressError,
     EgressPlan,
@@ -23,7 +25,9 @@ __all__ = [
     "FORWARDER_SCRIPT",
     "NAMESPACES_ADVICE",
     "PRLIMIT",
+    "SETPRIV",
     "SYSTEM_BINDS",
+    "WATCHING_CAPABILITIES",
     "Bubblewrap",
     "BubblewrapUnavailable",
     "Destination",

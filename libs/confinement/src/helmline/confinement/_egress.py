@@ -7,7 +7,8 @@ of 127.100.0.0/16 that the sandbox's own hosts file gives that name. Whatever co
 is passed, through a unix socket bound into the sandbox, to the `EgressProxy` outside, which
 admits only the allowed destinations and connects out. A destination not allowed has
 nothing listening for it: the connection is refused inside the namespace, and nothing
-leaves; one asked of the proxy directly is refused there, and recorded.
+leaves (the forwarder, given CAP_NET_RAW to watch for them, tells the proxy of each, which
+records it); one asked of the proxy directly is refused there, and recorded.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 FORWARDER_SCRIPT = Path(__file__).with_name("_forwarder.py")
 """The forwarder, run inside the sandbox by its interpreter (standard library only)."""
+WATCHING_CAPABILITIES = ("CAP_NET_RAW", "CAP_SETPCAP")
+"""What a sandbox run as root gives its forwarder, to watch for connections refused inside
+(a raw socket) and to start the server without them (setpriv, which the forwarder needs)."""
+SETPRIV = "/usr/bin/setpriv"
 
 _LABEL = r"[A-Za-z0-9][A-Za-z0-9-]{0,62}"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
@@ -32,6 +37,11 @@ _NAMED_HOSTS = ipaddress.ip_network("127.100.0.0/16")
 _ANSWER_TIMEOUT_S = 10.0
 _CONNECT_TIMEOUT_S = 10.0
 _CHUNK = 65536
+
+
+UNROUTED = "unrouted "
+"""What the forwarder says before a destination a connection was attempted to, that nothing
+in the sandbox leads to (the kernel refused it there)."""
 
 
 class EgressError(ValueError):
@@ -152,6 +162,11 @@ class EgressProxy:
             async with asyncio.timeout(_ANSWER_TIMEOUT_S):
                 line = await reader.readline()
             asked = line.decode(errors="replace").strip()[:300]
+            unrouted = asked.removeprefix(UNROUTED)
+            if unrouted != asked:
+                # Told by the forwarder, which saw it refused inside the sandbox.
+                self._refuse(unrouted, "not an allowed destination; refused in the sandbox")
+                return
             try:
                 destination = Destination.parse(asked)
             except EgressError as error:

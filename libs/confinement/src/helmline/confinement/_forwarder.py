@@ -12,11 +12,18 @@ exits with COMMAND's status. Each connection accepted on a LISTEN address is pas
 egress proxy outside the sandbox through SOCKET (a unix socket bound in), asking for its
 DESTINATION; the proxy decides, and connects out. So the forwarder decides nothing: a
 process of the sandbox that talks to SOCKET itself is judged by the same proxy.
+
+A connection to any other port finds nothing listening and is refused by the kernel. When
+the sandbox gave the forwarder CAP_NET_RAW, it watches the namespace's TCP packets for such
+attempts (a SYN to an address and port it does not listen on) and tells the proxy of each
+(`unrouted HOST:PORT`), which records it; COMMAND is then started without that capability,
+through setpriv.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -70,9 +77,43 @@ def _serve(listener: socket.socket, proxy_path: str, destination: str) -> None:
         ).start()
 
 
+_SYN, _ACK = 0x02, 0x10
+_SETPRIV = "/usr/bin/setpriv"  # As `SETPRIV` in _egress: this file imports nothing of ours.
+
+
+def _tell(proxy_path: str, line: str) -> None:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as proxy:
+        proxy.connect(proxy_path)
+        proxy.sendall(line.encode() + b"\n")
+
+
+def _watch(watcher: socket.socket, proxy_path: str, listening: set[tuple[str, int]]) -> None:
+    """Tell the proxy of every connection attempted to a place nothing listens on."""
+    while True:
+        packet = watcher.recv(65535)
+        header = (packet[0] & 0x0F) * 4
+        if len(packet) < header + 14:
+            continue
+        flags = packet[header + 13]
+        if flags & _SYN and not flags & _ACK:
+            address = socket.inet_ntoa(packet[16:20])
+            port = int.from_bytes(packet[header + 2 : header + 4], "big")
+            if (address, port) not in listening:
+                _tell(proxy_path, f"unrouted {address}:{port}")
+
+
+def _watcher() -> socket.socket | None:
+    """A raw socket that sees the namespace's TCP packets, if this process may open one."""
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+    except OSError:
+        return None
+
+
 def main(argv: list[str]) -> int:
     split = argv.index("--")
     proxy_path, routes, command = argv[0], argv[1:split], argv[split + 1 :]
+    listening: set[tuple[str, int]] = set()
     for route in routes:
         listen, _, destination = route.partition("=")
         host, _, port = listen.rpartition(":")
@@ -80,9 +121,19 @@ def main(argv: list[str]) -> int:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, int(port)))
         listener.listen(64)
+        listening.add((host, int(port)))
         threading.Thread(
             target=_serve, args=(listener, proxy_path, destination), daemon=True
         ).start()
+    watcher = _watcher()
+    if watcher is not None and not os.path.exists(_SETPRIV):
+        # The server would keep the capability: better not to start it.
+        sys.exit(f"forwarder: given CAP_NET_RAW but no {_SETPRIV} to start the server without")
+    if watcher is not None:
+        threading.Thread(target=_watch, args=(watcher, proxy_path, listening), daemon=True).start()
+        # The server gets no capability: not the one that lets the forwarder watch.
+        drop = ["--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+        command = [_SETPRIV, *drop, "--", *command]
     # Listening before the server starts: its first connection finds the way open.
     server = subprocess.Popen(command)
     for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

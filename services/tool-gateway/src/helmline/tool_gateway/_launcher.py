@@ -17,7 +17,13 @@ from pathlib import Path
 from mcp import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 
-from helmline.confinement import FORWARDER_SCRIPT, EgressPlan, EgressProxy, find_bubblewrap
+from helmline.confinement import (
+    FORWARDER_SCRIPT,
+    SETPRIV,
+    EgressPlan,
+    EgressProxy,
+    find_bubblewrap,
+)
 from helmline.runtime import SecretsKeyError
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._sandboxing import Egress, install_folders, sandboxed_start
@@ -122,6 +128,7 @@ class ServerLauncher:
             forwarder=str(FORWARDER_SCRIPT),
             interpreter=interpreter,
             interpreter_folders=tuple(install_folders(interpreter, interpreter)),
+            watched=os.geteuid() == 0 and await asyncio.to_thread(os.path.exists, SETPRIV),
         )
 
 

@@ -33,7 +33,14 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from helmline.confinement import SYSTEM_BINDS, Destination, EgressError, EgressPlan, limited_argv
+from helmline.confinement import (
+    SYSTEM_BINDS,
+    WATCHING_CAPABILITIES,
+    Destination,
+    EgressError,
+    EgressPlan,
+    limited_argv,
+)
 
 OWN_FOLDER = "/home/mcp"
 """The server's own writable folder, inside its sandbox."""
@@ -121,6 +128,9 @@ class Egress:
     forwarder: str
     interpreter: str
     interpreter_folders: tuple[str, ...]
+    watched: bool
+    """Whether the forwarder may watch for connections refused inside (as root, with setpriv
+    to start the server without the capabilities that takes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +190,9 @@ def sandboxed_start(
         argv += ["--ro-bind", egress.socket, f"{RUN_FOLDER}/egress.sock"]
     argv += ["--remount-ro", "/", "--chdir", cwd or OWN_FOLDER]
     argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if egress is not None and egress.watched:
+        for capability in WATCHING_CAPABILITIES:
+            argv += ["--cap-add", capability]
     if as_root:
         # bubblewrap runs set up as root without a user namespace (which would map the
         # sandbox to host root with every capability in it); the server keeps uid 0 with no
