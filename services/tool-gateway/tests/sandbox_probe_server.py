@@ -68,6 +68,16 @@ def ask_proxy(path: str, destination: str) -> str:
 
 
 @server.tool()
+def allocate(mb: int) -> str:
+    """Hold `mb` MiB for a moment: `allocated`, or how it failed."""
+    try:
+        held = bytearray(mb * 1024 * 1024)
+    except MemoryError:
+        return "failed: MemoryError"
+    return f"allocated {len(held) // (1024 * 1024)} MiB"
+
+
+@server.tool()
 def capabilities() -> dict[str, int]:
     """The capability sets of this process (`CapEff`, `CapPrm`, ...), as numbers."""
     with open("/proc/self/status") as status:

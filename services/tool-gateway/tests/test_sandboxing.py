@@ -80,7 +80,7 @@ async def test_a_sandboxed_server_reads_and_writes_only_what_it_is_given(
         folder.mkdir()
     (readable / "notes.txt").write_text("given to read")
     (tmp_path / "not-given.txt").write_text("not given")
-    sandbox = {"read": [str(readable)], "write": [str(writable)]}
+    sandbox = {"read": [str(readable)], "write": [str(writable)], "memory_mb": 256}
     servers = probe_servers(tmp_path / "servers.yaml", server_id, sandbox=sandbox)
     async with gateway_in_process(nats_url, servers, tenant):
         await federated(js, server_id)
@@ -116,6 +116,8 @@ async def test_a_sandboxed_server_reads_and_writes_only_what_it_is_given(
         assert (writable / "x").read_text() == "probe"
         held = await probe(calls, server_id, "capabilities")
         assert (held["CapEff"], held["CapPrm"], held["CapAmb"]) == (0, 0, 0), held
+        assert await probe(calls, server_id, "allocate", mb=16) == "allocated 16 MiB"
+        assert await probe(calls, server_id, "allocate", mb=512) == "failed: MemoryError"
 
 
 async def test_a_sandboxed_server_reaches_only_the_destinations_named(
