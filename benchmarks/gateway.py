@@ -247,7 +247,10 @@ async def run() -> list[dict[str, Any]]:
             )
             gateways += [(config.id, federation, handler) for config in configs]
         try:
-            for transport, federation, handler in gateways:
+            # The two stdio servers one after the other: what else loads the machine then
+            # weighs on both alike.
+            order = ("stdio", "stdio-sandboxed", "http")
+            for transport, federation, handler in sorted(gateways, key=lambda g: order.index(g[0])):
                 samples = await _measure(federation, handler, transport)
                 figures += [
                     _figure(f"mcp_echo_{transport}_direct_ms", samples.direct, "for comparison"),

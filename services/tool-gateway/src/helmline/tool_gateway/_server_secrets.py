@@ -36,11 +36,6 @@ MaybeSecret = str | SecretReference
 """A value written in the file, or a reference to a secret."""
 
 
-def references(values: Mapping[str, MaybeSecret]) -> dict[str, str]:
-    """The names each value refers to (for messages: never a value)."""
-    return {k: v.secret for k, v in values.items() if isinstance(v, SecretReference)}
-
-
 async def resolved(values: Mapping[str, MaybeSecret], value_of: SecretValue) -> dict[str, str]:
     """`values` with each reference replaced by its secret's value."""
     return {
