@@ -49,6 +49,7 @@ from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, NODE, server_everything
 
 CALLS = 300
+STARTS = 5
 WARM_UP = 20
 BLOCK = 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +207,23 @@ async def classifier_round_trip_ms(calls: int = 200) -> dict[str, Any]:
     )
 
 
+async def stdio_start_ms(
+    config: ServerConfig, launcher: ServerLauncher, name: str
+) -> dict[str, Any]:
+    """From starting a stdio server to its tools listed (spawn, handshake, `tools/list`)."""
+    samples: list[float] = []
+    for _ in range(STARTS):
+        server = McpServer(config, lambda: None, launcher)
+        began = time.perf_counter()
+        server.start()
+        try:
+            assert await server.wait_connected(30), server.view.error
+            samples.append((time.perf_counter() - began) * 1000)
+        finally:
+            await server.stop()
+    return _figure(name, samples, "for comparison")
+
+
 async def run() -> list[dict[str, Any]]:
     script = ROOT / EVERYTHING_SCRIPT
     figures = [output_safety_us_per_kib(), output_safety_us_per_kib(secrets=50)]
@@ -230,6 +248,12 @@ async def run() -> list[dict[str, Any]]:
             ServerConfig.model_validate(
                 {"id": "stdio-sandboxed", "stdio": stdio, "sandbox": {"read": [node_modules]}}
             )
+        ]
+        figures += [
+            await stdio_start_ms(
+                unconfined[0], ServerLauncher(sandboxed=False), "mcp_stdio_start_ms"
+            ),
+            await stdio_start_ms(sandboxed[0], ServerLauncher(), "mcp_stdio-sandboxed_start_ms"),
         ]
         gateways = []
         for configs, launcher in (
