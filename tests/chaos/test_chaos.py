@@ -287,7 +287,14 @@ def stack(witness: Witness, http_witness: str) -> Iterator[ChaosStack]:
         yaml.safe_dump(
             {
                 "servers": [
-                    {"id": "witness", "stdio": stdio, "risk": "low", "rate_limit": limit},
+                    {
+                        "id": "witness",
+                        "stdio": stdio,
+                        # In its sandbox it may write where it notes each call, nowhere else.
+                        "sandbox": {"write": [str(witness.stdio_calls.parent)]},
+                        "risk": "low",
+                        "rate_limit": limit,
+                    },
                     {
                         "id": "web",
                         "http": {"url": http_witness},

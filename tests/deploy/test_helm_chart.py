@@ -445,3 +445,43 @@ def test_the_provision_job_refuses_streams_of_one_replica_on_a_cluster(
     if refused:
         assert "streams of one replica on a NATS cluster" in result.stderr
         assert "nats.streamReplicas" in result.stderr
+
+
+def _gateway_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (gateway,) = [
+        d
+        for d in documents
+        if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("tool-gateway")
+    ]
+    container: dict[str, Any] = gateway["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_the_gateway_sandboxes_stdio_servers_and_resolves_their_secrets_from_a_secret(
+    tmp_path: Path,
+) -> None:
+    servers = tmp_path / "servers.yaml"
+    servers.write_text(yaml.safe_dump({"mcpServers": "servers: [{id: t, stdio: {command: x}}]"}))
+    documents = render(
+        servers, settings=("secretValues.existingSecret=hl-mcp", "mcpSandbox.secretsTenant=acme")
+    )
+    validate(documents)
+    container = _gateway_container(documents)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["HELMLINE_MCP_SANDBOX"], env["HELMLINE_MCP_SECRETS_TENANT"]) == (
+        "bubblewrap",
+        "acme",
+    )
+    assert env["HELMLINE_SECRETS_DIR"] == "/etc/helmline/secrets"
+    # bubblewrap may make namespaces; the gateway stays what the chart makes every service.
+    security = container["securityContext"]
+    assert security["seccompProfile"] == {"type": "Unconfined"}
+    assert security["appArmorProfile"] == {"type": "Unconfined"}
+    assert (security["allowPrivilegeEscalation"], security["readOnlyRootFilesystem"]) == (
+        False,
+        True,
+    )
+    unconfined = render(servers, settings=("mcpSandbox.mode=none",))
+    container = _gateway_container(unconfined)
+    assert "seccompProfile" not in container["securityContext"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["HELMLINE_MCP_SANDBOX"] == "none"

@@ -72,6 +72,7 @@ async def hanging_server(
     config = {
         "id": server_id,
         "stdio": {"command": sys.executable, "args": [str(HANGING_SERVER), str(state)]},
+        "sandbox": {"write": [str(state)]},
         "risk": "low",
         "retries": 0,
         "timeout_s": 0.5,
@@ -182,6 +183,7 @@ async def test_a_rate_limited_step_is_retried_when_a_slot_frees(
     config = {
         "id": server_id,
         "stdio": {"command": sys.executable, "args": [str(HANGING_SERVER), str(state)]},
+        "sandbox": {"write": [str(state)]},
         "risk": "low",
         # A window the second step, scheduled as soon as the first ends, falls in even on a
         # loaded machine.

@@ -94,6 +94,7 @@ def _witness_servers(ledger: Path) -> list[dict[str, Any]]:
         {
             "id": "tickets",
             "stdio": {"command": sys.executable, "args": [str(WITNESS_SERVER), str(ledger)]},
+            "sandbox": {"write": [str(ledger.parent)]},
             "risk": "low",
             "tools": {"notify": {"risk": "high"}},
         }

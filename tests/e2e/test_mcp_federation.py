@@ -56,6 +56,7 @@ def servers(repository: Path, everything_url: str) -> list[dict[str, Any]]:
                 "command": python,
                 "args": ["-m", "mcp_server_git", "--repository", str(repository)],
             },
+            "sandbox": {"write": [str(repository)]},
             "risk": "low",
         },
         {"id": "everything", "http": {"url": everything_url}, "risk": "low"},

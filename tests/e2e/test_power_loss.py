@@ -132,6 +132,7 @@ class PoweredStack:
         tickets_server = {
             "id": "tickets",
             "stdio": tickets,
+            "sandbox": {"write": [str(witness.calls.parent)]},
             "risk": "low",
             "rate_limit": {"calls": 10_000, "per_s": 60},
         }

@@ -66,6 +66,7 @@ def stack(
         {
             "id": "tickets",
             "stdio": {"command": sys.executable, "args": [str(TICKETS_SERVER), str(ledger)]},
+            "sandbox": {"write": [str(ledger.parent)]},
             "risk": "low",
             "tools": {
                 "open_ticket": {"inverse": inverse},

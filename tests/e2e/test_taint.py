@@ -55,6 +55,7 @@ def stack(
     mail = {
         "id": "mail",
         "stdio": {"command": sys.executable, "args": [str(MAIL_SERVER), str(ledger)]},
+        "sandbox": {"write": [str(ledger.parent)]},
         # Low risk: the built-in policy lets its calls run unless a taint says otherwise.
         "risk": "low",
         "tools": {

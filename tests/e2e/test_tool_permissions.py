@@ -48,6 +48,7 @@ def stack(
             "command": sys.executable,
             "args": ["-m", "mcp_server_git", "--repository", str(repository)],
         },
+        "sandbox": {"write": [str(repository)]},
         # Low risk: the built-in policy lets the call run at once, so what decides is the
         # permission alone.
         "risk": "low",

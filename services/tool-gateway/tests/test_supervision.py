@@ -31,6 +31,7 @@ from .conftest import (  # type: ignore[import-not-found]
     calls_received,
     federated,
     gateway_in_process,
+    server_pid,
     write_servers_file,
 )
 
@@ -70,14 +71,10 @@ async def health(js: JetStreamContext, server_id: str) -> AsyncIterator[HealthCh
     await subscription.unsubscribe()
 
 
-def server_pid(state_dir: Path) -> int:
-    return int((state_dir / "pid").read_text())
-
-
 async def restarted(state_dir: Path, killed: int) -> int:
     """The pid of the server process started after `killed`."""
     pid: int = await eventually(
-        lambda: (pid := server_pid(state_dir)) != killed and pid,
+        lambda: (pid := server_pid(state_dir)) not in (0, killed) and pid,
         timeout_s=30,
         what="a new server process",
     )

@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from helmline.contracts import ResourceUsage, ToolError
-from helmline.sandbox._bubblewrap import (
+from helmline.confinement import (
     NAMESPACES_ADVICE,
     Bubblewrap,
+    BubblewrapUnavailable,
+    Rlimits,
     find_bubblewrap,
+    limited_argv,
     namespaces_refused,
 )
+from helmline.contracts import ResourceUsage, ToolError
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,
@@ -47,9 +50,7 @@ from helmline.sandbox._confinement import (
     SHELL,
     Confinement,
     Mask,
-    Rlimits,
     bwrap_argv,
-    limited_argv,
     session_uid,
 )
 from helmline.sandbox._errors import SandboxUnavailable, ToolRefused
@@ -229,7 +230,10 @@ class ProcessBackend:
 
         Raises `SandboxUnavailable`, saying what to install or configure, otherwise.
         """
-        bwrap = await asyncio.to_thread(find_bubblewrap, settings.bwrap)
+        try:
+            bwrap = await asyncio.to_thread(find_bubblewrap, settings.bwrap)
+        except BubblewrapUnavailable as error:
+            raise SandboxUnavailable(str(error)) from error
         _wait_for_children_with_pidfds()
         layout = await asyncio.to_thread(detect_layout)
         stale = await asyncio.to_thread(remove_stale, layout, _STALE_AFTER_S)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from helmline.confinement import SYSTEM_BINDS
+
 WORKSPACE_MOUNT = "/workspace"
 SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 ENVIRONMENT: dict[str, str] = {
@@ -27,9 +29,6 @@ ENVIRONMENT: dict[str, str] = {
 SETPRIV = "/usr/bin/setpriv"
 SHELL = "/bin/sh"
 
-_SYSTEM = ("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin",
-           "/sbin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-           "--ro-bind-try", "/etc/alternatives", "/etc/alternatives")  # fmt: skip
 _NAME_SERVICE = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl",
                  "/etc/ca-certificates")  # fmt: skip
 """What a program needs to resolve names and check certificates, bound only with a network."""
@@ -78,7 +77,7 @@ def bwrap_argv(
     With `held` (info fd, block fd), bubblewrap writes its sandbox's pid to the first once
     the sandbox exists, and starts the command only once the second can be read.
     """
-    argv = [bwrap, *_SYSTEM]
+    argv = [bwrap, *SYSTEM_BINDS]
     if held is not None:
         argv += ["--info-fd", str(held[0]), "--block-fd", str(held[1])]
     if confinement.network:
@@ -137,19 +136,6 @@ def bwrap_argv(
         "-c",
         command,
     ]
-
-
-PRLIMIT = "/usr/bin/prlimit"
-
-Rlimits = tuple[tuple[str, int, int, int], ...]
-"""(prlimit option, resource, soft, hard) of each resource limit."""
-
-
-def limited_argv(rlimits: Rlimits, argv: list[str]) -> list[str]:
-    """`argv` started under the rlimits, by prlimit rather than a Python `preexec_fn`, which
-    would force a fork of the whole service (about 17 ms here) for every call."""
-    limits = (f"--{name}={soft}:{hard}" for name, _, soft, hard in rlimits)
-    return [PRLIMIT, *limits, "--", *argv]
 
 
 def session_uid(tenant: str, session_id: str, base: int, count: int) -> int:

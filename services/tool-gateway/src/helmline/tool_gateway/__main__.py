@@ -2,6 +2,7 @@
 
 import logging
 
+from helmline.confinement import BubblewrapUnavailable, find_bubblewrap
 from helmline.contracts import TOOL_GATEWAY_CONSUMER, ConsumerSpec
 from helmline.runtime import (
     FoldedStates,
@@ -16,6 +17,7 @@ from helmline.runtime import (
 from helmline.tool_gateway._config import ServersFile, load_servers
 from helmline.tool_gateway._federation import Federation
 from helmline.tool_gateway._handlers import GatewayHandler
+from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import RawOutputs, sweep_raw_outputs
 from helmline.tool_gateway._results import PureResults
@@ -35,7 +37,15 @@ def setup_gateway(
 
     async def setup(host: ServiceHost) -> None:
         configs = servers.servers if servers is not None else ()
-        federation = Federation(host.store, configs, about=host.about)
+        tenant = settings.mcp_secrets_tenant
+        launcher = ServerLauncher(
+            sandboxed=settings.mcp_sandbox == "bubblewrap",
+            bwrap=settings.bwrap,
+            secret_value=lambda name: host.secrets.value(tenant, name),
+        )
+        if not launcher.sandboxed and any(config.stdio for config in configs):
+            logger.warning("HELMLINE_MCP_SANDBOX=none: stdio MCP servers run unconfined")
+        federation = Federation(host.store, configs, about=host.about, launcher=launcher)
         host.on_shutdown(federation.stop)
         await federation.start()
         key = _sealing_key(settings)
@@ -79,7 +89,10 @@ def main() -> None:
     try:
         servers = load_servers(settings.mcp_servers) if settings.mcp_servers else None
         _sealing_key(settings)
-    except (YamlFileError, SealingError) as error:
+        stdio = servers is not None and any(config.stdio for config in servers.servers)
+        if stdio and settings.mcp_sandbox == "bubblewrap":
+            settings.bwrap = find_bubblewrap(settings.bwrap).path
+    except (YamlFileError, SealingError, BubblewrapUnavailable) as error:
         raise SystemExit(f"tool-gateway: {error}") from error
     run_service("tool-gateway", settings, setup_gateway(settings, servers))
 

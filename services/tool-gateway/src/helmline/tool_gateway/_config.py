@@ -12,19 +12,22 @@ servers:
     circuit: {failures: 5, reset_s: 30}
     heartbeat: {interval_s: 15, timeout_s: 5, misses: 2}   # stale after 2 unanswered
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
+    sandbox: {network: [api.example.com:443], read: [/srv/repo], write: [], memory_mb: 512}
     # rate_limit: {calls: 60, tenants: {acme: {calls: 600}}}   # acme has a rate of its own
     tools:
       git_commit: {risk: high, required_permission: repo.write, idempotent: false, action: write}
       git_create_branch:
         inverse: {tool: git__git_delete_branch, arguments: {name: /arguments/branch_name}}
   - id: tickets
-    http: {url: "https://tickets.internal/mcp", headers: {Authorization: Bearer ...}}
+    http: {url: "https://tickets.internal/mcp", headers: {Authorization: {secret: TICKETS_AUTH}}}
     tools:
       field_schema: {risk: low, pure: true}   # a session's same call is answered from the log
       read_ticket: {trust: untrusted}         # tickets are anyone's words, whatever the server
 ```
 
-Every problem is reported with the file's line and the field at fault.
+Every problem is reported with the file's line and the field at fault. A stdio server runs
+in a sandbox (`_sandboxing`: what `sandbox:` may say, and what it sees without it); an
+environment value or a header may be `{secret: NAME}` (`_server_secrets`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from helmline.contracts import Risk, TenantId, ToolAction, ToolEffect, ToolInverse, Trust
+from helmline.tool_gateway._sandboxing import ServerSandbox
+from helmline.tool_gateway._server_secrets import MaybeSecret
 from helmline.yamlfile import (
     YamlFileError,
     compose,
@@ -55,7 +60,7 @@ class StdioTransport(_Strict):
 
     command: str = Field(min_length=1)
     args: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, MaybeSecret] = Field(default_factory=dict)
     cwd: str | None = None
 
 
@@ -63,7 +68,7 @@ class HttpTransport(_Strict):
     """A server reached over MCP's Streamable HTTP transport."""
 
     url: str = Field(pattern=r"^https?://")
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, MaybeSecret] = Field(default_factory=dict)
 
 
 class CircuitSettings(_Strict):
@@ -146,11 +151,15 @@ class ServerConfig(_Strict):
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     rate_limit: RateLimit | None = None
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
+    sandbox: ServerSandbox = ServerSandbox()
+    """What a stdio server may touch; it runs sandboxed even when this is not given."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:
         if (self.stdio is None) == (self.http is None):
             raise ValueError("give exactly one of `stdio` or `http`")
+        if self.http is not None and "sandbox" in self.model_fields_set:
+            raise ValueError("`sandbox` is for stdio servers: the gateway runs no HTTP server")
         return self
 
     @property

@@ -41,6 +41,7 @@ from helmline.contracts import (
 )
 from helmline.runtime import EventStore, latest_tool_registry
 from helmline.tool_gateway._config import ServerConfig
+from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._mcp import McpServer
 from helmline.tool_gateway._pins import DefinitionPins, decide, event_id, refusal
 from helmline.tool_gateway._registry import ServerView, registry_event
@@ -62,10 +63,12 @@ class Federation:
         store: EventStore,
         configs: Iterable[ServerConfig],
         about: MutableMapping[str, str] | None = None,
+        launcher: ServerLauncher | None = None,
     ) -> None:
         self._store = store
+        launcher = launcher or ServerLauncher()
         self.servers: dict[str, McpServer] = {
-            config.id: McpServer(config, self._changed) for config in configs
+            config.id: McpServer(config, self._changed, launcher) for config in configs
         }
         self.tools: Mapping[str, ToolSpec] = dict(BUILTIN_TOOLS_BY_NAME)
         self._about = about if about is not None else {}

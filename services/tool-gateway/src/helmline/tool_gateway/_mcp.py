@@ -34,7 +34,7 @@ from typing import Any, TextIO, cast
 
 import anyio
 import httpx2
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client._transport import ReadStream, Transport, TransportStreams
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -54,6 +54,7 @@ from helmline.contracts import ToolDefinition, ToolSpec
 from helmline.runtime import make_text_safe
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refusal
+from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._registry import ServerView, listed_by_name, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker
 
@@ -78,8 +79,14 @@ class ServerUnavailable(Exception):
 class McpServer:
     """One configured server: its connection, its registry view and its circuit breaker."""
 
-    def __init__(self, config: ServerConfig, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        on_change: Callable[[], None],
+        launcher: ServerLauncher | None = None,
+    ) -> None:
         self.config = config
+        self.launcher = launcher or ServerLauncher()
         self.view = ServerView(config)
         self.breaker = CircuitBreaker(config.circuit.failures, config.circuit.reset_s)
         self._on_change = on_change
@@ -342,20 +349,14 @@ class McpServer:
         config = self.config
         if config.stdio is not None:
             return stdio_client(
-                StdioServerParameters(
-                    command=config.stdio.command,
-                    args=list(config.stdio.args),
-                    env=dict(config.stdio.env) or None,
-                    cwd=config.stdio.cwd,
-                ),
-                errlog=_logged_safely(config.id, stack),
+                await self.launcher.stdio(config, stack), errlog=_logged_safely(config.id, stack)
             )
         assert config.http is not None
         # Our own HTTP client, for the configured headers; the event stream may stay quiet
         # for long, so only connecting and writing are bounded here (calls have their own).
         http = await stack.enter_async_context(
             httpx2.AsyncClient(
-                headers=config.http.headers,
+                headers=await self.launcher.headers(config),
                 timeout=httpx2.Timeout(30.0, read=None),
                 transport=HttpStatusAware(httpx2.AsyncHTTPTransport()),
             )

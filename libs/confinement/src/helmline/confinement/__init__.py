@@ -1,0 +1,42 @@
+"""Confining processes, shared by the sandbox service (its commands) and the tool gateway (its
+stdio MCP servers): which bubblewrap runs here, what every sandbox sees of the host, limits,
+and egress to named hosts only."""
+
+from helmline.confinement._bubblewrap import (
+    NAMESPACES_ADVICE,
+    Bubblewrap,
+    BubblewrapUnavailable,
+    find_bubblewrap,
+    namespaces_refused,
+)
+from helmline.confinement._egress import (
+    FORWARDER_SCRIPT,
+    SETPRIV,
+    WATCHING_CAPABILITIES,
+    Destination,
+    EgressError,
+    EgressPlan,
+    EgressProxy,
+    Route,
+)
+from helmline.confinement._system import PRLIMIT, SYSTEM_BINDS, Rlimits, limited_argv
+
+__all__ = [
+    "FORWARDER_SCRIPT",
+    "NAMESPACES_ADVICE",
+    "PRLIMIT",
+    "SETPRIV",
+    "SYSTEM_BINDS",
+    "WATCHING_CAPABILITIES",
+    "Bubblewrap",
+    "BubblewrapUnavailable",
+    "Destination",
+    "EgressError",
+    "EgressPlan",
+    "EgressProxy",
+    "Rlimits",
+    "Route",
+    "find_bubblewrap",
+    "limited_argv",
+    "namespaces_refused",
+]

@@ -1,0 +1,145 @@
+"""The egress forwarder: the first process of a sandbox allowed to reach named hosts.
+
+Run inside the sandbox's own network namespace (nothing there but loopback), by the
+sandbox's interpreter with nothing of ours importable (`python -I -S forwarder.py`), so this
+file uses the standard library only:
+
+    forwarder.py SOCKET LISTEN=DESTINATION ... -- COMMAND ARG ...
+
+It listens on each LISTEN address (`127.0.0.1:8080`, or the loopback address the sandbox's
+hosts file gives a named host), starts COMMAND with its own stdin, stdout and stderr, and
+exits with COMMAND's status. Each connection accepted on a LISTEN address is passed to the
+egress proxy outside the sandbox through SOCKET (a unix socket bound in), asking for its
+DESTINATION; the proxy decides, and connects out. So the forwarder decides nothing: a
+process of the sandbox that talks to SOCKET itself is judged by the same proxy.
+
+A connection to any other port finds nothing listening and is refused by the kernel. When
+the sandbox gave the forwarder CAP_NET_RAW, it watches the namespace's TCP packets for such
+attempts (a SYN to an address and port it does not listen on) and tells the proxy of each
+(`unrouted HOST:PORT`), which records it; COMMAND is then started without that capability,
+through setpriv.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+_CHUNK = 65536
+
+
+def _relay(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(_CHUNK):
+            target.sendall(data)
+    except OSError:
+        pass
+    finally:
+        # The other direction may still be sending: only this one ends.
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+
+def _pass_on(client: socket.socket, proxy_path: str, destination: str) -> None:
+    proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proxy.connect(proxy_path)
+        proxy.sendall(destination.encode() + b"\n")
+        answer = b""
+        while not answer.endswith(b"\n") and len(answer) < 1024:
+            chunk = proxy.recv(1)
+            if not chunk:
+                break
+            answer += chunk
+        if answer != b"ok\n":
+            return
+        back = threading.Thread(target=_relay, args=(proxy, client), daemon=True)
+        back.start()
+        _relay(client, proxy)
+        back.join()
+    except OSError:
+        pass
+    finally:
+        proxy.close()
+        client.close()
+
+
+def _serve(listener: socket.socket, proxy_path: str, destination: str) -> None:
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(
+            target=_pass_on, args=(client, proxy_path, destination), daemon=True
+        ).start()
+
+
+_SYN, _ACK = 0x02, 0x10
+_SETPRIV = "/usr/bin/setpriv"  # As `SETPRIV` in _egress: this file imports nothing of ours.
+
+
+def _tell(proxy_path: str, line: str) -> None:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as proxy:
+        proxy.connect(proxy_path)
+        proxy.sendall(line.encode() + b"\n")
+
+
+def _watch(watcher: socket.socket, proxy_path: str, listening: set[tuple[str, int]]) -> None:
+    """Tell the proxy of every connection attempted to a place nothing listens on."""
+    while True:
+        packet = watcher.recv(65535)
+        header = (packet[0] & 0x0F) * 4
+        if len(packet) < header + 14:
+            continue
+        flags = packet[header + 13]
+        if flags & _SYN and not flags & _ACK:
+            address = socket.inet_ntoa(packet[16:20])
+            port = int.from_bytes(packet[header + 2 : header + 4], "big")
+            if (address, port) not in listening:
+                _tell(proxy_path, f"unrouted {address}:{port}")
+
+
+def _watcher() -> socket.socket | None:
+    """A raw socket that sees the namespace's TCP packets, if this process may open one."""
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+    except OSError:
+        return None
+
+
+def main(argv: list[str]) -> int:
+    split = argv.index("--")
+    proxy_path, routes, command = argv[0], argv[1:split], argv[split + 1 :]
+    listening: set[tuple[str, int]] = set()
+    for route in routes:
+        listen, _, destination = route.partition("=")
+        host, _, port = listen.rpartition(":")
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, int(port)))
+        listener.listen(64)
+        listening.add((host, int(port)))
+        threading.Thread(
+            target=_serve, args=(listener, proxy_path, destination), daemon=True
+        ).start()
+    watcher = _watcher()
+    if watcher is not None and not os.path.exists(_SETPRIV):
+        # The server would keep the capability: better not to start it.
+        sys.exit(f"forwarder: given CAP_NET_RAW but no {_SETPRIV} to start the server without")
+    if watcher is not None:
+        threading.Thread(target=_watch, args=(watcher, proxy_path, listening), daemon=True).start()
+        # The server gets no capability: not the one that lets the forwarder watch.
+        drop = ["--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+        command = [_SETPRIV, *drop, "--", *command]
+    # Listening before the server starts: its first connection finds the way open.
+    server = subprocess.Popen(command)
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stop, lambda number, _frame: server.send_signal(number))
+    return server.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
