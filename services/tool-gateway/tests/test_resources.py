@@ -4,6 +4,7 @@ capped like any tool's; a URI the server does not list is refused before it is s
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .conftest import (  # type: ignore[import-not-found]
 )
 
 RESOURCES_SERVER = Path(__file__).with_name("resources_mcp_server.py")
+HELMLINE = str(Path(sys.executable).with_name("helmline"))
 
 
 def servers_file(path: Path, server_id: str) -> Path:
@@ -76,6 +78,22 @@ async def test_resources_and_prompts_are_listed_and_a_resource_is_read_safe_and_
         assert reader.parameters["properties"]["uri"]["enum"] == [
             resource.uri for resource in status.resources
         ]
+
+        # `helmline tools` lists them under their server, the server's words as they are.
+        process = await asyncio.create_subprocess_exec(
+            HELMLINE,
+            "tools",
+            env={"HELMLINE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert process.returncode == 0
+        listing = out.decode()
+        assert "  resource docs://guide: guide (How to use the docs.)" in listing
+        assert (
+            "  prompt summarise(document, reader?): Summarise a document for a reader." in listing
+        )
+        assert f"{server_id}__read_resource" in listing
 
         guide = await calls.outcome(
             await calls.authorise(f"{server_id}__read_resource", uri="docs://guide")
