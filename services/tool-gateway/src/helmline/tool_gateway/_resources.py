@@ -16,9 +16,8 @@ authors; the gateway does not fill them in.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from mcp import Client
 from mcp.types import (
@@ -32,7 +31,7 @@ from pydantic import JsonValue
 from helmline.contracts import McpPrompt, McpPromptArgument, McpResource, ToolDefinition
 from helmline.tool_gateway._registry import Listed
 
-logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RESOURCE_READER = "read_resource"
 """The tool (`<server>__read_resource`) that reads one of a server's resources."""
@@ -49,35 +48,32 @@ async def list_resources(client: Client) -> tuple[McpResource, ...]:
     """The server's resources, the first `MOST_LISTED` of them; none if it offers none."""
     if client.server_capabilities.resources is None:
         return ()
-    listed: list[McpResource] = []
-    cursor: str | None = None
-    while len(listed) < MOST_LISTED:
-        page = await client.list_resources(cursor=cursor, cache_mode="refresh")
-        listed.extend(
+
+    async def page(cursor: str | None) -> tuple[list[McpResource], str | None]:
+        listed = await client.list_resources(cursor=cursor, cache_mode="refresh")
+        resources = [
             McpResource(
                 uri=resource.uri,
                 name=_cut(resource.title or resource.name, 256),
                 description=_cut(resource.description or "", 1024),
                 mime_type=_cut(resource.mime_type, 256) if resource.mime_type else None,
             )
-            for resource in page.resources
+            for resource in listed.resources
             if 0 < len(resource.uri) <= 2048
-        )
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return tuple(listed[:MOST_LISTED])
+        ]
+        return resources, listed.next_cursor
+
+    return await _first_pages(page)
 
 
 async def list_prompts(client: Client) -> tuple[McpPrompt, ...]:
     """The server's prompts, the first `MOST_LISTED` of them; none if it offers none."""
     if client.server_capabilities.prompts is None:
         return ()
-    listed: list[McpPrompt] = []
-    cursor: str | None = None
-    while len(listed) < MOST_LISTED:
-        page = await client.list_prompts(cursor=cursor, cache_mode="refresh")
-        listed.extend(
+
+    async def page(cursor: str | None) -> tuple[list[McpPrompt], str | None]:
+        listed = await client.list_prompts(cursor=cursor, cache_mode="refresh")
+        prompts = [
             McpPrompt(
                 name=_cut(prompt.name, 256),
                 description=_cut(prompt.description or "", 1024),
@@ -90,10 +86,23 @@ async def list_prompts(client: Client) -> tuple[McpPrompt, ...]:
                     for argument in prompt.arguments or ()
                 ),
             )
-            for prompt in page.prompts
+            for prompt in listed.prompts
             if prompt.name
-        )
-        cursor = page.next_cursor
+        ]
+        return prompts, listed.next_cursor
+
+    return await _first_pages(page)
+
+
+async def _first_pages(
+    page: Callable[[str | None], Awaitable[tuple[list[T], str | None]]],
+) -> tuple[T, ...]:
+    """The items of a paginated listing, page after page until `MOST_LISTED` are read."""
+    listed: list[T] = []
+    cursor: str | None = None
+    while len(listed) < MOST_LISTED:
+        items, cursor = await page(cursor)
+        listed.extend(items)
         if cursor is None:
             break
     return tuple(listed[:MOST_LISTED])
