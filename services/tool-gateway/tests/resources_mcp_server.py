@@ -2,7 +2,7 @@
 (plain text), `docs://leaky` (text that quotes an AWS key and asks a model to ignore its
 instructions), `docs://big` (BIG_KIB KiB of text) and `docs://logo` (binary); the prompts
 `summarise` (one required argument) and `greet`. The tool `add_resource` adds
-`docs://added` and tells the clients the resources changed.
+`docs://added` and tells the clients the resources changed; `broken` always fails.
 `python resources_mcp_server.py [BIG_KIB]`."""
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ async def add_resource(ctx: Context) -> str:
     server.resource("docs://added", name="added")(lambda: "added later")
     await ctx.notify_resources_changed()
     return "added"
+
+
+@server.tool()
+def broken() -> str:
+    """Fail, always."""
+    raise RuntimeError("broken on purpose")
 
 
 if __name__ == "__main__":
