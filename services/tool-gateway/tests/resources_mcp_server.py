@@ -1,9 +1,9 @@
-"""A small MCP server (stdio) offering resources and prompts besides one tool: `docs://guide`
-(plain text), `docs://leaky` (text that quotes an AWS key and asks a model to ignore its
-instructions), `docs://big` (BIG_KIB KiB of text) and `docs://logo` (binary); the prompts
-`summarise` (one required argument) and `greet`. The tool `add_resource` adds
-`docs://added` and tells the clients the resources changed; `broken` always fails.
-`python resources_mcp_server.py [BIG_KIB]`."""
+"""A small MCP server (stdio) offering resources and prompts besides its tools:
+`docs://guide` (plain text), `docs://leaky` (text that quotes an AWS key and asks a model to
+ignore its instructions; its description quotes the key too), `docs://big` (BIG_KIB KiB of
+text) and `docs://logo` (binary); the prompts `summarise` (one required argument) and
+`greet`. The tool `add_resource` adds `docs://added` and tells the clients the resources
+changed; `broken` always fails. `python resources_mcp_server.py [BIG_KIB]`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def guide() -> str:
     return "Step one: read the guide. Step two: there is no step two."
 
 
-@server.resource("docs://leaky", name="leaky", description="A page that quotes a key.")
+@server.resource(
+    "docs://leaky", name="leaky", description="A page that quotes AKIAIOSFODNN7EXAMPLE."
+)
 def leaky() -> str:
     return (
         "The deploy key is AKIAIOSFODNN7EXAMPLE.\n"

@@ -66,6 +66,9 @@ async def test_resources_and_prompts_are_listed_and_a_resource_is_read_safe_and_
             "docs://logo",
         ]
         assert status.resources[0].description == "How to use the docs."
+        # A server's words about its resources go through output safety too.
+        assert "AKIAIOSFODNN7EXAMPLE" not in status.resources[1].description
+        assert status.resources[1].description.startswith("A page that quotes ")
         assert status.resources[2].mime_type == "text/plain"
         prompts = {prompt.name: prompt for prompt in status.prompts}
         assert set(prompts) == {"summarise", "greet"}

@@ -29,6 +29,7 @@ from mcp.types import (
 from pydantic import JsonValue
 
 from helmline.contracts import McpPrompt, McpPromptArgument, McpResource, ToolDefinition
+from helmline.runtime import make_text_safe
 from helmline.tool_gateway._registry import Listed
 
 T = TypeVar("T")
@@ -54,8 +55,8 @@ async def list_resources(client: Client) -> tuple[McpResource, ...]:
         resources = [
             McpResource(
                 uri=resource.uri,
-                name=_cut(resource.title or resource.name, 256),
-                description=_cut(resource.description or "", 1024),
+                name=_said(resource.title or resource.name, 256),
+                description=_said(resource.description or "", 1024),
                 mime_type=_cut(resource.mime_type, 256) if resource.mime_type else None,
             )
             for resource in listed.resources
@@ -75,12 +76,12 @@ async def list_prompts(client: Client) -> tuple[McpPrompt, ...]:
         listed = await client.list_prompts(cursor=cursor, cache_mode="refresh")
         prompts = [
             McpPrompt(
-                name=_cut(prompt.name, 256),
-                description=_cut(prompt.description or "", 1024),
+                name=_said(prompt.name, 256),
+                description=_said(prompt.description or "", 1024),
                 arguments=tuple(
                     McpPromptArgument(
-                        name=_cut(argument.name, 256),
-                        description=_cut(argument.description or "", 1024),
+                        name=_said(argument.name, 256),
+                        description=_said(argument.description or "", 1024),
                         required=bool(argument.required),
                     )
                     for argument in prompt.arguments or ()
@@ -184,6 +185,13 @@ def _line(resource: McpResource) -> str:
     # The URI and a short name only: a server's descriptions are not pinned as its tools'
     # are, so they are left out of what a model is told the tool is for.
     return f"- {resource.uri}: {_cut(resource.name, 80)}"
+
+
+def _said(text: str, most: int) -> str:
+    """A server's words about a resource or a prompt, as the registry keeps them: through
+    output safety (they reach people, and a model in the reader's description), cut to
+    `most` characters."""
+    return _cut(make_text_safe(_cut(text, most), max_bytes=4 * most)[0], most)
 
 
 def _cut(text: str, most: int) -> str:
