@@ -10,8 +10,10 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,11 +55,12 @@ ISSUER = "https://issuer.test"
 AUDIENCE = "helmline-api"
 
 
-@pytest.fixture(scope="module")
-def services(
-    nats_url: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def stack(
+    nats_url: str, database_url: str, folder: Path, **settings: str
 ) -> Iterator[ServiceProcesses]:
-    folder = tmp_path_factory.mktemp("stack")
+    """Every service but the API, each its own process, under POLICY, with `settings` in their
+    environment (`HELMLINE_MCP_SERVERS`, say)."""
     policy = folder / "policy.yaml"
     policy.write_text(POLICY)
     running = ServiceProcesses(nats_url, folder)
@@ -66,11 +69,21 @@ def services(
             # The state service projects into PostgreSQL, which the API lists from.
             env.setenv("HELMLINE_DATABASE_URL", database_url)
             env.setenv("HELMLINE_POLICY", str(policy))
+            for name, value in settings.items():
+                env.setenv(name, value)
             for name in SERVICES:
                 running.start(name)
         yield running
     finally:
         running.stop_all()
+
+
+@pytest.fixture(scope="module")
+def services(
+    nats_url: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcesses]:
+    with stack(nats_url, database_url, tmp_path_factory.mktemp("stack")) as running:
+        yield running
 
 
 @dataclass(frozen=True)

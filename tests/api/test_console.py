@@ -1040,7 +1040,7 @@ async def test_the_fleet_shows_what_runs_waits_and_failed_lately_live_and_access
     await expect(waiting_part.get_by_role("link")).to_be_visible()
     await page.keyboard.press("Tab")
     await expect(page.get_by_role("link", name="Skip to main content")).to_be_focused()
-    for _ in range(3):
+    for _ in range(4):  # Sessions, Fleet, MCP, then the session.
         await page.keyboard.press("Tab")
     await expect(waiting_part.get_by_role("link")).to_be_focused()
     await page.keyboard.press("Enter")

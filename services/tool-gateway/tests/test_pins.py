@@ -28,10 +28,9 @@ from helmline.contracts import (
     new_event,
     tool_definition_subject,
 )
-from helmline.runtime import EventStore
+from helmline.runtime import EventStore, Pin, evolve_pins, read_pin
 from helmline.runtime.testing import eventually
-from helmline.tool_gateway import Pin, read_pin
-from helmline.tool_gateway._pins import REFRESH_AFTER, decide, evolve, refusal
+from helmline.tool_gateway._pins import REFRESH_AFTER, decide, refusal
 from helmline.tool_gateway._registry import Listed
 
 # Not a package, so mypy cannot follow; pytest imports it all the same.
@@ -66,7 +65,7 @@ def test_a_first_listing_pins_an_equal_one_decides_nothing_and_a_different_one_h
     (pinned,) = decide({}, "docs", listing(LOOKUP), T0)
     assert isinstance(pinned, ToolDefinitionPinned)
     assert pinned.digest == LOOKUP.digest
-    pins = evolve({}, pinned, 1, T0)
+    pins = evolve_pins({}, pinned, 1, T0)
     assert decide(pins, "docs", listing(LOOKUP), T0) == []
     assert refusal(pins["docs__lookup"], listing(LOOKUP)["docs__lookup"]) is None
 
@@ -80,7 +79,7 @@ def test_a_first_listing_pins_an_equal_one_decides_nothing_and_a_different_one_h
     assert "description changed" in held.message
     assert "helmline tools accept docs__lookup" in (held.suggestion or "")
 
-    pins = evolve(pins, changed, 2, T0)
+    pins = evolve_pins(pins, changed, 2, T0)
     # The change is recorded once; the pin stays what it was until it is accepted.
     assert decide(pins, "docs", listing(POISONED), T0) == []
     assert pins["docs__lookup"].digest == LOOKUP.digest
@@ -90,47 +89,47 @@ def test_only_an_acceptance_of_the_change_waiting_moves_the_pin() -> None:
     pinned = ToolDefinitionPinned(
         tool="docs__lookup", server="docs", digest=LOOKUP.digest, definition=LOOKUP
     )
-    pins = evolve({}, pinned, 1, T0)
+    pins = evolve_pins({}, pinned, 1, T0)
     (changed,) = decide(pins, "docs", listing(POISONED), T0)
-    pins = evolve(pins, changed, 2, T0)
+    pins = evolve_pins(pins, changed, 2, T0)
     other = LOOKUP.model_copy(update={"annotations": {}})
     stale = ToolDefinitionAccepted(
         tool="docs__lookup", digest=other.digest, previous_digest=LOOKUP.digest, accepted_by=ANA
     )
-    assert evolve(pins, stale, 3, T0) == pins
+    assert evolve_pins(pins, stale, 3, T0) == pins
     accepted = stale.model_copy(update={"digest": POISONED.digest})
-    pins = evolve(pins, accepted, 4, T0)
+    pins = evolve_pins(pins, accepted, 4, T0)
     pin = pins["docs__lookup"]
     assert (pin.digest, pin.change, pin.seq) == (POISONED.digest, None, 4)
     assert refusal(pin, listing(POISONED)["docs__lookup"]) is None
     # The definition accepted is the pin now: the one before is a change in its turn.
     assert refusal(pin, listing(LOOKUP)["docs__lookup"]) is not None
     # A second pin (another replica's first sight) changes nothing: the first stands.
-    assert evolve(pins, pinned.model_copy(update={"definition": other}), 5, T0) == pins
+    assert evolve_pins(pins, pinned.model_copy(update={"definition": other}), 5, T0) == pins
 
 
 def test_pins_and_changes_are_recorded_again_before_the_stream_forgets_them() -> None:
     (pinned,) = decide({}, "docs", listing(LOOKUP), T0)
-    pins = evolve({}, pinned, 1, T0)
+    pins = evolve_pins({}, pinned, 1, T0)
     (changed,) = decide(pins, "docs", listing(POISONED), T0)
-    pins = evolve(pins, changed, 2, T0)
+    pins = evolve_pins(pins, changed, 2, T0)
     due = T0 + REFRESH_AFTER
     assert decide(pins, "docs", listing(POISONED), due - timedelta(seconds=1)) == []
     again = decide(pins, "docs", listing(POISONED), due)
     assert again == [pinned, changed]
-    pins = evolve(evolve(pins, again[0], 3, due), again[1], 4, due)
+    pins = evolve_pins(evolve_pins(pins, again[0], 3, due), again[1], 4, due)
     assert decide(pins, "docs", listing(POISONED), due) == []
     # Once the first records expired, those recorded again tell the same: still held.
-    (kept,) = evolve(evolve({}, again[0], 3, due), again[1], 4, due).values()
+    (kept,) = evolve_pins(evolve_pins({}, again[0], 3, due), again[1], 4, due).values()
     assert (kept.digest, kept.change) == (LOOKUP.digest, changed)
     assert refusal(kept, listing(POISONED)["docs__lookup"]) is not None
     # A pin of which only the change is left has its pin recorded again at once.
-    only_changed = evolve({}, changed, 2, T0)
+    only_changed = evolve_pins({}, changed, 2, T0)
     assert decide(only_changed, "docs", listing(POISONED), T0) == [pinned]
 
 
 def test_a_call_decided_for_another_definition_is_refused() -> None:
-    pin = evolve(
+    pin = evolve_pins(
         {},
         ToolDefinitionPinned(
             tool="docs__lookup", server="docs", digest=LOOKUP.digest, definition=LOOKUP

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +14,6 @@ from helmline.cli._options import DEFAULT_TENANT, DataDir, Json, SessionId, Tena
 from helmline.cli._running import attempt, fail, nats_url, run_async
 from helmline.contracts import (
     BUILTIN_TOOLS_BY_NAME,
-    ToolDefinitionChanged,
     ToolRegistryPublished,
 )
 
@@ -109,6 +107,8 @@ def tools(ctx: typer.Context, as_json: Json = False, data_dir: DataDir = None) -
     """List the tools sessions may call: each one's source, risk and argument schema.
 
     MCP tools are named `<server>__<tool>`; servers that are down are listed as unavailable.
+    Each server's resources (read as context with its `<server>__read_resource` tool) and
+    prompts are listed under it.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -141,6 +141,24 @@ def tools(ctx: typer.Context, as_json: Json = False, data_dir: DataDir = None) -
             f"circuit {server.circuit}; {server.health}",
             highlight=False,
         )
+        # A server's own words: printed as they are, never read as markup.
+        for resource in server.resources:
+            console.print(
+                f"  resource {resource.uri}: {resource.name}"
+                + (f" ({resource.description})" if resource.description else ""),
+                highlight=False,
+                markup=False,
+            )
+        for prompt in server.prompts:
+            arguments = ", ".join(
+                argument.name + ("" if argument.required else "?") for argument in prompt.arguments
+            )
+            console.print(
+                f"  prompt {prompt.name}({arguments})"
+                + (f": {prompt.description}" if prompt.description else ""),
+                highlight=False,
+                markup=False,
+            )
     for name in held:
         console.print(
             f"held: {name}: its server lists it otherwise than pinned; its calls are refused "
@@ -156,7 +174,7 @@ def diff(tool: ToolArg, as_json: Json = False, data_dir: DataDir = None) -> None
     (first seen, or last accepted): the parts that changed, each as a unified diff. While it
     differs, the tool's calls are refused (`tool_changed`) until `helmline tools accept`."""
     from helmline.cli._connection import connect
-    from helmline.tool_gateway import Pin, read_pin
+    from helmline.runtime import Pin, definition_diff, read_pin
 
     async def read() -> Pin | None:
         async with connect(nats_url(data_dir)) as log:
@@ -185,7 +203,7 @@ def accept(
     from helmline.cli._connection import connect
     from helmline.cli._intents import SOURCE, current_actor
     from helmline.contracts import ToolDefinitionAccepted
-    from helmline.tool_gateway import DefinitionError, accept_definition
+    from helmline.runtime import DefinitionError, accept_definition
 
     by = attempt(current_actor)
 
@@ -200,37 +218,11 @@ def accept(
     typer.echo(f"accepted {tool} at {done.digest} in place of {done.previous_digest} (by {by.id})")
 
 
-def definition_diff(change: ToolDefinitionChanged) -> str:
-    """A changed definition for people: the digests, then each changed part as a unified
-    diff from the pinned definition to the listed one."""
-    lines = [
-        f"{change.tool} is held: its server lists it otherwise than pinned",
-        f"pinned {change.pinned_digest}",
-        f"listed {change.digest}",
-        f"changed: {', '.join(change.changed)}",
-    ]
-    for part in change.changed:
-        lines += difflib.unified_diff(
-            _lines(getattr(change.pinned, part)),
-            _lines(getattr(change.definition, part)),
-            f"pinned {part}",
-            f"listed {part}",
-            lineterm="",
-        )
-    return "\n".join(lines)
-
-
-def _lines(value: object) -> list[str]:
-    text = value if isinstance(value, str) else json.dumps(value, indent=2, sort_keys=True)
-    return text.splitlines()
-
-
 async def _registry_and_held(url: str) -> tuple[ToolRegistryPublished | None, list[str]]:
     """The registry, and the names of its tools that their server lists otherwise than
     pinned (held until an operator accepts the change)."""
     from helmline.cli._connection import connect
-    from helmline.runtime import latest_tool_registry
-    from helmline.tool_gateway import read_pins
+    from helmline.runtime import latest_tool_registry, read_pins
 
     async with connect(url) as log:
         registry = await latest_tool_registry(log.js)

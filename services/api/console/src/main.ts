@@ -5,6 +5,7 @@ import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, Ran
 import { patchRows, setHtml, VirtualList } from "./virtual";
 import { compareWithOrigin } from "./compare";
 import { fleetView } from "./fleet";
+import { mcpView } from "./mcp";
 import { linesFromLogs, newestFirst, startedAt } from "./lines";
 import { PlanGraphView } from "./graph";
 import { CallTimeline } from "./timeline";
@@ -933,7 +934,8 @@ function approvalForm(a: Approval): string {
 /** The header's links say which page is open. */
 function markPlace(): void {
   for (const link of document.querySelectorAll<HTMLAnchorElement>("header nav a")) {
-    const here = link.getAttribute("href") === (location.hash === "#/fleet" ? "#/fleet" : "#/");
+    const page = ["#/fleet", "#/mcp"].includes(location.hash) ? location.hash : "#/";
+    const here = link.getAttribute("href") === page;
     if (here) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
@@ -971,6 +973,10 @@ async function route(): Promise<void> {
     if (session) await sessionView(session[1], current);
     else if (location.hash === "#/fleet") {
       const stop = await fleetView(main, { follow, fail, current });
+      if (current()) teardown = stop;
+      else stop();
+    } else if (location.hash === "#/mcp") {
+      const stop = await mcpView(main, { follow, fail, current, admin: me.roles.includes("admin") });
       if (current()) teardown = stop;
       else stop();
     } else await sessionList(current);

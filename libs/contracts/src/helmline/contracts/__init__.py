@@ -161,6 +161,7 @@ from helmline.contracts._values import (
     StepId,
     TenantId,
     ToolError,
+    ToolName,
     one_or_many,
 )
 from helmline.contracts._versions import UPCASTERS, UpcasterRegistry
@@ -276,6 +277,7 @@ __all__ = [
     "ToolEffect",
     "ToolError",
     "ToolInverse",
+    "ToolName",
     "ToolSpec",
     "Touched",
     "Trust",

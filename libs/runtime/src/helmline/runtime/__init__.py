@@ -109,12 +109,26 @@ from helmline.runtime._store import (
     bulk_allocation,
 )
 from helmline.runtime._sweeps import Sweep, sessions_gone
+from helmline.runtime._tool_pins import (
+    DEFINITIONS_NAMESPACE,
+    DefinitionError,
+    DefinitionEvent,
+    DefinitionPins,
+    Pin,
+    accept_definition,
+    changed_parts,
+    definition_diff,
+    evolve_pins,
+    read_pin,
+    read_pins,
+)
 from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry, tools_of
 from helmline.runtime._tracing import TracingSettings, traceparent_for
 from helmline.runtime._urls import without_credentials
 
 __all__ = [
     "CLASSIFIER_RULE",
+    "DEFINITIONS_NAMESPACE",
     "ERROR_MAX_BYTES",
     "NEUTRALISED",
     "REDACTED",
@@ -128,6 +142,9 @@ __all__ = [
     "ConcurrencyConflict",
     "DeadLetterBox",
     "Deferred",
+    "DefinitionError",
+    "DefinitionEvent",
+    "DefinitionPins",
     "Delivery",
     "Durability",
     "DurabilityFindings",
@@ -153,6 +170,7 @@ __all__ = [
     "ObjectMeta",
     "ParkedLetter",
     "PermanentError",
+    "Pin",
     "RegisteredSecrets",
     "RetryOutcome",
     "RetryableError",
@@ -179,8 +197,10 @@ __all__ = [
     "TracingSettings",
     "UnknownSecret",
     "WrongSealingKey",
+    "accept_definition",
     "bulk_allocation",
     "change_object_meta",
+    "changed_parts",
     "check_name",
     "classified",
     "classifier_answer",
@@ -189,9 +209,11 @@ __all__ = [
     "configure_logging",
     "connect_nats",
     "consumer_config",
+    "definition_diff",
     "delete_object",
     "delete_object_if",
     "ensure_topology",
+    "evolve_pins",
     "has_references",
     "jetstream_config",
     "latest_tool_registry",
@@ -205,6 +227,8 @@ __all__ = [
     "nats_servers",
     "playbook_problems",
     "provision",
+    "read_pin",
+    "read_pins",
     "references_shown",
     "register_secrets",
     "registered_secrets",

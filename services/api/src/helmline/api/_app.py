@@ -7,7 +7,14 @@ from pathlib import Path
 from fastapi import FastAPI, Response
 from fastapi.staticfiles import StaticFiles
 
-from helmline.api import _events, _key_routes, _plan_graph, _routes, _session_parts
+from helmline.api import (
+    _events,
+    _key_routes,
+    _mcp_routes,
+    _plan_graph,
+    _routes,
+    _session_parts,
+)
 from helmline.api._auth import Authenticator
 from helmline.api._fanout import FanOut
 from helmline.api._limits import BodyLimit
@@ -56,6 +63,7 @@ def create_app(host: ServiceHost, settings: ApiSettings) -> FastAPI:
     app.include_router(_plan_graph.router)
     app.include_router(_events.router)
     app.include_router(_key_routes.router)
+    app.include_router(_mcp_routes.router)
     console = settings.console_dir or CONSOLE_BUILD
     if (console / "index.html").is_file():
         app.mount("/", StaticFiles(directory=console, html=True), name="console")

@@ -120,7 +120,7 @@ class SessionLister:
             await self._pool.close()
 
     async def sessions(self, tenant: str, query: SessionFilter) -> list[SessionSummary]:
-        pool = await self._connected()
+        pool = await self.connected()
         if pool is not None:
             try:
                 return await _from_read_model(pool, tenant, query)
@@ -129,7 +129,8 @@ class SessionLister:
                 logger.info("read model not ready (%s); folding the log instead", error)
         return await self._folded(tenant, query)
 
-    async def _connected(self) -> asyncpg.Pool[Any] | None:
+    async def connected(self) -> asyncpg.Pool[Any] | None:
+        """The read model's connection pool (made on first use); None without one."""
         if self._database_url is None:
             return None
         async with self._lock:

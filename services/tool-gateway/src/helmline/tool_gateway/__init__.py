@@ -2,23 +2,11 @@
 resilience, rate limits, output safety and pinned tool definitions."""
 
 from helmline.tool_gateway._config import ServersFile, load_servers
-from helmline.tool_gateway._pins import (
-    DefinitionError,
-    Pin,
-    accept_definition,
-    read_pin,
-    read_pins,
-)
 from helmline.tool_gateway._raw_outputs import RawOutputs, raw_output_name
 
 __all__ = [
-    "DefinitionError",
-    "Pin",
     "RawOutputs",
     "ServersFile",
-    "accept_definition",
     "load_servers",
     "raw_output_name",
-    "read_pin",
-    "read_pins",
 ]

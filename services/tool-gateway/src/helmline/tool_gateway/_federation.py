@@ -39,11 +39,11 @@ from helmline.contracts import (
     source_of,
     tool_definition_subject,
 )
-from helmline.runtime import EventStore, latest_tool_registry
+from helmline.runtime import DefinitionPins, EventStore, latest_tool_registry
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._mcp import McpServer
-from helmline.tool_gateway._pins import DefinitionPins, decide, event_id, refusal
+from helmline.tool_gateway._pins import decide, event_id, refusal
 from helmline.tool_gateway._registry import ServerView, registry_event
 from helmline.tool_gateway._resilience import CircuitChange
 

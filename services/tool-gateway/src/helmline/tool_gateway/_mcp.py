@@ -43,7 +43,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import (
     CallToolResult,
+    PromptListChangedNotification,
     RequestParamsMeta,
+    ResourceListChangedNotification,
     ServerNotification,
     ToolAnnotations,
     ToolListChangedNotification,
@@ -57,6 +59,13 @@ from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refus
 from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._registry import ServerView, listed_by_name, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker
+from helmline.tool_gateway._resources import (
+    list_prompts,
+    list_resources,
+    read_resource,
+    reads_resource,
+    with_reader,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -181,11 +190,10 @@ class McpServer:
             # One deadline over the whole call, sending included; the SDK's own read timeout
             # would start later, so it could never fire first and is not armed.
             with anyio.fail_after(deadline - time.monotonic()):
-                return await client.call_tool(
-                    remote_name,
-                    arguments,
-                    meta=cast(RequestParamsMeta, {"helmline/idempotency-key": key}),
-                )
+                meta = cast(RequestParamsMeta, {"helmline/idempotency-key": key})
+                if reads_resource(remote_name, self.view.listed.values()):
+                    return await read_resource(client, arguments, meta)
+                return await client.call_tool(remote_name, arguments, meta=meta)
         except _CONNECTION_LOST as error:
             self._drop(f"connection lost: {error}")
             raise ServerUnavailable(f"connection lost: {error}", sent=True) from error
@@ -295,6 +303,7 @@ class McpServer:
             while True:
                 self._relist.clear()
                 listed = await _list_tools(client)
+                resources, prompts = await list_resources(client), await list_prompts(client)
                 restarted = 0
                 if self._up_since is None:
                     restarted, self._was_up = int(self._was_up), True
@@ -307,8 +316,10 @@ class McpServer:
                 self._settle()
                 logger.info("MCP server %s: %d tools", self.config.id, len(listed))
                 self._show(
-                    tools=tool_specs(self.config, listed),
+                    tools=tool_specs(self.config, with_reader(self.config.id, listed, resources)),
                     listed=listed_by_name(self.config, listed),
+                    resources=resources,
+                    prompts=prompts,
                     available=True,
                     error=None,
                     retry_at=None,
@@ -368,7 +379,9 @@ class McpServer:
         2026-07-28 protocol say so on a `subscriptions/listen` stream; older ones send the
         notification unasked, to `_notified`."""
         try:
-            async with client.listen(tools_list_changed=True) as changes:
+            async with client.listen(
+                tools_list_changed=True, resources_list_changed=True, prompts_list_changed=True
+            ) as changes:
                 async for _ in changes:
                     self._relist.set()
         except ListenNotSupportedError:
@@ -379,11 +392,18 @@ class McpServer:
             )
 
     async def _notified(self, message: ServerNotification | Exception) -> None:
-        if isinstance(message, ToolListChangedNotification):
+        if isinstance(message, _LIST_CHANGED):
             self._relist.set()
         elif isinstance(message, Exception):
             logger.debug("MCP server %s: %s", self.config.id, message)
 
+
+_LIST_CHANGED = (
+    ToolListChangedNotification,
+    ResourceListChangedNotification,
+    PromptListChangedNotification,
+)
+"""What makes the gateway list a server's tools, resources and prompts again."""
 
 _CONNECTION_LOST = (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError)
 

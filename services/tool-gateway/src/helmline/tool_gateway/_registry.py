@@ -16,6 +16,8 @@ from typing import Any
 from helmline.contracts import (
     BUILTIN_TOOLS,
     MCP_NAME_SEPARATOR,
+    McpPrompt,
+    McpResource,
     Risk,
     ServerHealth,
     ToolAction,
@@ -62,6 +64,10 @@ class ServerView:
     retry_at: float | None = None
     """When the next attempt to start it begins, on `time.monotonic()`'s clock, while it is
     down."""
+    resources: tuple[McpResource, ...] = ()
+    """The resources it last listed (`_resources`)."""
+    prompts: tuple[McpPrompt, ...] = ()
+    """The prompts it last listed."""
 
     @property
     def health(self) -> ServerHealth:
@@ -170,6 +176,8 @@ def registry_event(views: Iterable[ServerView]) -> ToolRegistryPublished:
                 circuit=view.circuit,
                 health=view.health,
                 failures=view.failures + view.missed_heartbeats,
+                resources=view.resources,
+                prompts=view.prompts,
             )
             for view in views
         ),

@@ -268,6 +268,44 @@ ServerHealth: TypeAlias = Literal["healthy", "degraded", "unresponsive", "dead"]
 """How a federated MCP server is doing, in one word (see `ToolServerStatus.health`)."""
 
 
+class McpResource(Contract):
+    """A resource an MCP server offers (`resources/list`): readable as context through the
+    server's `<server>__read_resource` tool, whose output is made safe and capped as any
+    tool's. Names and descriptions are the server's words, cut to length."""
+
+    uri: str = Field(min_length=1, max_length=2048)
+    """Its URI, as the server names it (the reading tool's `uri` argument)."""
+    name: str = Field(default="", max_length=256)
+    """Its name, as the server lists it."""
+    description: str = Field(default="", max_length=1024)
+    """What it holds, as the server describes it."""
+    mime_type: str | None = Field(default=None, max_length=256)
+    """Its content's media type, if the server says."""
+
+
+class McpPromptArgument(Contract):
+    """An argument a prompt takes."""
+
+    name: str = Field(min_length=1, max_length=256)
+    """Its name."""
+    description: str = Field(default="", max_length=1024)
+    """What it is for, as the server describes it."""
+    required: bool = False
+    """Whether the prompt needs it."""
+
+
+class McpPrompt(Contract):
+    """A prompt template an MCP server offers (`prompts/list`): listed for people and
+    playbook authors; the gateway does not fill it in."""
+
+    name: str = Field(min_length=1, max_length=256)
+    """Its name."""
+    description: str = Field(default="", max_length=1024)
+    """What it is for, as the server describes it."""
+    arguments: tuple[McpPromptArgument, ...] = ()
+    """The arguments it takes."""
+
+
 class ToolServerStatus(Contract):
     """How a federated MCP server is doing, as the gateway that publishes the registry sees it."""
 
@@ -289,6 +327,10 @@ class ToolServerStatus(Contract):
     is under way); else `healthy`."""
     failures: int = Field(default=0, ge=0)
     """Consecutive failures counted against it: calls, and heartbeats unanswered."""
+    resources: tuple[McpResource, ...] = ()
+    """The resources it lists (at most the first 100), readable as context."""
+    prompts: tuple[McpPrompt, ...] = ()
+    """The prompts it lists (at most the first 100)."""
 
 
 class ToolRegistryPublished(Payload, type="tool.registry.published", published_by=(TOOL_GATEWAY,)):
@@ -324,7 +366,27 @@ class ToolRegistryPublished(Payload, type="tool.registry.published", published_b
                 ),
             ),
             servers=(
-                ToolServerStatus(server="time", transport="stdio", available=True, tools=1),
+                ToolServerStatus(
+                    server="time",
+                    transport="stdio",
+                    available=True,
+                    tools=1,
+                    resources=(
+                        McpResource(
+                            uri="time://zones",
+                            name="zones",
+                            description="The time zones it knows.",
+                            mime_type="text/plain",
+                        ),
+                    ),
+                    prompts=(
+                        McpPrompt(
+                            name="meeting_time",
+                            description="Find a time that suits every attendee's zone.",
+                            arguments=(McpPromptArgument(name="zones", required=True),),
+                        ),
+                    ),
+                ),
                 ToolServerStatus(
                     server="tickets", transport="http", available=False, error="connection refused"
                 ),
