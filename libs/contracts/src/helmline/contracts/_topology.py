@@ -29,6 +29,8 @@ from helmline.contracts.events import (
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
+    McpInstanceStarted,
+    McpInstanceStopped,
     PermissionRequested,
     PlanApproved,
     PlanProposed,
@@ -131,6 +133,19 @@ def tool_definition_subject(tool: str) -> str:
 ALL_TOOL_DEFINITIONS = f"{TOOLS_SUBJECT_PREFIX}.definition.>"
 """Every tool's definition events (a tool's name may hold dots, hence `>`)."""
 
+_NOBODY = "_"
+"""Stands for no tenant or no session in an instance's subject (ids never begin with `_`)."""
+
+
+def mcp_instance_subject(server: str, tenant: str | None, session_id: str | None) -> str:
+    """Where the `mcp.instance.*` events of a server's instance for a tenant or a session
+    (neither for a shared one) are published: the newest tells whether one runs."""
+    return f"{TOOLS_SUBJECT_PREFIX}.instance.{server}.{tenant or _NOBODY}.{session_id or _NOBODY}"
+
+
+ALL_MCP_INSTANCES = f"{TOOLS_SUBJECT_PREFIX}.instance.>"
+"""Every server's instances' events."""
+
 
 class Channel(NamedTuple):
     """Where events that belong to no session are published, on a stream of their own."""
@@ -157,6 +172,18 @@ SESSIONLESS_CHANNELS: dict[type[Payload], Channel] = {
             tool_definition_subject("{tool}"),
             ALL_TOOL_DEFINITIONS,
             {"tool": "The tool, as the registry names it."},
+        ),
+    ),
+    **dict.fromkeys(
+        (McpInstanceStarted, McpInstanceStopped),
+        Channel(
+            mcp_instance_subject("{server}", "{tenant}", "{session}"),
+            ALL_MCP_INSTANCES,
+            {
+                **_MCP_SERVER,
+                "tenant": "The tenant the instance serves; `_` for a shared one.",
+                "session": "The session the instance serves; `_` unless isolated per session.",
+            },
         ),
     ),
     StreamLimitApproaching: Channel(RETENTION_SUBJECT, RETENTION_SUBJECT),
@@ -528,9 +555,11 @@ APPROVAL_CONSUMER = consumer_for(
 TOOL_GATEWAY_CONSUMER = consumer_for(
     "tool-gateway",
     # A step whose call its approved plan authorised runs when scheduled.
-    (ToolCallAuthorized, StepScheduled),
+    # A session's end stops the MCP server instances kept for it.
+    (ToolCallAuthorized, StepScheduled, SessionCompleted, SessionFailed, SessionCancelled),
     "Validates authorised calls (and calls scheduled as their approved plan authorised "
-    "them), runs pure tools, hands the rest to the sandbox.",
+    "them), runs pure tools, hands the rest to the sandbox; stops the MCP server instances "
+    "of sessions that ended.",
 )
 SANDBOX_CONSUMER = consumer_for(
     "sandbox",

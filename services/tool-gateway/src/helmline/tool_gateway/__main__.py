@@ -14,8 +14,9 @@ from helmline.runtime import (
     sealing_key,
 )
 from helmline.tool_gateway._config import ServersFile, load_servers
-from helmline.tool_gateway._federation import Federation
+from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._handlers import GatewayHandler
+from helmline.tool_gateway._instances import Instances
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import RawOutputs, sweep_raw_outputs
 from helmline.tool_gateway._results import PureResults
@@ -38,6 +39,14 @@ def setup_gateway(
         federation = Federation(host.store, configs, about=host.about)
         host.on_shutdown(federation.stop)
         await federation.start()
+        instances = Instances(
+            host.store,
+            federation.servers,
+            source=SOURCE,
+            gateway=federation.gateway,
+            registry=host.metrics.registry,
+        )
+        host.on_shutdown(instances.stop)
         key = _sealing_key(settings)
         if key is None:
             logger.warning(
@@ -60,6 +69,7 @@ def setup_gateway(
             secrets=host.secrets,
             classifier=classifier,
             states=FoldedStates(host.js, host.store),
+            instances=instances,
         )
         await host.consume(consumer, handler)
         host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))

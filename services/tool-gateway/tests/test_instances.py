@@ -1,0 +1,267 @@
+"""Instances per session and tenant, and the caps on a server's calls, under a real gateway
+with a real stdio MCP server that keeps state in its process (stateful_mcp_server.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from nats.js import JetStreamContext
+
+from helmline.contracts import (
+    McpInstanceStarted,
+    McpInstanceStopped,
+    Payload,
+    SessionCompleted,
+    ToolCallCompleted,
+    ToolCallFailed,
+    ToolCallStarted,
+    decode_event,
+    mcp_instance_subject,
+    new_event,
+)
+from helmline.runtime import EventStore, ServiceHost
+from helmline.runtime.testing import eventually
+from helmline.tool_gateway import load_servers
+from helmline.yamlfile import YamlFileError
+
+# Not a package, so mypy cannot follow; pytest imports it all the same.
+from .conftest import (  # type: ignore[import-not-found]
+    Calls,
+    federated,
+    gateway_in_process,
+)
+
+pytestmark = pytest.mark.usefixtures("drop_consumer")
+
+STATEFUL_SERVER = Path(__file__).parent / "stateful_mcp_server.py"
+
+
+def stateful_servers_file(path: Path, server_id: str, **settings: Any) -> Path:
+    server = {
+        "id": server_id,
+        "stdio": {"command": sys.executable, "args": [str(STATEFUL_SERVER)]},
+        "risk": "low",
+        **settings,
+    }
+    path.write_text(yaml.safe_dump({"servers": [server]}))
+    return path
+
+
+class InstanceRecords:
+    """The `mcp.instance.*` events of one server, as they are published."""
+
+    def __init__(self) -> None:
+        self.seen: list[Payload] = []
+
+    async def received(self, message: Any) -> None:
+        self.seen.append(decode_event(message.data).data)
+
+    def of(self, kind: type[Payload], session_id: str | None) -> list[Any]:
+        return [
+            record
+            for record in self.seen
+            if isinstance(record, McpInstanceStarted | McpInstanceStopped)
+            and isinstance(record, kind)
+            and record.instance.session_id == session_id
+        ]
+
+
+@pytest.fixture
+async def records(js: JetStreamContext, server_id: str) -> AsyncIterator[InstanceRecords]:
+    seen = InstanceRecords()
+    subject = mcp_instance_subject(server_id, "*", "*")
+    subscription = await js._nc.subscribe(subject, cb=seen.received)
+    yield seen
+    await subscription.unsubscribe()
+
+
+class Stateful:
+    """The gateway in this process, federating the stateful server, and its sessions."""
+
+    def __init__(
+        self,
+        nats_url: str,
+        store: EventStore,
+        tenant: str,
+        server_id: str,
+        servers_file: Path,
+        records: InstanceRecords,
+    ) -> None:
+        self.nats_url = nats_url
+        self.store = store
+        self.tenant = tenant
+        self.server_id = server_id
+        self.servers_file = servers_file
+        self.records = records
+
+    @asynccontextmanager
+    async def gateway(self, **settings: Any) -> AsyncIterator[ServiceHost]:
+        """The gateway, federating the server with `settings`, once it lists the server."""
+        stateful_servers_file(self.servers_file, self.server_id, **settings)
+        async with gateway_in_process(self.nats_url, self.servers_file, self.tenant) as host:
+            await federated(self.store.js, self.server_id)
+            yield host
+
+    def sessions(self) -> tuple[Calls, Calls]:
+        return Calls(self.store, self.tenant), Calls(self.store, self.tenant)
+
+    async def called(self, session: Calls, tool: str, **arguments: Any) -> Any:
+        """The result of a call of the server's `tool` that completed."""
+        call_id = await session.authorise(f"{self.server_id}__{tool}", **arguments)
+        outcome = await session.outcome(call_id)
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        output = outcome.output
+        # Structured, under `result`.
+        return output["result"] if isinstance(output, dict) else json.loads(str(output))
+
+    async def end(self, session: Calls) -> None:
+        await self.store.append(
+            new_event(
+                SessionCompleted(summary="done"),
+                tenant=session.tenant,
+                session_id=session.session_id,
+                source="test/planner",
+            )
+        )
+
+    async def stopped(self, session_id: str | None) -> list[McpInstanceStopped]:
+        """The instance of a session (None: of the tenant) recorded as stopped."""
+        stopped: list[McpInstanceStopped] = await eventually(
+            lambda: self.records.of(McpInstanceStopped, session_id),
+            timeout_s=30,
+            what=f"the instance of {session_id or 'the tenant'} recorded as stopped",
+        )
+        return stopped
+
+
+@pytest.fixture
+def stateful(
+    nats_url: str,
+    store: EventStore,
+    tenant: str,
+    server_id: str,
+    tmp_path: Path,
+    records: InstanceRecords,
+) -> Stateful:
+    return Stateful(nats_url, store, tenant, server_id, tmp_path / "servers.yaml", records)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A child of this process that exited stays a zombie until reaped: gone all the same.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+async def test_sessions_see_only_their_own_state_and_their_instance_stops_at_their_end(
+    stateful: Stateful,
+) -> None:
+    ana, bob = stateful.sessions()
+    async with stateful.gateway(isolation="session"):
+        await stateful.called(ana, "remember", note="ana's")
+        await stateful.called(bob, "remember", note="bob's")
+        assert await stateful.called(ana, "recall") == ["ana's"]
+        assert await stateful.called(bob, "recall") == ["bob's"]
+        ana_pid = await stateful.called(ana, "pid")
+        bob_pid = await stateful.called(bob, "pid")
+        assert ana_pid != bob_pid
+
+        (started,) = stateful.records.of(McpInstanceStarted, ana.session_id)
+        about = started.instance
+        assert (about.isolation, about.tenant, started.replaces) == ("session", ana.tenant, None)
+        await stateful.end(ana)
+
+        stopped = await stateful.stopped(ana.session_id)
+        assert [(s.instance, s.reason, s.calls) for s in stopped] == [(about, "session_ended", 3)]
+        await eventually(lambda: not running(ana_pid), timeout_s=10, what="ana's process gone")
+        assert running(bob_pid)
+        assert stateful.records.of(McpInstanceStopped, bob.session_id) == []
+    # The gateway stopping stops the instances it still runs.
+    await eventually(lambda: not running(bob_pid), timeout_s=10, what="bob's process gone")
+    (bob_stopped,) = await stateful.stopped(bob.session_id)
+    assert bob_stopped.reason == "gateway_stopping"
+
+
+async def test_a_full_pool_fails_a_call_as_rate_limited_within_its_queue_timeout(
+    stateful: Stateful,
+) -> None:
+    ana, bob = stateful.sessions()
+    pool = {"max_instances": 1, "queue_timeout_s": 0.5, "idle_s": 600}
+    async with stateful.gateway(isolation="session", pool=pool) as host:
+        await stateful.called(ana, "remember", note="ana's")
+
+        asked = datetime.now(UTC)
+        call_id = await bob.authorise(f"{stateful.server_id}__remember", note="bob's")
+        refused = await bob.outcome(call_id, timeout_s=10)
+        assert isinstance(refused, ToolCallFailed), refused
+        assert refused.error.kind == "rate_limited"
+        assert refused.error.retryable
+        assert "1 of 1 instances" in refused.error.message
+        # Not sent, so never started; refused once the queue's wait was over, not later.
+        assert not any(isinstance(e, ToolCallStarted) for e in await bob.events(call_id))
+        stored = await stateful.store.read_all(bob.tenant, bob.session_id)
+        refused_at = stored[-1].event.time
+        assert timedelta(seconds=0.5) <= refused_at - asked < timedelta(seconds=5)
+        # The only instance is idle: a place frees when its idle time is over.
+        assert refused.retry_at is not None
+        assert refused.retry_at - refused_at > timedelta(seconds=590)
+        figures = host.metrics.registry
+        by_server = {"server": stateful.server_id}
+        assert (
+            figures.get_sample_value(
+                "helmline_mcp_calls_refused_total", {**by_server, "why": "waited"}
+            )
+            == 1
+        )
+        assert figures.get_sample_value("helmline_mcp_instances", by_server) == 1
+        assert figures.get_sample_value("helmline_mcp_calls_queued", by_server) == 0
+
+        # Ana's session ends: its instance stops, and bob's next call gets one of its own.
+        await stateful.end(ana)
+        await stateful.stopped(ana.session_id)
+        assert await stateful.called(bob, "recall") == []
+
+
+async def test_a_tenants_instance_stops_when_idle(stateful: Stateful) -> None:
+    ana, bob = stateful.sessions()
+    async with stateful.gateway(isolation="tenant", pool={"idle_s": 0.5}):
+        await stateful.called(ana, "remember", note="ana's")
+        # Another session of the same tenant shares its instance.
+        assert await stateful.called(bob, "recall") == ["ana's"]
+        pid = await stateful.called(bob, "pid")
+        stopped = await stateful.stopped(None)
+        assert [(s.reason, s.instance.tenant, s.calls) for s in stopped] == [
+            ("idle", ana.tenant, 3)
+        ]
+        await eventually(lambda: not running(pid), timeout_s=10, what="its process gone")
+        # The next call starts another, which holds nothing of the first.
+        assert await stateful.called(ana, "recall") == []
+
+
+@pytest.mark.parametrize(
+    ("server", "named"),
+    [
+        ({"isolation": "per-call"}, "isolation"),
+        ({"pool": {"max_instances": 2}}, "max_instances"),
+        ({"isolation": "session", "pool": {"calls_per_instance": 9, "max_calls": 8}}, "max_calls"),
+        ({"isolation": "session", "pool": {"queue_timeout_s": 0}}, "queue_timeout_s"),
+    ],
+)
+def test_isolation_and_pools_are_checked_at_load(
+    tmp_path: Path, server: dict[str, Any], named: str
+) -> None:
+    path = stateful_servers_file(tmp_path / "servers.yaml", "notes", **server)
+    with pytest.raises(YamlFileError, match=named):
+        load_servers(path)
