@@ -177,12 +177,16 @@ class Calls:
         self.tenant = tenant
         self.session_id = uuid.uuid4().hex
 
-    async def authorise(self, tool: str, *, risk: Risk = "low", **arguments: Any) -> str:
+    async def authorise(
+        self, tool: str, *, risk: Risk = "low", step_id: str = "s1", **arguments: Any
+    ) -> str:
+        """Authorise a call; a call of a step other than the session's other calls' (`s1`)
+        has a progress of its own in the session's state."""
         call_id = f"c{uuid.uuid4().hex[:12]}"
         await self.store.append(
             new_event(
                 ToolCallAuthorized(
-                    call_id=call_id, step_id="s1", tool=tool, arguments=arguments, risk=risk
+                    call_id=call_id, step_id=step_id, tool=tool, arguments=arguments, risk=risk
                 ),
                 tenant=self.tenant,
                 session_id=self.session_id,

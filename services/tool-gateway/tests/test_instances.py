@@ -3,6 +3,7 @@ with a real stdio MCP server that keeps state in its process (stateful_mcp_serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from helmline.contracts import (
     McpInstanceStopped,
     Payload,
     SessionCompleted,
+    ToolCallAttemptFailed,
     ToolCallCompleted,
     ToolCallFailed,
     ToolCallStarted,
@@ -29,15 +31,20 @@ from helmline.contracts import (
     new_event,
 )
 from helmline.runtime import EventStore, ServiceHost
-from helmline.runtime.testing import eventually
+from helmline.runtime.testing import ServiceProcesses, eventually, free_port
 from helmline.tool_gateway import load_servers
+from helmline.tool_gateway.testing import http_mcp_server
 from helmline.yamlfile import YamlFileError
 
 # Not a package, so mypy cannot follow; pytest imports it all the same.
 from .conftest import (  # type: ignore[import-not-found]
+    TEST_SERVER,
     Calls,
+    calls_received,
     federated,
     gateway_in_process,
+    start_replica,
+    write_servers_file,
 )
 
 pytestmark = pytest.mark.usefixtures("drop_consumer")
@@ -227,6 +234,9 @@ async def test_a_full_pool_fails_a_call_as_rate_limited_within_its_queue_timeout
         )
         assert figures.get_sample_value("helmline_mcp_instances", by_server) == 1
         assert figures.get_sample_value("helmline_mcp_calls_queued", by_server) == 0
+        # What `/readyz` answers, and so `helmline status` shows.
+        instances = host.about[f"MCP server {stateful.server_id} instances"]
+        assert instances == "1 running of at most 1 (one per session)"
 
         # Ana's session ends: its instance stops, and bob's next call gets one of its own.
         await stateful.end(ana)
@@ -248,6 +258,140 @@ async def test_a_tenants_instance_stops_when_idle(stateful: Stateful) -> None:
         await eventually(lambda: not running(pid), timeout_s=10, what="its process gone")
         # The next call starts another, which holds nothing of the first.
         assert await stateful.called(ana, "recall") == []
+
+
+async def test_a_session_whose_replica_died_gets_an_instance_anew_naming_the_lost_one(
+    stateful: Stateful, replicas: ServiceProcesses
+) -> None:
+    ana, _ = stateful.sessions()
+    servers = stateful_servers_file(
+        stateful.servers_file,
+        stateful.server_id,
+        isolation="session",
+    )
+    start_replica(replicas, "gateway", servers, stateful.tenant, ack_wait_s=3)
+    await federated(stateful.store.js, stateful.server_id)
+    await stateful.called(ana, "remember", note="ana's")
+    lost_pid = await stateful.called(ana, "pid")
+    (lost,) = await eventually(
+        lambda: stateful.records.of(McpInstanceStarted, ana.session_id),
+        what="ana's instance recorded as started",
+    )
+    waiting = await ana.authorise(f"{stateful.server_id}__wait", step_id="s2", seconds=30)
+
+    async def in_flight() -> bool:
+        return any(isinstance(e, ToolCallStarted) for e in await ana.events(waiting))
+
+    await eventually(in_flight, timeout_s=30, what="the waiting call in flight")
+    replicas.kill("gateway")
+    await eventually(lambda: not running(lost_pid), timeout_s=10, what="the lost instance gone")
+    await asyncio.to_thread(start_replica, replicas, "gateway", servers, stateful.tenant, 3)
+
+    # The call in flight may or may not have taken effect: reported so, not sent again.
+    outcome = await ana.outcome(waiting, timeout_s=60)
+    assert isinstance(outcome, ToolCallFailed), outcome
+    assert outcome.error.kind == "unknown_outcome"
+    # The session's next call starts an instance anew, which names the lost one; its state
+    # was lost with it.
+    assert await stateful.called(ana, "recall") == []
+    started = await eventually(
+        lambda: stateful.records.of(McpInstanceStarted, ana.session_id)[1:],
+        what="ana's instance started anew",
+    )
+    assert [s.replaces for s in started] == [lost.instance.id]
+    assert started[0].instance.gateway != lost.instance.gateway
+
+
+async def test_a_sessions_calls_reach_its_one_instance_whichever_replica_takes_them(
+    stateful: Stateful, replicas: ServiceProcesses
+) -> None:
+    ana, _ = stateful.sessions()
+    servers = stateful_servers_file(stateful.servers_file, stateful.server_id, isolation="session")
+    # Both replicas take the session's calls, each call from whichever the consumer hands it.
+    for name in ("gateway-a", "gateway-b"):
+        start_replica(replicas, name, servers, stateful.tenant, 3, session_id=ana.session_id)
+    await federated(stateful.store.js, stateful.server_id)
+    notes = [f"note {i}" for i in range(10)]
+    for note in notes:
+        await stateful.called(ana, "remember", note=note)
+    assert await stateful.called(ana, "recall") == notes
+    # One instance, started by the first replica handed a call; the other hands it its calls.
+    (started,) = stateful.records.of(McpInstanceStarted, ana.session_id)
+    assert started.replaces is None
+    handed = [
+        (replicas.data_dir / f"{name}.log").read_text().count("handed to instance")
+        for name in ("gateway-a", "gateway-b")
+    ]
+    assert min(handed) == 0 < max(handed), handed
+    # Whichever replica hears the session end, the instance stops.
+    await stateful.end(ana)
+    (stopped,) = await stateful.stopped(ana.session_id)
+    assert (stopped.instance, stopped.reason, stopped.calls) == (
+        started.instance,
+        "session_ended",
+        11,
+    )
+
+
+async def test_each_replica_makes_its_mcp_session_anew_after_an_http_server_restarts(
+    js: JetStreamContext,
+    store: EventStore,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    replicas: ServiceProcesses,
+) -> None:
+    port = free_port()
+    argv = [sys.executable, str(TEST_SERVER), str(state_dir), str(port)]
+    url = f"http://127.0.0.1:{port}/mcp"
+    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir, http=url)
+    # Each replica consumes one session's calls: both must make their MCP session anew.
+    sessions = [Calls(store, tenant), Calls(store, tenant)]
+
+    async def echoed(round: str) -> None:
+        for replica, session in enumerate(sessions):
+            call_id = await session.authorise(f"{server_id}__echo", message=f"{round} {replica}")
+            outcome = await session.outcome(call_id, timeout_s=60)
+            assert isinstance(outcome, ToolCallCompleted), outcome
+
+    with http_mcp_server(argv, port, tmp_path / "http-server.log"):
+        for replica, session in enumerate(sessions):
+            start_replica(
+                replicas, f"gateway-{replica}", servers, tenant, 3, session_id=session.session_id
+            )
+        await federated(js, server_id)
+        await echoed("before")
+    # The server is started again: the MCP sessions the replicas held are unknown to it.
+    with http_mcp_server(argv, port, tmp_path / "http-server-again.log"):
+        await echoed("after")
+
+
+async def test_a_call_answered_404_for_a_forgotten_mcp_session_is_sent_on_a_new_one(
+    nats_url: str,
+    js: JetStreamContext,
+    calls: Calls,
+    tenant: str,
+    server_id: str,
+    state_dir: Path,
+    tmp_path: Path,
+    http_server: str,
+) -> None:
+    servers = write_servers_file(tmp_path / "servers.yaml", server_id, state_dir, http=http_server)
+    async with gateway_in_process(nats_url, servers, tenant):
+        await federated(js, server_id)
+        # As a server answers a request naming an MCP session it no longer knows (it was
+        # started again behind a balancer, or another replica of it took the request).
+        (state_dir / "http-answer").write_text("404")
+        call_id = await calls.authorise(f"{server_id}__note", message="again")
+        outcome = await calls.outcome(call_id)
+        assert isinstance(outcome, ToolCallCompleted), outcome
+        (refused,) = [
+            e for e in await calls.events(call_id) if isinstance(e, ToolCallAttemptFailed)
+        ]
+        assert refused.error.kind == "unavailable"
+        assert "404" in refused.error.message
+        assert (calls_received(state_dir, "refused"), calls_received(state_dir, "note")) == (1, 1)
 
 
 @pytest.mark.parametrize(

@@ -146,6 +146,19 @@ def mcp_instance_subject(server: str, tenant: str | None, session_id: str | None
 ALL_MCP_INSTANCES = f"{TOOLS_SUBJECT_PREFIX}.instance.>"
 """Every server's instances' events."""
 
+MCP_CALLS_SUBJECT_PREFIX = "helmline.mcp-calls"
+
+
+def mcp_instance_calls_subject(instance: str) -> str:
+    """Where the gateway process that runs an MCP server's instance (`mcp.instance.started`)
+    takes calls for it from the other gateway processes, as NATS requests answered at once:
+    no stream keeps them."""
+    return f"{MCP_CALLS_SUBJECT_PREFIX}.{instance}"
+
+
+ALL_MCP_INSTANCE_CALLS = f"{MCP_CALLS_SUBJECT_PREFIX}.>"
+"""Calls handed to every instance's gateway process."""
+
 
 class Channel(NamedTuple):
     """Where events that belong to no session are published, on a stream of their own."""
@@ -643,8 +656,10 @@ for _payload, _channel in SESSIONLESS_CHANNELS.items():
         *_known,
         *(owner for owner in _payload.PUBLISHED_BY if owner not in _known),
     )
+# Not events: a gateway process hands a call to the one that runs the instance it needs.
+SUBJECT_PUBLISHERS[ALL_MCP_INSTANCE_CALLS] = (TOOL_GATEWAY,)
 """Subjects outside the events stream and who publishes on them: the publishers their
-events' classes declare."""
+events' classes declare, and the gateway's calls handed to another gateway process."""
 
 BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
     RATE_LIMITS_BUCKET.bucket: (TOOL_GATEWAY,),

@@ -45,6 +45,8 @@ def setup_gateway(
             source=SOURCE,
             gateway=federation.gateway,
             registry=host.metrics.registry,
+            about=host.about,
+            nc=host.nc,
         )
         host.on_shutdown(instances.stop)
         key = _sealing_key(settings)

@@ -65,8 +65,9 @@ from helmline.runtime import (
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._config import RateLimit
 from helmline.tool_gateway._federation import SOURCE, Federation
+from helmline.tool_gateway._forwarding import CallsTools, PoolFull
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
-from helmline.tool_gateway._instances import Instances, PoolFull
+from helmline.tool_gateway._instances import Instances
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._plans import PlanApprovals
 from helmline.tool_gateway._ratelimit import RateLimiter
@@ -270,7 +271,7 @@ class GatewayHandler:
         call: ToolCallAuthorized,
         tool: ToolSpec,
         server: McpServer,
-        instance: McpServer,
+        instance: CallsTools,
         arguments: dict[str, JsonValue],
         *,
         reusable: bool,
@@ -337,7 +338,7 @@ class GatewayHandler:
     async def _attempt(
         self,
         server: McpServer,
-        instance: McpServer,
+        instance: CallsTools,
         tool: ToolSpec,
         call: ToolCallAuthorized,
         arguments: dict[str, JsonValue],

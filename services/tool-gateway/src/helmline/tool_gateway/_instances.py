@@ -15,8 +15,12 @@ instance, `max_calls` on all, `max_instances` instances. A call beyond waits in 
 `queue` places for at most `queue_timeout_s`, and fails as `rate_limited` with when to try
 again when the queue is full or its wait is over: it never waits longer.
 
-Instances belong to one gateway process: replicas each start their own, and a session whose
-calls reach two replicas has an instance on each.
+An instance runs in the gateway process that started it. Another process handed a call of
+its tenant or session finds it by the newest record and hands the call to it there
+(`_forwarding`); when nobody answers for it (its process died), that process starts an
+instance of its own, which `replaces` it. Two processes handed a new session's first calls
+at the same moment may both start one: the newer record wins the later calls, and the other
+instance idles out.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from cachetools import LRUCache
+from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -49,10 +55,13 @@ from helmline.contracts import (
 )
 from helmline.runtime import METRICS_NAMESPACE, EventStore
 from helmline.tool_gateway._config import ServerConfig
-from helmline.tool_gateway._mcp import McpServer
+from helmline.tool_gateway._forwarding import Answering, CallsTools, PoolFull, RemoteInstance
+from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 
 logger = logging.getLogger(__name__)
 
+REMOTES_KNOWN = 10_000
+"""Tenants and sessions whose instance in another gateway process this one remembers."""
 START_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 
 
@@ -64,16 +73,6 @@ class Scope(NamedTuple):
 
 
 SHARED = Scope(None, None)
-
-
-class PoolFull(Exception):
-    """A call found its server's pool full and was not sent: `error` says why (kind
-    `rate_limited`), `retry_in_s` when a place may be free."""
-
-    def __init__(self, error: ToolError, retry_in_s: float) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.retry_in_s = retry_in_s
 
 
 class PoolMetrics:
@@ -141,6 +140,8 @@ class _Instance:
     """Records its start once it answers."""
     recorded: bool = False
     """Whether its start was recorded (then its stop is too)."""
+    answering: Answering | None = None
+    """Takes the calls other gateway processes hand to it."""
 
 
 Publish = Callable[[str, Payload], Awaitable[None]]
@@ -156,9 +157,14 @@ class ServerPool:
         metrics: PoolMetrics,
         gateway: str,
         last_record: Callable[[str], Awaitable[Payload | None]],
+        about: MutableMapping[str, str],
+        nc: NATS | None,
     ) -> None:
         """`listing`: the federation's connection to the server (a shared server's one
-        instance); `last_record`: the newest `mcp.instance.*` event on a subject."""
+        instance); `last_record`: the newest `mcp.instance.*` event on a subject; `about`:
+        where an isolated server's instances are counted for `/readyz` (`helmline status`);
+        `nc`: the connection calls are handed to other gateway processes over (none: each
+        process starts instances of its own)."""
         self.config: ServerConfig = listing.config
         self._listing = listing
         self._publish = publish
@@ -173,6 +179,10 @@ class ServerPool:
         self._changed = asyncio.Condition()
         self._stopping: set[asyncio.Task[None]] = set()
         self._label = self.config.id
+        self._about = about
+        self._nc = nc
+        self._remotes: LRUCache[Scope, RemoteInstance] = LRUCache(REMOTES_KNOWN)
+        self._show_instances()
 
     def scope_of(self, tenant: str, session_id: str) -> Scope:
         """Whom an instance serving this call serves, by the server's isolation."""
@@ -185,23 +195,72 @@ class ServerPool:
                 return Scope(tenant, session_id)
 
     @contextlib.asynccontextmanager
-    async def lease(self, tenant: str, session_id: str) -> AsyncIterator[McpServer]:
-        """A place for one call on the instance that serves it (started if there is none
-        yet), held until the block ends; raises `PoolFull` when no place frees in time."""
-        instance = await self._admitted(self.scope_of(tenant, session_id))
+    async def lease(self, tenant: str, session_id: str) -> AsyncIterator[CallsTools]:
+        """A place for one call on the instance that serves it: the one another gateway
+        process runs, if one does; else this process's (started if there is none yet), held
+        until the block ends. Raises `PoolFull` when no place frees in time."""
+        scope = self.scope_of(tenant, session_id)
+        remote = await self._remote(scope)
+        if remote is not None:
+            yield remote  # Its process's pool counts the call.
+            return
+        instance = await self._admitted(scope)
         try:
             yield instance.server
         finally:
             await self._release(instance)
 
+    @contextlib.asynccontextmanager
+    async def _lease_on(self, instance: _Instance) -> AsyncIterator[CallsTools]:
+        """A place for a call another process handed to `instance`."""
+        taken = await self._admitted(instance.scope, only=instance)
+        try:
+            yield taken.server
+        finally:
+            await self._release(taken)
+
+    async def _remote(self, scope: Scope) -> RemoteInstance | None:
+        """The instance for `scope` that another gateway process runs, if one answers."""
+        if scope == SHARED or self._nc is None or scope in self._instances:
+            return None
+        known = self._remotes.get(scope)
+        if known is not None and not known.gone:
+            return known
+        record = await self._last_record(mcp_instance_subject(self.config.id, *scope))
+        if not isinstance(record, McpInstanceStarted) or record.instance.gateway == self._gateway:
+            return None
+        remote = RemoteInstance(self._nc, record.instance.id)
+        if not await remote.alive():
+            return None  # Gone with its process: this one starts one, which replaces it.
+        self._remotes[scope] = remote
+        logger.info(
+            "MCP server %s: calls for %s handed to instance %s in gateway process %s",
+            self.config.id,
+            scope,
+            remote.instance,
+            record.instance.gateway,
+        )
+        return remote
+
     async def session_ended(self, tenant: str, session_id: str) -> None:
-        """Stop the session's instance, once its calls in flight are answered."""
+        """Stop the session's instance, once its calls in flight are answered: here, or in
+        the gateway process that runs it."""
         if self.config.isolation != "session":
             return
+        scope = Scope(tenant, session_id)
+        instance = self._instances.get(scope)
+        if instance is not None:
+            await self._end(instance)
+            return
+        remote = await self._remote(scope)
+        if remote is not None:
+            await remote.end()
+
+    async def _end(self, instance: _Instance) -> None:
         async with self._changed:
-            instance = self._instances.pop(Scope(tenant, session_id), None)
-            if instance is None:
+            if self._instances.get(instance.scope) is not instance:
                 return
+            del self._instances[instance.scope]
             instance.ending = "session_ended"
             if instance.in_flight == 0:
                 self._stop_later(instance, "session_ended")
@@ -217,14 +276,21 @@ class ServerPool:
         while self._stopping:
             await asyncio.gather(*self._stopping, return_exceptions=True)
 
-    async def _admitted(self, scope: Scope) -> _Instance:
+    async def _admitted(self, scope: Scope, only: _Instance | None = None) -> _Instance:
+        """A place on the scope's instance (`only` that one, not another started after it
+        stopped)."""
         pool = self.config.pool
         began = time.monotonic()
         deadline = began + pool.queue_timeout_s
         queued = False
         async with self._changed:
             try:
-                while (instance := self._take(scope)) is None:
+                while True:
+                    if only is not None and self._instances.get(scope) is not only:
+                        raise ServerUnavailable("its instance was stopped")
+                    instance = self._take(scope)
+                    if instance is not None:
+                        break
                     if not queued:
                         if self._queued >= pool.queue:
                             raise self._full(scope, "queue_full")
@@ -256,6 +322,7 @@ class ServerPool:
             if len(self._instances) >= pool.max_instances:
                 return None
             instance = self._instances[scope] = self._start(scope)
+            self._show_instances()
         elif instance.in_flight >= pool.calls_per_instance:
             return None
         if instance.idle_timer is not None:
@@ -325,7 +392,13 @@ class ServerPool:
         await instance.server.connected.wait()
         start_s = time.monotonic() - began
         self._metrics.start_seconds.labels(self._label).observe(start_s)
-        about = self._about(instance)
+        if self._nc is not None:
+            # Before its start is recorded: whoever reads the record finds it answering.
+            instance.answering = Answering(
+                self._nc, instance.id, lambda: self._lease_on(instance), lambda: self._end(instance)
+            )
+            await instance.answering.start()
+        about = self._record_of(instance)
         subject = mcp_instance_subject(self.config.id, about.tenant, about.session_id)
         previous = await self._last_record(subject)
         replaces = (
@@ -339,7 +412,16 @@ class ServerPool:
         )
         instance.recorded = True
 
-    def _about(self, instance: _Instance) -> McpInstance:
+    def _show_instances(self) -> None:
+        isolation = self.config.isolation
+        if isolation == "shared":
+            return
+        most = self.config.pool.max_instances
+        self._about[f"MCP server {self.config.id} instances"] = (
+            f"{len(self._instances)} running of at most {most} (one per {isolation})"
+        )
+
+    def _record_of(self, instance: _Instance) -> McpInstance:
         tenant, session_id = instance.scope
         return McpInstance(
             server=self.config.id,
@@ -365,14 +447,17 @@ class ServerPool:
             instance.idle_timer.cancel()
         if instance.announced is not None and not instance.announced.done():
             instance.announced.cancel()
+        if instance.answering is not None:
+            await instance.answering.stop()
         await instance.server.stop()
         self._metrics.instances.labels(self._label).dec()
+        self._show_instances()
         async with self._changed:
             self._changed.notify_all()  # An instance's place is free.
         logger.info("MCP server %s: instance %s stopped (%s)", self.config.id, instance.id, reason)
         if not instance.recorded:
             return
-        about = self._about(instance)
+        about = self._record_of(instance)
         try:
             await self._publish(
                 mcp_instance_subject(self.config.id, about.tenant, about.session_id),
@@ -395,12 +480,25 @@ class Instances:
         source: str,
         gateway: str,
         registry: CollectorRegistry | None = None,
+        about: MutableMapping[str, str] | None = None,
+        nc: NATS | None = None,
     ) -> None:
+        """`registry`: where the pools' figures go (the service's `/metrics`); `about`: the
+        service's facts for `/readyz`; `nc`: the connection calls are handed to other
+        gateway processes over (none: each process starts instances of its own)."""
         self._store = store
         self._source = source
         metrics = PoolMetrics(registry)
         self.pools = {
-            server_id: ServerPool(server, self._publish, metrics, gateway, self._last_record)
+            server_id: ServerPool(
+                server,
+                self._publish,
+                metrics,
+                gateway,
+                self._last_record,
+                about if about is not None else {},
+                nc,
+            )
             for server_id, server in servers.items()
         }
 
