@@ -94,7 +94,11 @@ async def run() -> list[dict[str, Any]]:
         store = EventStore(js)
         federation = Federation(store, configs)
         await federation.start()
-        instances = Instances(store, federation.servers, source="bench", gateway=federation.gateway)
+        # With the connection calls are handed over on, as a gateway has: a session's first
+        # call looks for an instance another gateway process runs before it starts one.
+        instances = Instances(
+            store, federation.servers, source="bench", gateway=federation.gateway, nc=connection
+        )
         handler = GatewayHandler(store, federation, instances=instances)
         calls = {
             "python": ("python__remember", {"note": "n"}),
