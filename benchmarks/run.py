@@ -30,6 +30,7 @@ import growth
 import hops
 import idle_memory
 import listing
+import mcp_instances
 import null_services
 import observability
 import planner
@@ -56,6 +57,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "approval": approval.run,
     "sandbox": sandbox.run,
     "gateway": gateway.run,
+    "mcp_instances": mcp_instances.run,
     "read_model": read_model.rebuild,
     "planner": planner.run,
     "sse": sse.run,

@@ -182,12 +182,16 @@ class Calls:
         self.tenant = tenant
         self.session_id = uuid.uuid4().hex
 
-    async def authorise(self, tool: str, *, risk: Risk = "low", **arguments: Any) -> str:
+    async def authorise(
+        self, tool: str, *, risk: Risk = "low", step_id: str = "s1", **arguments: Any
+    ) -> str:
+        """Authorise a call; a call of a step other than the session's other calls' (`s1`)
+        has a progress of its own in the session's state."""
         call_id = f"c{uuid.uuid4().hex[:12]}"
         await self.store.append(
             new_event(
                 ToolCallAuthorized(
-                    call_id=call_id, step_id="s1", tool=tool, arguments=arguments, risk=risk
+                    call_id=call_id, step_id=step_id, tool=tool, arguments=arguments, risk=risk
                 ),
                 tenant=self.tenant,
                 session_id=self.session_id,
@@ -247,14 +251,22 @@ async def drop_consumer(js: JetStreamContext, tenant: str) -> AsyncIterator[None
             await js.delete_consumer(EVENTS_STREAM.name, consumer.name)
 
 
+def host_pids(*argv: str) -> list[int]:
+    """The host pids of the processes running `argv` after their interpreter (`python
+    SCRIPT ARGS`), sandboxed or not: a sandboxed server sees another pid in its sandbox's
+    pid namespace. Zombies are not counted: exited all the same."""
+    return [
+        int(process.pid)
+        for process in psutil.process_iter(["cmdline", "status"])
+        if (process.info["cmdline"] or [])[1:] == list(argv)
+        and process.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+
+
 def server_pid(state_dir: Path) -> int:
-    """The host pid of the test server counting into `state_dir` (0 while none runs). Not the
-    pid it writes: in its sandbox's pid namespace it sees another one."""
-    argv = [str(TEST_SERVER), str(state_dir)]
-    for process in psutil.process_iter(["cmdline"]):
-        if (process.info["cmdline"] or [])[1:] == argv:
-            return int(process.pid)
-    return 0
+    """The host pid of the test server counting into `state_dir` (0 while none runs)."""
+    pids = host_pids(str(TEST_SERVER), str(state_dir))
+    return pids[0] if pids else 0
 
 
 def calls_received(state_dir: Path, tool: str) -> int:

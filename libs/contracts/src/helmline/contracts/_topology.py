@@ -29,6 +29,8 @@ from helmline.contracts.events import (
     CompensationCompleted,
     CompensationFailed,
     CompensationScheduled,
+    McpInstanceStarted,
+    McpInstanceStopped,
     PermissionRequested,
     PlanApproved,
     PlanProposed,
@@ -132,6 +134,32 @@ def tool_definition_subject(tool: str) -> str:
 ALL_TOOL_DEFINITIONS = f"{TOOLS_SUBJECT_PREFIX}.definition.>"
 """Every tool's definition events (a tool's name may hold dots, hence `>`)."""
 
+_NOBODY = "_"
+"""Stands for no tenant or no session in an instance's subject (ids never begin with `_`)."""
+
+
+def mcp_instance_subject(server: str, tenant: str | None, session_id: str | None) -> str:
+    """Where the `mcp.instance.*` events of a server's instance for a tenant or a session
+    (neither for a shared one) are published: the newest tells whether one runs."""
+    return f"{TOOLS_SUBJECT_PREFIX}.instance.{server}.{tenant or _NOBODY}.{session_id or _NOBODY}"
+
+
+ALL_MCP_INSTANCES = f"{TOOLS_SUBJECT_PREFIX}.instance.>"
+"""Every server's instances' events."""
+
+MCP_CALLS_SUBJECT_PREFIX = "helmline.mcp-calls"
+
+
+def mcp_instance_calls_subject(instance: str) -> str:
+    """Where the gateway process that runs an MCP server's instance (`mcp.instance.started`)
+    takes calls for it from the other gateway processes, as NATS requests answered at once:
+    no stream keeps them."""
+    return f"{MCP_CALLS_SUBJECT_PREFIX}.{instance}"
+
+
+ALL_MCP_INSTANCE_CALLS = f"{MCP_CALLS_SUBJECT_PREFIX}.>"
+"""Calls handed to every instance's gateway process."""
+
 
 class Channel(NamedTuple):
     """Where events that belong to no session are published, on a stream of their own."""
@@ -158,6 +186,18 @@ SESSIONLESS_CHANNELS: dict[type[Payload], Channel] = {
             tool_definition_subject("{tool}"),
             ALL_TOOL_DEFINITIONS,
             {"tool": "The tool, as the registry names it."},
+        ),
+    ),
+    **dict.fromkeys(
+        (McpInstanceStarted, McpInstanceStopped),
+        Channel(
+            mcp_instance_subject("{server}", "{tenant}", "{session}"),
+            ALL_MCP_INSTANCES,
+            {
+                **_MCP_SERVER,
+                "tenant": "The tenant the instance serves; `_` for a shared one.",
+                "session": "The session the instance serves; `_` unless isolated per session.",
+            },
         ),
     ),
     StreamLimitApproaching: Channel(RETENTION_SUBJECT, RETENTION_SUBJECT),
@@ -529,10 +569,19 @@ APPROVAL_CONSUMER = consumer_for(
 TOOL_GATEWAY_CONSUMER = consumer_for(
     "tool-gateway",
     # A step whose call its approved plan authorised runs when scheduled; planners before
-    # `step.authorized` said so on `step.scheduled`.
-    (ToolCallAuthorized, StepAuthorized, StepScheduled),
+    # `step.authorized` said so on `step.scheduled`. A session's end stops the MCP server
+    # instances kept for it.
+    (
+        ToolCallAuthorized,
+        StepAuthorized,
+        StepScheduled,
+        SessionCompleted,
+        SessionFailed,
+        SessionCancelled,
+    ),
     "Validates authorised calls (and calls scheduled as their approved plan authorised "
-    "them), runs pure tools, hands the rest to the sandbox.",
+    "them), runs pure tools, hands the rest to the sandbox; stops the MCP server instances "
+    "of sessions that ended.",
 )
 SANDBOX_CONSUMER = consumer_for(
     "sandbox",
@@ -616,8 +665,10 @@ for _payload, _channel in SESSIONLESS_CHANNELS.items():
         *_known,
         *(owner for owner in _payload.PUBLISHED_BY if owner not in _known),
     )
+# Not events: a gateway process hands a call to the one that runs the instance it needs.
+SUBJECT_PUBLISHERS[ALL_MCP_INSTANCE_CALLS] = (TOOL_GATEWAY,)
 """Subjects outside the events stream and who publishes on them: the publishers their
-events' classes declare."""
+events' classes declare, and the gateway's calls handed to another gateway process."""
 
 BUCKET_WRITERS: dict[str, tuple[str, ...]] = {
     RATE_LIMITS_BUCKET.bucket: (TOOL_GATEWAY,),

@@ -51,6 +51,7 @@ from helmline.runtime._errors import (
 from helmline.runtime._folded_states import FoldedStates
 from helmline.runtime._history import History
 from helmline.runtime._logging import JsonFormatter, configure_logging, log_context
+from helmline.runtime._metrics import NAMESPACE as METRICS_NAMESPACE
 from helmline.runtime._metrics import ServiceMetrics
 from helmline.runtime._nats_client import NatsClient, connect_nats
 from helmline.runtime._object_meta import (
@@ -130,6 +131,7 @@ __all__ = [
     "CLASSIFIER_RULE",
     "DEFINITIONS_NAMESPACE",
     "ERROR_MAX_BYTES",
+    "METRICS_NAMESPACE",
     "NEUTRALISED",
     "REDACTED",
     "RELAXED_RISK",

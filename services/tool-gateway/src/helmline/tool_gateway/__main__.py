@@ -15,8 +15,9 @@ from helmline.runtime import (
     sealing_key,
 )
 from helmline.tool_gateway._config import ServersFile, load_servers
-from helmline.tool_gateway._federation import Federation
+from helmline.tool_gateway._federation import SOURCE, Federation
 from helmline.tool_gateway._handlers import GatewayHandler
+from helmline.tool_gateway._instances import Instances
 from helmline.tool_gateway._launcher import ServerLauncher
 from helmline.tool_gateway._ratelimit import RateLimiter
 from helmline.tool_gateway._raw_outputs import RawOutputs, sweep_raw_outputs
@@ -48,6 +49,16 @@ def setup_gateway(
         federation = Federation(host.store, configs, about=host.about, launcher=launcher)
         host.on_shutdown(federation.stop)
         await federation.start()
+        instances = Instances(
+            host.store,
+            federation.servers,
+            source=SOURCE,
+            gateway=federation.gateway,
+            registry=host.metrics.registry,
+            about=host.about,
+            nc=host.nc,
+        )
+        host.on_shutdown(instances.stop)
         key = _sealing_key(settings)
         if key is None:
             logger.warning(
@@ -70,6 +81,7 @@ def setup_gateway(
             secrets=host.secrets,
             classifier=classifier,
             states=FoldedStates(host.js, host.store),
+            instances=instances,
         )
         await host.consume(consumer, handler)
         host.sweep_regularly("tool outputs", lambda: sweep_raw_outputs(host.js, host.store))

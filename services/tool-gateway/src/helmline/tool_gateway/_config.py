@@ -13,6 +13,9 @@ servers:
     heartbeat: {interval_s: 15, timeout_s: 5, misses: 2}   # stale after 2 unanswered
     rate_limit: {calls: 60, per_s: 60}   # per tool and tenant, shared by gateway replicas
     sandbox: {network: [api.example.com:443], read: [/srv/repo], write: [], memory_mb: 512}
+    isolation: shared             # or tenant (an instance per tenant), session (per session)
+    pool: {max_instances: 16, calls_per_instance: 8, max_calls: 64, queue: 128,
+           queue_timeout_s: 10, idle_s: 300}   # see PoolSettings
     # rate_limit: {calls: 60, tenants: {acme: {calls: 600}}}   # acme has a rate of its own
     tools:
       git_commit: {risk: high, required_permission: repo.write, idempotent: false, action: write}
@@ -37,7 +40,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from helmline.contracts import Risk, TenantId, ToolAction, ToolEffect, ToolInverse, Trust
+from helmline.contracts import Isolation, Risk, TenantId, ToolAction, ToolEffect, ToolInverse, Trust
 from helmline.tool_gateway._sandboxing import ServerSandbox
 from helmline.tool_gateway._server_secrets import MaybeSecret
 from helmline.yamlfile import (
@@ -105,6 +108,30 @@ class RateLimit(Rate):
         return self.tenants.get(tenant, self)
 
 
+class PoolSettings(_Strict):
+    """How much of a server runs at once: its instances (per tenant or session, by its
+    isolation; a shared server has one), the calls in flight on each and on all of them. A
+    call beyond waits in a queue, at most `queue_timeout_s`; one that finds the queue full,
+    or waits that long, fails as rate limited. A tenant's or a session's instance that no
+    call used for `idle_s` is stopped."""
+
+    max_instances: int = Field(default=16, ge=1, le=10_000)
+    calls_per_instance: int = Field(default=8, ge=1, le=10_000)
+    max_calls: int = Field(default=64, ge=1, le=100_000)
+    queue: int = Field(default=128, ge=0, le=100_000)
+    queue_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    idle_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _instance_within_all(self) -> PoolSettings:
+        if self.calls_per_instance > self.max_calls:
+            raise ValueError(
+                f"`calls_per_instance` ({self.calls_per_instance}) is more than `max_calls` "
+                f"({self.max_calls}), the calls in flight on all instances together"
+            )
+        return self
+
+
 class ToolOverride(_Strict):
     """What the configuration says of one tool, over the server's defaults."""
 
@@ -150,6 +177,8 @@ class ServerConfig(_Strict):
     circuit: CircuitSettings = CircuitSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     rate_limit: RateLimit | None = None
+    isolation: Isolation = "shared"
+    pool: PoolSettings = PoolSettings()
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     sandbox: ServerSandbox = ServerSandbox()
     """What a stdio server may touch; it runs sandboxed even when this is not given."""
@@ -160,6 +189,15 @@ class ServerConfig(_Strict):
             raise ValueError("give exactly one of `stdio` or `http`")
         if self.http is not None and "sandbox" in self.model_fields_set:
             raise ValueError("`sandbox` is for stdio servers: the gateway runs no HTTP server")
+        return self
+
+    @model_validator(mode="after")
+    def _one_shared_instance(self) -> ServerConfig:
+        if self.isolation == "shared" and "max_instances" in self.pool.model_fields_set:
+            raise ValueError(
+                "a shared server runs one instance: drop `pool.max_instances`, or isolate "
+                "it per tenant or session (`isolation: tenant` or `session`)"
+            )
         return self
 
     @property

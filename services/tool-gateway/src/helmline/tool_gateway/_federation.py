@@ -76,7 +76,8 @@ class Federation:
         """Each server's health as last told (a server is told once its first try ended)."""
         self._health_changes: list[ToolServerHealthChanged] = []
         """Told, not yet published, oldest first."""
-        self._gateway = f"{socket.gethostname()}/{os.getpid()}"
+        self.gateway = f"{socket.gethostname()}/{os.getpid()}"
+        """This gateway process, as its events name it: host name and process id."""
         self._pins = DefinitionPins()
         self._dirty = asyncio.Event()
         self._publisher: asyncio.Task[None] | None = None
@@ -179,7 +180,7 @@ class Federation:
                 retry_at=_wall_clock(view.retry_at)
                 if view.retry_at is not None and view.health == "dead"
                 else None,
-                gateway=self._gateway,
+                gateway=self.gateway,
             )
         )
 

@@ -32,6 +32,9 @@ from helmline.contracts import (
     Event,
     InverseCall,
     Risk,
+    SessionCancelled,
+    SessionCompleted,
+    SessionFailed,
     StepAuthorized,
     StepScheduled,
     ToolCallAttemptFailed,
@@ -63,7 +66,9 @@ from helmline.runtime import (
 from helmline.tool_gateway._calls import RunOnServer, failed, route
 from helmline.tool_gateway._config import RateLimit
 from helmline.tool_gateway._federation import SOURCE, Federation
+from helmline.tool_gateway._forwarding import CallsTools, PoolFull
 from helmline.tool_gateway._http import HttpRefusal, http_refusal
+from helmline.tool_gateway._instances import Instances
 from helmline.tool_gateway._mcp import McpServer, ServerUnavailable
 from helmline.tool_gateway._plans import PlanApprovals
 from helmline.tool_gateway._ratelimit import RateLimiter
@@ -113,11 +118,14 @@ class GatewayHandler:
         secrets: SecretStore | None = None,
         classifier: InjectionClassifier | None = None,
         states: FoldedStates | None = None,
+        instances: Instances | None = None,
     ) -> None:
         """`secrets`: where the secrets that MCP calls refer to are resolved (without, a
         call that refers to one fails); `classifier`: asked about each MCP result after
         output safety's patterns, if configured; `states`: the sessions' stored states, a
-        redelivered call's session is folded on from (without, from its whole log)."""
+        redelivered call's session is folded on from (without, from its whole log);
+        `instances`: the servers' instances and pools (without, made here, their figures
+        on no `/metrics`)."""
         self._store = store
         self._log_states = LogStates(store, states)
         self._classifier = classifier
@@ -130,6 +138,9 @@ class GatewayHandler:
         self._limits_by_risk = limits_by_risk or {}
         self._checker = ArgumentChecker()
         self._plans = PlanApprovals(store)
+        self._instances = instances or Instances(
+            store, federation.servers, source=SOURCE, gateway=federation.gateway
+        )
 
     async def __call__(self, delivery: Delivery) -> None:
         await self.router.dispatch(self, delivery)
@@ -138,6 +149,11 @@ class GatewayHandler:
     async def _on_authorized(self, delivery: Delivery) -> None:
         assert isinstance(delivery.event.data, ToolCallAuthorized)
         await self._run(delivery, delivery.event.data)
+
+    @router.on(SessionCompleted, SessionFailed, SessionCancelled)
+    async def _on_session_ended(self, delivery: Delivery) -> None:
+        event = delivery.event
+        await self._instances.session_ended(event.tenant, event.session_id)
 
     @router.on(StepAuthorized, StepScheduled)
     async def _on_scheduled(self, delivery: Delivery) -> None:
@@ -243,6 +259,28 @@ class GatewayHandler:
                     ),
                 )
                 return
+        try:
+            async with self._instances.pools[tool.server].lease(
+                cause.tenant, cause.session_id
+            ) as instance:
+                await self._send(cause, call, tool, server, instance, arguments, reusable=reusable)
+        except PoolFull as full:
+            logger.info("pool full: call %s of %s refused", call.call_id, tool.name)
+            await self._record(cause, failed(call, full.error, retry_in_s=full.retry_in_s))
+
+    async def _send(
+        self,
+        cause: Event,
+        call: ToolCallAuthorized,
+        tool: ToolSpec,
+        server: McpServer,
+        instance: CallsTools,
+        arguments: dict[str, JsonValue],
+        *,
+        reusable: bool,
+    ) -> None:
+        """Send a call to the server's `instance` that serves it (its breaker is the
+        server's), and record how it ended."""
         await self._record(
             cause,
             ToolCallStarted(
@@ -253,7 +291,9 @@ class GatewayHandler:
         attempt = 1
         while True:
             try:
-                result = await self._attempt(server, tool, call, arguments, key=str(cause.id))
+                result = await self._attempt(
+                    server, instance, tool, call, arguments, key=str(cause.id)
+                )
                 break
             except _Attempt as failure:
                 retry = (
@@ -301,6 +341,7 @@ class GatewayHandler:
     async def _attempt(
         self,
         server: McpServer,
+        instance: CallsTools,
         tool: ToolSpec,
         call: ToolCallAuthorized,
         arguments: dict[str, JsonValue],
@@ -323,7 +364,7 @@ class GatewayHandler:
                 counts_against_server=False,
             )
         try:
-            result = await server.call(
+            result = await instance.call(
                 tool.remote_name or tool.name,
                 arguments,
                 timeout_s=tool.timeout_s,

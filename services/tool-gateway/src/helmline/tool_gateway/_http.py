@@ -5,7 +5,10 @@ gateway needs the status itself: a 401 or 403 refuses the gateway's credentials,
 retry mends, and the server is not down; a 429 (from the server or a proxy in front of it)
 is rate limiting, not a server down, and says when to try again; a 503 was not handled and
 may say when to try again; a 502 or 504 from a proxy may come after the server ran the
-call, so its outcome is unknown and a tool that is not idempotent must not be sent again.
+call, so its outcome is unknown and a tool that is not idempotent must not be sent again; a
+404 to a request of an MCP session says the server no longer knows the session (it was
+started again, or the request reached another replica of it), which the protocol mends by
+starting a new one.
 This transport hands such an answer to the call that caused it as a JSON-RPC error of its
 own, which the SDK passes on as it is, carrying the status and the server's Retry-After.
 """
@@ -21,7 +24,7 @@ import httpx2
 
 from helmline.runtime import retry_after_s
 
-HANDED_OVER = frozenset({401, 403, 429, 502, 503, 504})
+HANDED_OVER = frozenset({401, 403, 404, 429, 502, 503, 504})
 """Statuses whose meaning the gateway acts on; other error statuses stay the SDK's."""
 REFUSED_OVER_HTTP = -32029
 """JSON-RPC code (implementation-defined server error) of a call answered with one of them."""

@@ -203,6 +203,14 @@ class McpServer:
             if error.code == CONNECTION_CLOSED and ended.is_set():
                 reason = f"{self._dropped_because} with the call in flight"
                 raise ServerUnavailable(reason, sent=True) from error
+            refusal = http_refusal(error.error.data)
+            if refusal is not None and refusal.status == 404:
+                # The server no longer knows the MCP session (it was started again, or
+                # another replica of it took the request): the call did not run, and only a
+                # new session, on a new connection, is answered again.
+                reason = "it no longer knows the gateway's MCP session (HTTP 404)"
+                self._drop(reason)
+                raise ServerUnavailable(reason) from error
             raise
 
     async def _run(self) -> None:
@@ -282,8 +290,11 @@ class McpServer:
         return "its process exited" if self.config.stdio is not None else "its connection closed"
 
     def _drop(self, reason: str) -> None:
-        """Have the connection closed and made anew, for `reason`."""
+        """Have the connection closed and made anew, for `reason`; calls from now on wait for
+        the new one rather than go out on the one closing."""
         self._dropped_because = reason
+        self.connected.clear()
+        self._next_try_at = time.monotonic()
         self._reconnect.set()
 
     async def _serve(self) -> None:

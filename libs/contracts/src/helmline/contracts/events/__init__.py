@@ -17,6 +17,7 @@ from helmline.contracts.events import (
     approvals,
     checkpoints,
     keys,
+    mcp,
     plans,
     rollbacks,
     sandbox,
@@ -29,6 +30,7 @@ from helmline.contracts.events import (
 from helmline.contracts.events.approvals import *  # noqa: F403
 from helmline.contracts.events.checkpoints import *  # noqa: F403
 from helmline.contracts.events.keys import *  # noqa: F403
+from helmline.contracts.events.mcp import *  # noqa: F403
 from helmline.contracts.events.plans import *  # noqa: F403
 from helmline.contracts.events.rollbacks import *  # noqa: F403
 from helmline.contracts.events.sandbox import *  # noqa: F403
@@ -44,6 +46,7 @@ _AGGREGATES: tuple[ModuleType, ...] = (
     approvals,
     steps,
     tools,
+    mcp,
     sandbox,
     workspaces,
     checkpoints,
