@@ -215,7 +215,8 @@ async def test_the_plan_graph_is_a_window_of_layers_around_the_current_step(
     bottom = (await client.get(f"{base}/graph?layer=22&layers=3", headers=admin)).json()
     assert (bottom["focus"], bottom["first_layer"]) == ("t19", 20)
     log = (await client.get(f"{base}/log?limit=500", headers=admin)).json()["items"]
-    first_call = next(e["seq"] for e in log if e["event"]["type"] == "step.scheduled")
+    scheduled = ("step.scheduled", "step.authorized")
+    first_call = next(e["seq"] for e in log if e["event"]["type"] in scheduled)
     planned = (await client.get(f"{base}/graph?at_seq={first_call - 1}", headers=admin)).json()
     assert planned["current"] == "a"
     assert {n["status"] for n in planned["nodes"]} == {"pending"}
