@@ -54,13 +54,23 @@ AUDIENCE = "helmline-api"
 
 
 @pytest.fixture(scope="module")
+def stack_env() -> dict[str, str]:
+    """Settings the services start with besides the stack's own: none; a module overrides
+    this to give its planner a model, say."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def services(
-    nats_url: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+    nats_url: str,
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    stack_env: dict[str, str],
 ) -> Iterator[ServiceProcesses]:
     folder = tmp_path_factory.mktemp("stack")
     policy = folder / "policy.yaml"
     policy.write_text(POLICY)
-    running = ServiceProcesses(nats_url, folder)
+    running = ServiceProcesses(nats_url, folder, env=stack_env)
     try:
         with pytest.MonkeyPatch.context() as env:
             # The state service projects into PostgreSQL, which the API lists from.
