@@ -782,6 +782,12 @@ ELEMENTS_BY_PART = """() => Object.fromEntries(
 id in them)."""
 
 
+CHANGES_READ_MS = """() => performance.getEntriesByType("resource")
+  .filter((entry) => entry.name.includes("/changes?since="))
+  .map((entry) => entry.responseEnd - entry.startTime)"""
+"""How long each of a session page's reads of what changed took, request to last byte."""
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -804,6 +810,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     steps = 3_000
     session_id = await start(client, admin, echo_chain(steps))
     await page.add_init_script(SHOWN_STEP_COUNTS)
+    await page.add_init_script(f"performance.setResourceTimingBufferSize({steps * 4})")
     await open_session(page, api_url, admin, session_id)
     # The session's own run takes 12-40 s here, more while the machine is busy elsewhere.
     done = page.locator("#summary .badge").first
@@ -821,6 +828,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     assert len(finished) == steps
     lags = display_lags(finished, shown)
     ran_for_s = (finished[-1] - max(shown[0][0], finished[0])) / 1000
+    reads: list[float] = await page.evaluate(CHANGES_READ_MS)
     figures = {
         "steps": steps,
         "watched_s": round(ran_for_s, 2),
@@ -828,6 +836,10 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
         "lag_p50_ms": round(percentile(lags, 0.5)),
         "lag_p95_ms": round(percentile(lags, 0.95)),
         "lag_max_ms": round(max(lags)),
+        # Where the lag is, should the bound be passed: how long each read of the changes took.
+        "changes_reads": len(reads),
+        "changes_read_p50_ms": round(percentile(reads, 0.5)),
+        "changes_read_p95_ms": round(percentile(reads, 0.95)),
         # The steps and calls lists draw what is on screen, not the session.
         "dom_elements": await page.evaluate("document.getElementsByTagName('*').length"),
         # Where they are, should the bound be passed: each part of the page's own count.
@@ -838,7 +850,9 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     # debounce showed the count the page opened with until the session ended.
     assert len(lags) >= steps // 4, figures
     assert len(shown) >= 5, figures
-    assert figures["lag_p95_ms"] <= 2_000, figures
+    # The issue's bound. Measured here 396-641 ms p95 in three runs with two busy loops as
+    # niced as the test beside the stack; a read of the changes took 88-128 ms p50 of that.
+    assert figures["lag_p95_ms"] <= 1_000, figures
     assert figures["dom_elements"] <= 1_500, figures
 
     # The latest checkpoints are drawn; the earlier ones once asked for.

@@ -437,7 +437,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const earlierThoughts = o.thoughts_total - s.thoughts.length;
     document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s);
-    document.getElementById("events-count")!.textContent = `${s.event_count.toLocaleString("en")} events in the session's log, oldest first.`;
+    document.getElementById("events-count")!.textContent = `${s.event_count.toLocaleString("en")} event${s.event_count === 1 ? "" : "s"} in the session's log, oldest first.`;
   };
 
   const renderApprovals = (s: SessionState): void => {
