@@ -161,12 +161,12 @@ export class VirtualList<T> {
       return;
     }
     const offsets = this.offsets();
-    const height = box.clientHeight || 600;
+    const seen = box.clientHeight || 600;
     let top = box.scrollTop;
     const reveal = this.revealWanted !== null && this.revealWanted < this.total ? this.revealWanted : null;
     if (reveal !== null && offsets[reveal] < top) top = offsets[reveal];
-    else if (reveal !== null && offsets[reveal + 1] > top + height) top = offsets[reveal + 1] - height;
-    const bottom = top + height;
+    else if (reveal !== null && offsets[reveal + 1] > top + seen) top = offsets[reveal + 1] - seen;
+    const bottom = top + seen;
     let first = upperBound(offsets, top) - 1;
     let last = first;
     while (last < this.total - 1 && offsets[last + 1] < bottom) last++;
