@@ -79,10 +79,21 @@ def stack(
 
 
 @pytest.fixture(scope="module")
+def stack_env() -> dict[str, str]:
+    """Settings the services start with besides the stack's own: none; a module overrides
+    this to give its planner a model, say."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def services(
-    nats_url: str, database_url: str, tmp_path_factory: pytest.TempPathFactory
+    nats_url: str,
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    stack_env: dict[str, str],
 ) -> Iterator[ServiceProcesses]:
-    with stack(nats_url, database_url, tmp_path_factory.mktemp("stack")) as running:
+    folder = tmp_path_factory.mktemp("stack")
+    with stack(nats_url, database_url, folder, **stack_env) as running:
         yield running
 
 

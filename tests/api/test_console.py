@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from helmline.contracts import (
     WorkspaceSnapshotsPruned,
     new_event,
 )
+from helmline.planner.testing import Received, Reply, ScriptedModel, with_asides
 from helmline.runtime import EventStore
 from helmline.runtime.testing import (
     CHROMIUM,
@@ -45,6 +47,23 @@ pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
 TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack_env(model: ScriptedModel) -> dict[str, str]:
+    """The planner asks a scripted model (a real HTTP server speaking the OpenAI protocol),
+    which a test may keep waiting for its answer."""
+    return {
+        "HELMLINE_LLM_BASE_URL": model.openai_url,
+        "HELMLINE_LLM_API_KEY": "sk-scripted",
+        "HELMLINE_LLM_MODEL": "scripted-1",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -657,6 +676,86 @@ async def test_a_view_left_while_it_loads_does_not_take_over_the_view_opened_nex
     await expect(page.locator("#session-rows")).to_have_count(0)
 
 
+async def test_the_page_says_the_planner_thinks_while_its_model_is_asked_and_only_then(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    model: ScriptedModel,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    # Each turn of the conversation is answered only once the test lets it: until then the
+    # planner's call to the model is pending, as a slow model's is.
+    plan = Reply.call(
+        "create_plan",
+        steps=[
+            {
+                "id": "greet",
+                "tool": "echo",
+                "arguments": {"message": "hello"},
+                "requires_approval": True,
+            }
+        ],
+        completion_criteria=["greeted"],
+        reasoning="one greeting, looked at first",
+        confidence=0.9,
+    )
+    finish = Reply.call(
+        "finish",
+        summary="greeted",
+        criteria=[{"criterion": "greeted", "met": True, "evidence": "the echo"}],
+    )
+    gates = [threading.Event(), threading.Event()]
+    turns = iter(zip(gates, (plan, finish), strict=True))
+    asked: list[Received] = []
+
+    def turn(received: Received) -> Reply:
+        asked.append(received)
+        gate, reply = next(turns)
+        gate.wait(timeout=120)
+        return reply
+
+    model.script("think it over", with_asides(turn))
+    thinking = page.locator("#thinking")
+    try:
+        started = await client.post(
+            "/sessions", json={"goal": "think it over, then greet"}, headers=admin
+        )
+        assert started.status_code == 201, started.text
+        session_id = started.json()["session_id"]
+        await open_session(page, api_url, admin, session_id)
+        await eventually(lambda: asked or None, timeout_s=30, what="the first model call")
+        # The model has the first turn and has not answered: the page says so.
+        await expect(thinking).to_have_text("thinking…")
+        await screenshot(page, "thinking")
+
+        gates[0].set()
+        # The plan's step waits for a person: nobody thinks meanwhile.
+        request_id = await waiting_request(client, admin, session_id)
+        await expect(page.locator('li[data-step-id="greet"]')).to_be_visible()
+        await expect(page.locator("form.approval")).to_have_count(1)
+        await expect(thinking).to_have_text("")
+        decided = await client.post(
+            f"/sessions/{session_id}/approvals/{request_id}",
+            json={"decision": "grant"},
+            headers=admin,
+        )
+        assert decided.status_code == 202, decided.text
+        # The step ran; the planner asks the model what now, and thinks again until it answers.
+        await eventually(lambda: len(asked) == 2 or None, timeout_s=30, what="the second turn")
+        await expect(page.locator('li[data-step-id="greet"] .badge').first).to_have_text(
+            "succeeded"
+        )
+        await expect(thinking).to_have_text("thinking…")
+        gates[1].set()
+        await expect(page.locator("#summary .badge").first).to_have_text("completed")
+        await expect(thinking).to_have_text("")
+    finally:
+        for gate in gates:
+            gate.set()
+
+
 def echo_chain(steps: int) -> dict[str, object]:
     """A playbook of `steps` echo calls, each after the one before: events as fast as the
     stack makes them, for as long as the chain lasts."""
@@ -683,6 +782,12 @@ ELEMENTS_BY_PART = """() => Object.fromEntries(
 id in them)."""
 
 
+CHANGES_READ_MS = """() => performance.getEntriesByType("resource")
+  .filter((entry) => entry.name.includes("/changes?since="))
+  .map((entry) => entry.responseEnd - entry.startTime)"""
+"""How long each of a session page's reads of what changed took, request to last byte."""
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -705,6 +810,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     steps = 3_000
     session_id = await start(client, admin, echo_chain(steps))
     await page.add_init_script(SHOWN_STEP_COUNTS)
+    await page.add_init_script(f"performance.setResourceTimingBufferSize({steps * 4})")
     await open_session(page, api_url, admin, session_id)
     # The session's own run takes 12-40 s here, more while the machine is busy elsewhere.
     done = page.locator("#summary .badge").first
@@ -722,6 +828,7 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     assert len(finished) == steps
     lags = display_lags(finished, shown)
     ran_for_s = (finished[-1] - max(shown[0][0], finished[0])) / 1000
+    reads: list[float] = await page.evaluate(CHANGES_READ_MS)
     figures = {
         "steps": steps,
         "watched_s": round(ran_for_s, 2),
@@ -729,6 +836,10 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
         "lag_p50_ms": round(percentile(lags, 0.5)),
         "lag_p95_ms": round(percentile(lags, 0.95)),
         "lag_max_ms": round(max(lags)),
+        # Where the lag is, should the bound be passed: how long each read of the changes took.
+        "changes_reads": len(reads),
+        "changes_read_p50_ms": round(percentile(reads, 0.5)),
+        "changes_read_p95_ms": round(percentile(reads, 0.95)),
         # The steps and calls lists draw what is on screen, not the session.
         "dom_elements": await page.evaluate("document.getElementsByTagName('*').length"),
         # Where they are, should the bound be passed: each part of the page's own count.
@@ -739,7 +850,9 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     # debounce showed the count the page opened with until the session ended.
     assert len(lags) >= steps // 4, figures
     assert len(shown) >= 5, figures
-    assert figures["lag_p95_ms"] <= 2_000, figures
+    # The issue's bound. Measured here 396-641 ms p95 in three runs with two busy loops as
+    # niced as the test beside the stack; a read of the changes took 88-128 ms p50 of that.
+    assert figures["lag_p95_ms"] <= 1_000, figures
     assert figures["dom_elements"] <= 1_500, figures
 
     # The latest checkpoints are drawn; the earlier ones once asked for.
@@ -981,6 +1094,36 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
     await expect(page.locator("#calls > li.call-row")).to_have_count(11)
     await page.get_by_label("Search").fill("")
     await expect(rows.first).to_have_attribute("data-step-id", "s0")
+
+    # The log, read a page at a time from where the list is scrolled to: only the rows on
+    # screen are in the page, and the whole list is one tab stop.
+    events = page.locator("#events > li.event-row")
+    await page.locator("#events-part").scroll_into_view_if_needed()
+    await expect(events.first).to_contain_text("session.started")
+    total = (await client.get(f"/sessions/{session_id}/overview", headers=admin)).json()
+    logged = total["state"]["event_count"]
+    assert logged > 1_200, logged
+    await expect(page.locator("#events-count")).to_contain_text(f"{logged:,} events")
+    assert await events.count() <= 60
+    assert await page.locator("#events summary[tabindex='0']").count() == 1
+    # End goes to the last row read, and reads on: pressed again, the next page, to the last.
+    await events.first.locator("summary").focus()
+    last = page.locator(f'#events > li[aria-posinset="{logged}"] summary')
+    focused = page.locator("#events > li:has(summary:focus)")
+    for _ in range(logged // 100 + 2):
+        await page.keyboard.press("End")
+        await expect(focused).to_have_count(1)
+        if await focused.get_attribute("aria-posinset") == str(logged):
+            break
+    await expect(last).to_be_focused()
+    await expect(last).to_contain_text("approval.requested")
+    assert await events.count() <= 60
+    await page.keyboard.press("Enter")
+    await expect(page.locator(f'#events > li[aria-posinset="{logged}"] pre')).to_contain_text(
+        '"step_id": "s399"'
+    )
+    await expect(last).to_be_focused()
+    await page.locator("#events-part").screenshot(path=ARTIFACTS / "session-events.png")
     assert await serious_violations(page) == []
     await screenshot(page, "long-plan")
 
@@ -991,6 +1134,10 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
     await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
     await expect(page.locator("#thoughts")).to_contain_text("the last step waits for a person")
     await expect(rollback.first).to_be_focused()
+    # Read to its end, the log grows from the events heard live.
+    await expect(page.locator(f'#events > li[aria-posinset="{logged + 1}"]')).to_contain_text(
+        "thought.recorded"
+    )
 
 
 async def test_the_fleet_shows_what_runs_waits_and_failed_lately_live_and_accessibly(

@@ -107,13 +107,14 @@ async def test_a_long_session_is_read_in_parts(
 
     # The log by sequence, a page at a time.
     first = (await client.get(f"{base}/log?limit=3", headers=viewer)).json()
-    assert len(first["items"]) == 3
+    assert (len(first["items"]), first["more"]) == (3, True)
     assert first["items"][0]["event"]["type"] == "session.started"
     after = first["items"][-1]["seq"]
     rest = (await client.get(f"{base}/log?after_seq={after}&limit=500", headers=viewer)).json()
     seqs = [e["seq"] for e in first["items"] + rest["items"]]
     assert seqs == sorted(seqs)
     assert seqs[-1] == rest["last_seq"] >= overview["last_seq"]
+    assert rest["more"] is False
 
     # Changes since a point: the steps the later events touched, as they are now.
     s4_done = next(

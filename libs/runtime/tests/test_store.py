@@ -224,6 +224,18 @@ async def test_a_session_longer_than_one_read_is_read_whole_in_order(
     assert [item.seq for item in window] == [a.seq for a in appended[1_000:1_501]]
     assert (await store.load(tenant, "s1", up_to_seq=middle)).state.event_count == 1_501
 
+    # A page at a time, each read as far as it holds (more than one direct get's batch).
+    paged: list[int] = []
+    more, after = True, 0
+    while more:
+        page, more = await store.read_page(tenant, "s1", after_seq=after, limit=400)
+        assert len(page) == (400 if more else len(appended) % 400)
+        paged += [item.seq for item in page]
+        after = page[-1].seq
+    assert paged == [a.seq for a in appended]
+    ended, more = await store.read_page(tenant, "s1", after_seq=after, limit=400)
+    assert (ended, more) == ([], False)
+
 
 async def test_an_unknown_session_is_empty(store: EventStore, tenant: str) -> None:
     missing = f"s{uuid.uuid4().hex[:8]}"

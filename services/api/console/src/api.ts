@@ -4,6 +4,8 @@
 // on any loss it reconnects with Last-Event-ID = the last stream sequence seen, and the API
 // continues exactly after it.
 
+import type { CloudEvent } from "./types";
+
 const KEY_STORAGE = "helmline.apiKey";
 
 export class Unauthorized extends Error {}
@@ -59,7 +61,8 @@ export type Connection = "connecting" | "live" | "reconnecting";
 export interface StreamEvent {
   seq: number;
   type: string;
-  data: { data: Record<string, unknown>; time: string; sessionid: string; causationid?: string };
+  /** The event as stored: CloudEvents JSON. */
+  data: CloudEvent & { sessionid: string; causationid?: string };
 }
 
 /** What the API answers a command with: its event is in the log. */

@@ -4,13 +4,14 @@ import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type
 import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt, StepRun } from "./types";
 import { patchRows, setHtml, VirtualList } from "./virtual";
 import { compareWithOrigin } from "./compare";
+import { EventLog } from "./events";
 import { fleetView } from "./fleet";
 import { mcpView } from "./mcp";
 import { linesFromLogs, newestFirst, startedAt } from "./lines";
 import { PlanGraphView } from "./graph";
 import { CallTimeline } from "./timeline";
 import { TimeTravel } from "./travel";
-import { badge, duration, esc, onScreen, throttle, when } from "./ui";
+import { badge, duration, esc, json, onScreen, throttle, when } from "./ui";
 import "./style.css";
 
 const main = document.getElementById("main") as HTMLElement;
@@ -28,9 +29,6 @@ type Current = () => boolean;
 // How the approval service answers a person's decision.
 const ANSWERS = new Set(["approval.granted", "approval.denied", "approval.vote_counted", "approval.decision_refused"]);
 
-function json(value: unknown): string {
-  return esc(JSON.stringify(value, null, 2));
-}
 /** Conditions and other contract values without the fields left out (null). */
 function compact(value: unknown): string {
   return esc(JSON.stringify(value, (_key, field: unknown) => (field === null ? undefined : field)));
@@ -210,7 +208,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <nav class="page-nav" aria-label="Parts of the session">
         <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#graph-part" data-skip="graph-part">Graph</a>
         <a href="#calls-box" data-skip="calls-box">Tool calls</a> <a href="#timeline-part" data-skip="timeline-part">Timeline</a> <a href="#travel-part" data-skip="travel-part">Time travel</a>
-        <a href="#thoughts" data-skip="thoughts">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a>
+        <a href="#thoughts" data-skip="thoughts">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a> <a href="#events-box" data-skip="events-box">Events</a>
       </nav>
       <form id="list-tools" class="list-tools" role="search" aria-label="Steps and calls">
         <label>Status <select id="step-status" name="status"><option value="">any</option></select></label>
@@ -241,6 +239,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p>
         <details id="checkpoints-earlier" hidden><summary></summary><ol id="checkpoints-earlier-list" class="timeline"></ol></details>
         <ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
+      <section id="events-part" aria-labelledby="events-title"><h2 id="events-title">Events</h2>
+        <p id="events-count" class="hint"></p>
+        <div id="events-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="events-title" aria-describedby="list-keys">
+          <ol id="events" class="virtual events"></ol></div></section>
     </section>`;
 
   let overview: SessionOverview | null = null;
@@ -295,6 +297,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     onError: fail,
   });
 
+  const events = new EventLog({
+    box: document.getElementById("events-box")!,
+    list: document.getElementById("events")!,
+    sessionId,
+    onError: fail,
+  });
   const graph = new PlanGraphView({
     box: document.getElementById("graph")!,
     sessionId,
@@ -320,6 +328,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   const graphShown = onScreen(document.getElementById("graph-part")!, () => void graph.refresh());
   const timelineShown = onScreen(document.getElementById("timeline-part")!, () => void timeline.refresh());
   const travelShown = onScreen(document.getElementById("travel-part")!, () => travel.wake());
+  const eventsShown = onScreen(document.getElementById("events-part")!, () => events.start());
   const graphSoon = throttle(
     () =>
       Promise.all([graphShown.visible() && graph.refresh(), timelineShown.visible() && timeline.refresh()]).then(
@@ -429,6 +438,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     const earlierThoughts = o.thoughts_total - s.thoughts.length;
     document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s);
+    document.getElementById("events-count")!.textContent = `${s.event_count.toLocaleString("en")} event${s.event_count === 1 ? "" : "s"} in the session's log, oldest first.`;
   };
 
   const renderApprovals = (s: SessionState): void => {
@@ -517,6 +527,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
 
   const onEvent = (event: StreamEvent): void => {
     heard(event);
+    events.heard(event);
     const data = event.data.data as Record<string, unknown>;
     if (event.type === "tool.call.attempt_failed") {
       const callId = String(data.call_id);
@@ -703,7 +714,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   calls.setTotal(overview!.calls_total);
   // Live from the sequence the overview reflects: the events before are in it.
   follow(`/sessions/${sessionId}/events?after=${applied}`, onEvent);
-  const below = [graphShown, timelineShown, travelShown];
+  const below = [graphShown, timelineShown, travelShown, eventsShown];
   teardown = () => {
     main.onclick = null;
     for (const observed of below) observed.stop();

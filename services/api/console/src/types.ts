@@ -175,6 +175,8 @@ export interface SessionState {
   rollbacks: Record<string, Rollback>;
   thoughts: Thought[];
   pause_requested: boolean;
+  /** Events folded into it: the session's log is this long. */
+  event_count: number;
   outcome: string;
   started_at: string | null;
   model_calls: number;
@@ -239,6 +241,28 @@ export interface RangePage<T> {
   total: number;
   offset: number;
   items: T[];
+}
+
+/** An event as the log stores it: CloudEvents JSON, its payload under `data`. */
+export interface CloudEvent {
+  id: string;
+  type: string;
+  time: string;
+  data: Record<string, unknown>;
+}
+
+/** An event with its stream sequence. */
+export interface LoggedEvent {
+  seq: number;
+  event: CloudEvent;
+}
+
+/** `GET /sessions/{id}/log?after_seq=N`: the session's events after N, oldest first. */
+export interface EventPage {
+  items: LoggedEvent[];
+  last_seq: number;
+  /** More events were stored after the last item: page on from it. */
+  more: boolean;
 }
 
 /** `GET /sessions/{id}/changes?since=N`. */

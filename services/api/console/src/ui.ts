@@ -5,6 +5,11 @@ export function esc(value: unknown): string {
   return String(value ?? "").replace(/[&<>"']/g, (c) => escapeMap[c]);
 }
 
+/** A value as indented JSON, escaped for the page. */
+export function json(value: unknown): string {
+  return esc(JSON.stringify(value, null, 2));
+}
+
 export function badge(kind: string, text: string): string {
   return `<span class="badge ${esc(kind)}">${esc(text)}</span>`;
 }

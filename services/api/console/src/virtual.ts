@@ -39,6 +39,7 @@ export class VirtualList<T> {
   private generation = 0;
   private active = 0;
   private focusWanted: number | null = null;
+  private revealWanted: number | null = null;
   private frame: number | null = null;
   private drawn: { first: number; html: string[] } = { first: -1, html: [] };
   private readonly estimate: number;
@@ -96,13 +97,10 @@ export class VirtualList<T> {
   /** Show the row at `index` (and give it the focus). */
   scrollTo(index: number, focus = false): void {
     if (index < 0 || index >= this.total) return;
-    const offsets = this.offsets();
-    const box = this.options.box;
-    const top = offsets[index];
-    const bottom = offsets[index + 1];
-    if (top < box.scrollTop) box.scrollTop = top;
-    else if (bottom > box.scrollTop + box.clientHeight) box.scrollTop = bottom - box.clientHeight;
     this.setActive(index);
+    // Brought into view by each draw until it is drawn: rows measured meanwhile, or its
+    // page read, move where it lies.
+    this.revealWanted = index;
     if (focus) this.focusWanted = index;
     this.draw();
   }
@@ -163,8 +161,12 @@ export class VirtualList<T> {
       return;
     }
     const offsets = this.offsets();
-    const top = box.scrollTop;
-    const bottom = top + (box.clientHeight || 600);
+    const seen = box.clientHeight || 600;
+    let top = box.scrollTop;
+    const reveal = this.revealWanted !== null && this.revealWanted < this.total ? this.revealWanted : null;
+    if (reveal !== null && offsets[reveal] < top) top = offsets[reveal];
+    else if (reveal !== null && offsets[reveal + 1] > top + seen) top = offsets[reveal + 1] - seen;
+    const bottom = top + seen;
     let first = upperBound(offsets, top) - 1;
     let last = first;
     while (last < this.total - 1 && offsets[last + 1] < bottom) last++;
@@ -188,6 +190,8 @@ export class VirtualList<T> {
       for (let i = 0; i < html.length; i++) if (html[i] !== this.drawn.html[i]) list.children[i].outerHTML = html[i];
     } else list.innerHTML = html.join("");
     this.drawn = { first, html };
+    // Scrolled once the list has its new height: before, the box cut it to the old one's.
+    if (top !== box.scrollTop) box.scrollTop = top;
 
     let moved = false;
     for (let i = 0; i < list.children.length; i++) {
@@ -203,6 +207,8 @@ export class VirtualList<T> {
         this.heights.set(index, height);
       }
     }
+    const revealed = reveal === null ? null : list.children[reveal - first];
+    if (reveal === null || (!moved && revealed && !revealed.classList.contains("placeholder"))) this.revealWanted = null;
     const wanted = this.focusWanted ?? (hadFocus ? this.active : null);
     const row = wanted === null ? null : list.querySelector<HTMLElement>(`li[data-index="${wanted}"]:not(.placeholder)`);
     if (row) {

@@ -369,6 +369,25 @@ class EventStore:
         )
         return stored
 
+    async def read_page(
+        self, tenant: str, session_id: str, *, after_seq: int, limit: int, known_seq: int = 0
+    ) -> tuple[list[StoredEvent], bool]:
+        """At most `limit` of the session's events after `after_seq`, oldest first, and
+        whether more were stored after them: a page of a long log costs what it holds, where
+        `read_all` reads on to the end. `known_seq` is as for `read_all`."""
+        subject_filter = session_filter(tenant, session_id)
+        stored: list[StoredEvent] = []
+        position, taken, more = after_seq, 0, True
+        while more and taken < limit:
+            batch, more = await self._direct_batch(
+                subject_filter, position + 1, reach=known_seq, size=min(DIRECT_BATCH, limit - taken)
+            )
+            for seq, data in batch:
+                _deliver_stored(seq, data, subject_filter, stored.append)
+                position = seq
+            taken += len(batch)
+        return stored, more
+
     async def _must_reach(self, subject_filter: str, up_to_seq: int | None, known_seq: int) -> int:
         """The sequence a session's read must reach: the one the caller knows is stored; and
         for a read to the session's end on a replicated stream, its last event as the
@@ -547,8 +566,9 @@ class EventStore:
         *,
         since: datetime | None = None,
         reach: int = 0,
+        size: int = DIRECT_BATCH,
     ) -> _Batch:
-        """Up to DIRECT_BATCH stored messages on `subject_filter` from `from_seq` on (or
+        """Up to `size` stored messages on `subject_filter` from `from_seq` on (or
         from the first stored at or after `since`), with their sequences; and whether more
         were stored after them. The answer holds `reach`, a sequence known to be stored on
         the subjects (or goes past it): a replica behind it answered without it, and the
@@ -556,7 +576,7 @@ class EventStore:
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         pause = _BEHIND_FIRST_PAUSE_S
         while True:
-            batch, more = await self._direct_batch_once(subject_filter, from_seq, since)
+            batch, more = await self._direct_batch_once(subject_filter, from_seq, since, size)
             behind = reach >= from_seq and not more and (not batch or batch[-1][0] < reach)
             if not behind:
                 return batch, more
@@ -567,7 +587,7 @@ class EventStore:
             pause = min(pause * 2, _BEHIND_MAX_PAUSE_S)
 
     async def _direct_batch_once(
-        self, subject_filter: str, from_seq: int, since: datetime | None
+        self, subject_filter: str, from_seq: int, since: datetime | None, size: int
     ) -> _Batch:
         """One batched direct get."""
         nc = self._js._nc  # nats-py offers batched direct gets on no public API yet
@@ -584,7 +604,7 @@ class EventStore:
 
         subscription = await nc.subscribe(inbox, cb=collect)
         try:
-            request: dict[str, object] = {"next_by_subj": subject_filter, "batch": DIRECT_BATCH}
+            request: dict[str, object] = {"next_by_subj": subject_filter, "batch": size}
             if since is None:
                 request["seq"] = from_seq
             else:
@@ -602,7 +622,7 @@ class EventStore:
             raise RuntimeError(f"direct get of {subject_filter} from {from_seq}: status {status}")
         # The end of a batch tells how many matching messages it left out.
         pending = end.get(PENDING_AFTER_BATCH)
-        return batch, int(pending) > 0 if pending is not None else len(batch) == DIRECT_BATCH
+        return batch, int(pending) > 0 if pending is not None else len(batch) == size
 
     async def _replay(
         self,

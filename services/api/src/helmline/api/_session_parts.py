@@ -221,6 +221,8 @@ class EventPage(BaseModel):
     items: list[LoggedEvent]
     last_seq: int
     """The session's last event when read: more follow while the last item is before it."""
+    more: bool
+    """More events were stored after the last item when it was read: page on from it."""
 
 
 class SessionChanges(BaseModel):
@@ -434,18 +436,21 @@ async def session_log(
     limit: Limit = 100,
 ) -> EventPage:
     """The session's events after a sequence, oldest first, at most `limit`: page on with
-    the last item's `seq`."""
+    the last item's `seq` while `more`. A page reads only what it holds, however long the
+    session."""
     store = _latest(request).store
     last_seq = await store.last_seq(principal.tenant, session_id)
     if last_seq == 0:
         raise not_found(f"no session {session_id}")
     if after_seq > last_seq:
         raise _past_the_end("after_seq", after_seq, last_seq)
-    stored = await store.read_all(
-        principal.tenant, session_id, after_seq=after_seq, up_to_seq=last_seq
+    stored, more = await store.read_page(
+        principal.tenant, session_id, after_seq=after_seq, limit=limit, known_seq=last_seq
     )
-    items = [LoggedEvent(seq=s.seq, event=s.event) for s in stored[:limit]]
-    return EventPage(items=items, last_seq=last_seq)
+    items = [LoggedEvent(seq=s.seq, event=s.event) for s in stored]
+    # Events stored since the session's end was looked up are in the page all the same.
+    last = max(last_seq, items[-1].seq) if items else last_seq
+    return EventPage(items=items, last_seq=last, more=more)
 
 
 @router.get("/sessions/{session_id}/changes")
