@@ -96,13 +96,8 @@ class StepAuthorized(StepScheduled, type="step.authorized", published_by=(PLANNE
 
     @classmethod
     def example(cls) -> Self:
-        return cls(
-            step_id="count",
-            call_id="count.1",
-            tool="run_command",
-            arguments={"command": "wc -c notes.txt"},
-            authorized_by_plan=1,
-        )
+        scheduled = StepScheduled.example().model_dump(exclude_defaults=True)
+        return cls(**scheduled, authorized_by_plan=1)
 
 
 class StepSkipped(Payload, type="step.skipped", published_by=(PLANNER,)):
