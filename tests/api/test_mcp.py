@@ -14,6 +14,9 @@ from helmline.contracts import (
     TOOL_REGISTRY_SUBJECT,
     TOOLS_SESSION,
     TOOLS_TENANT,
+    McpInstance,
+    McpInstanceStarted,
+    McpInstanceStopped,
     McpPrompt,
     McpResource,
     Payload,
@@ -23,6 +26,7 @@ from helmline.contracts import (
     ToolRegistryPublished,
     ToolServerStatus,
     ToolSpec,
+    mcp_instance_subject,
     new_event,
     tool_definition_subject,
 )
@@ -193,3 +197,38 @@ async def test_only_an_admin_accepts_a_change_and_only_the_one_waiting(
         "no definition",
     )
     assert_problem(await client.post("/tools/bad%20name/accept", json={}, headers=admin), 422)
+
+
+async def test_a_server_isolated_per_session_counts_the_instances_running_now(
+    client: httpx.AsyncClient, store: EventStore, make_key: KeyMaker, tenant: str
+) -> None:
+    server = f"s{uuid.uuid4().hex[:10]}"
+    registry = ToolRegistryPublished(
+        tools=(BUILTIN_TOOLS_BY_NAME["echo"],),
+        servers=(
+            ToolServerStatus(server=server, transport="stdio", available=True, isolation="session"),
+        ),
+    )
+    await publish(store, TOOL_REGISTRY_SUBJECT, registry)
+
+    def instance(session_id: str) -> McpInstance:
+        return McpInstance(
+            server=server,
+            id=uuid.uuid4().hex,
+            isolation="session",
+            tenant=tenant,
+            session_id=session_id,
+            gateway="gateway/1",
+        )
+
+    ana, bob = instance("ana"), instance("bob")
+    for running in (ana, bob):
+        subject = mcp_instance_subject(server, tenant, running.session_id)
+        await publish(store, subject, McpInstanceStarted(instance=running, start_ms=5))
+    # Bob's session ended: only its latest record counts, not the start before it.
+    stopped = McpInstanceStopped(instance=bob, reason="session_ended", calls=3)
+    await publish(store, mcp_instance_subject(server, tenant, "bob"), stopped)
+
+    listed = (await client.get("/mcp/servers", headers=await make_key(tenant, "viewer"))).json()
+    (entry,) = [s for s in listed["servers"] if s["status"]["server"] == server]
+    assert (entry["status"]["isolation"], entry["instances"]) == ("session", 1)

@@ -28,8 +28,7 @@ interface McpPrompt {
   arguments: { name: string; description: string; required: boolean }[];
 }
 
-/** A server's registry entry (`ToolServerStatus`). Fields other parts of the gateway may add
- * (isolation, instances) are shown when present: see FACTS. */
+/** A server's registry entry (`ToolServerStatus`). */
 interface ServerStatus {
   server: string;
   transport: string;
@@ -41,8 +40,7 @@ interface ServerStatus {
   failures: number;
   resources: McpResource[];
   prompts: McpPrompt[];
-  isolation?: string;
-  instances?: number;
+  isolation: string;
 }
 
 interface McpTool {
@@ -58,6 +56,8 @@ interface McpTool {
 
 interface McpServer {
   status: ServerStatus;
+  /** Instances running now, for a server isolated per tenant or session; null if shared. */
+  instances: number | null;
   calls_last_minute: number | null;
   errors_last_minute: number | null;
   tools: McpTool[];
@@ -77,12 +77,12 @@ const CALL_ENDS = new Set(["tool.call.completed", "tool.call.failed"]);
 const HEALTH_BADGE: Record<string, string> = { healthy: "succeeded", degraded: "warning", unresponsive: "failed", dead: "failed" };
 const CIRCUIT_BADGE: Record<string, string> = { closed: "succeeded", half_open: "warning", open: "failed" };
 
-/** A server's facts, in order; one that yields undefined is left out (a gateway that does not
- * publish it). A new fact of the registry is one line here. */
+/** A server's facts, in order; one that yields undefined is left out (a shared server's
+ * instance count). A new fact of the registry is one line here. */
 const FACTS: [label: string, value: (s: McpServer) => string | undefined][] = [
   ["Transport", (s) => esc(s.status.transport)],
-  ["Isolation", (s) => (s.status.isolation !== undefined ? esc(s.status.isolation) : undefined)],
-  ["Instances", (s) => (s.status.instances !== undefined ? String(s.status.instances) : undefined)],
+  ["Isolation", (s) => esc(s.status.isolation)],
+  ["Instances", (s) => (s.instances === null ? undefined : String(s.instances))],
   ["Health", (s) => badge(HEALTH_BADGE[s.status.health] ?? "", s.status.health)],
   ["Breaker", (s) => `${badge(CIRCUIT_BADGE[s.status.circuit] ?? "", s.status.circuit.replace("_", "-"))}${s.status.failures ? ` <small>${s.status.failures} failures in a row</small>` : ""}`],
   ["Calls / min", (s) => (s.calls_last_minute === null ? "—" : String(s.calls_last_minute))],

@@ -123,7 +123,12 @@ from helmline.runtime._tool_pins import (
     read_pin,
     read_pins,
 )
-from helmline.runtime._tool_registry import ToolCatalogue, latest_tool_registry, tools_of
+from helmline.runtime._tool_registry import (
+    ToolCatalogue,
+    latest_tool_registry,
+    running_instances,
+    tools_of,
+)
 from helmline.runtime._tracing import TracingSettings, traceparent_for
 from helmline.runtime._urls import without_credentials
 
@@ -238,6 +243,7 @@ __all__ = [
     "resolved_arguments",
     "retry_after_s",
     "run_service",
+    "running_instances",
     "sealing_key",
     "sessions_gone",
     "stream_config",

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from helmline.contracts import (
+    ALL_MCP_INSTANCES,
     BUILTIN_TOOLS_BY_NAME,
     TOOL_REGISTRY_SUBJECT,
     TOOLS_STREAM,
+    McpInstanceStarted,
+    McpInstanceStopped,
     ToolRegistryPublished,
     ToolSpec,
     UndecodableEvent,
@@ -33,6 +39,44 @@ async def latest_tool_registry(js: JetStreamContext) -> ToolRegistryPublished | 
     assert message.data is not None
     registry = decode_event(message.data).data
     return registry if isinstance(registry, ToolRegistryPublished) else None
+
+
+async def running_instances(js: JetStreamContext, timeout_s: float = 10.0) -> Counter[str]:
+    """How many instances of each MCP server isolated per tenant or session run now, by
+    server: those whose latest `mcp.instance.*` record says started. Reads one record per
+    tenant or session that ever had an instance (the latest on its subject), not their
+    history."""
+    try:
+        last = (await js.get_last_msg(TOOLS_STREAM.name, ALL_MCP_INSTANCES)).seq or 0
+    except NotFoundError:
+        return Counter()
+    latest: dict[str, tuple[str, bool]] = {}
+    """The server and whether it runs, of the latest record on each subject."""
+    caught_up = asyncio.Event()
+
+    async def record(message: Msg) -> None:
+        try:
+            event = decode_event(message.data)
+        except UndecodableEvent as error:
+            logger.warning("ignoring an undecodable MCP instance record: %s", error)
+        else:
+            if isinstance(event.data, McpInstanceStarted | McpInstanceStopped):
+                running = isinstance(event.data, McpInstanceStarted)
+                latest[message.subject] = (event.data.instance.server, running)
+        if message.metadata.num_pending == 0 or message.metadata.sequence.stream >= last:
+            caught_up.set()
+
+    subscription = await js.subscribe(
+        ALL_MCP_INSTANCES,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        cb=record,
+    )
+    try:
+        await asyncio.wait_for(caught_up.wait(), timeout_s)
+    finally:
+        await subscription.unsubscribe()
+    return Counter(server for server, running in latest.values() if running)
 
 
 class ToolCatalogue(Mapping[str, ToolSpec]):

@@ -37,6 +37,7 @@ from helmline.runtime import (
     latest_tool_registry,
     read_pin,
     read_pins,
+    running_instances,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,8 +71,11 @@ class McpServer(BaseModel):
     """A federated server as the gateway last published it, with figures of the last minute."""
 
     status: ToolServerStatus
-    """What the gateway says of it: transport, health, breaker, resources, prompts, and
-    whatever else its registry entry carries."""
+    """What the gateway says of it: transport, isolation, health, breaker, resources,
+    prompts, and whatever else its registry entry carries."""
+    instances: int | None
+    """How many instances of it run now, in every gateway process, for a server isolated
+    per tenant or session (`mcp.instance.*`); None for a shared server (its one instance)."""
     calls_last_minute: int | None
     """Calls of its tools by the principal's tenant that ended in the last minute; None
     without a read model."""
@@ -114,6 +118,7 @@ async def mcp_servers(principal: Viewer, request: Request) -> McpServers:
     if registry is None:
         return McpServers(published=False, servers=[])
     pins = await read_pins(js)
+    running = await running_instances(js)
     figures = await _last_minute(request.app.state.lister, principal.tenant)
     servers = []
     for status in registry.servers:
@@ -123,9 +128,14 @@ async def mcp_servers(principal: Viewer, request: Request) -> McpServers:
             for tool in registry.tools
             if tool.server == status.server
         ]
+        instances = running[status.server] if status.isolation != "shared" else None
         servers.append(
             McpServer(
-                status=status, calls_last_minute=calls, errors_last_minute=errors, tools=tools
+                status=status,
+                instances=instances,
+                calls_last_minute=calls,
+                errors_last_minute=errors,
+                tools=tools,
             )
         )
     return McpServers(published=True, servers=servers)

@@ -178,6 +178,7 @@ def registry_event(views: Iterable[ServerView]) -> ToolRegistryPublished:
                 failures=view.failures + view.missed_heartbeats,
                 resources=view.resources,
                 prompts=view.prompts,
+                isolation=view.config.isolation,
             )
             for view in views
         ),

@@ -25,6 +25,7 @@ from helmline.contracts._values import (
     ToolName,
 )
 from helmline.contracts.events._samples import ANA, AT, CALL
+from helmline.contracts.events.mcp import Isolation
 
 
 class InverseCall(Contract):
@@ -331,6 +332,9 @@ class ToolServerStatus(Contract):
     """The resources it lists (at most the first 100), readable as context."""
     prompts: tuple[McpPrompt, ...] = ()
     """The prompts it lists (at most the first 100)."""
+    isolation: Isolation = "shared"
+    """Whom each of its instances serves: everyone (one instance, the one listed here), a
+    tenant or a session (`mcp.instance.*` tell which run)."""
 
 
 class ToolRegistryPublished(Payload, type="tool.registry.published", published_by=(TOOL_GATEWAY,)):
