@@ -1,6 +1,7 @@
 """A session in parts, for views of long sessions: its overview, its line of the session list,
 its steps (runs of succeeded ones folded when asked) and calls by range (filtered by status,
-tool, or a search of ids and tools), its log by sequence, and what changed since a sequence.
+tool, or a search of ids and tools), its checkpoints by range with what a rollback to each
+would undo, its log by sequence, and what changed since a sequence.
 
 Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
 10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
@@ -31,6 +32,7 @@ from helmline.contracts import (
     BUILTIN_SERVER,
     IN_FLIGHT_STEPS,
     MCP_NAME_SEPARATOR,
+    CheckpointState,
     Event,
     SessionState,
     StepState,
@@ -46,6 +48,8 @@ LATEST = 100
 """Checkpoints and thoughts an overview carries: the latest ones."""
 MOST_CHANGES = 2_000
 """Events after which "changes since" answers `reset` rather than the steps they touched."""
+NAMED = 10
+"""Steps a checkpoint's rollback reach names, the latest ones; the rest it counts."""
 
 Offset = Annotated[int, Query(ge=0, le=1_000_000, description="The first item's index")]
 Limit = Annotated[int, Query(ge=1, le=500, description="How many items at most")]
@@ -237,6 +241,53 @@ class SessionChanges(BaseModel):
     """The steps the events touched, as they are now (empty with `reset`)."""
 
 
+class UndoneStep(BaseModel):
+    """A step a rollback would undo, as its checkpoint says."""
+
+    step_id: str
+    compensation: str | None
+    """How it is undone, or why it cannot be."""
+
+
+class RollbackReach(BaseModel):
+    """What a rollback to a checkpoint would undo: the steps of the checkpoints after it,
+    those not undone already; its `undoes` and `blocking` name the latest ones only."""
+
+    later: int
+    """Checkpoints after it: with none, a rollback here has nothing to go back over."""
+    steps: int
+    """Steps a rollback here would undo."""
+    undoes: list[UndoneStep]
+    """The latest of them, newest first (the order they are undone in), at most ten."""
+    file_changes: int
+    """Files those steps created, modified or deleted (counted per step)."""
+    blocking: int
+    """Irreversible steps after it: a rollback here cannot pass them."""
+    blocking_steps: list[str]
+    """The latest of them, newest first, at most ten."""
+
+
+class CheckpointAt(BaseModel):
+    """A checkpoint with where it is in the session's list and what a rollback to it does."""
+
+    index: int
+    """Its index in the order checkpoints were made."""
+    checkpoint: CheckpointState
+    step_status: StepStatus | None
+    """The status of the step it was made after, now (undone, say); None: no such step."""
+    workspace_lost: str | None
+    """Why its workspace snapshot cannot be restored; None: it can be, or it has none."""
+    rollback: RollbackReach
+
+
+class CheckpointPage(BaseModel):
+    """Checkpoints from `offset` on, oldest first."""
+
+    total: int
+    offset: int
+    items: list[CheckpointAt]
+
+
 class _Indexed:
     """A state's steps and calls with their indexes, worked out once per request."""
 
@@ -300,6 +351,77 @@ def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
             for c in checkpoints
             if c.step_id in state.steps
         },
+    )
+
+
+def checkpoints_from(state: SessionState, offset: int, limit: int) -> list[CheckpointAt]:
+    """Checkpoints `offset` to `offset + limit`, each with what a rollback to it would undo:
+    worked out from the newest checkpoint back to `offset` in one pass, so a page costs the
+    checkpoints after it, never the whole state."""
+    checkpoints = state.checkpoints
+    end = min(len(checkpoints), offset + limit)
+    reach = RollbackReach(
+        later=0, steps=0, undoes=[], file_changes=0, blocking=0, blocking_steps=[]
+    )
+    page: list[CheckpointAt] = []
+    for index in range(len(checkpoints) - 1, offset - 1, -1):
+        checkpoint = checkpoints[index]
+        step = state.steps.get(checkpoint.step_id)
+        if index < end:
+            lost = (
+                state.unrestorable_snapshots.get(checkpoint.snapshot_id)
+                if checkpoint.snapshot_id
+                else None
+            )
+            page.append(
+                CheckpointAt(
+                    index=index,
+                    checkpoint=checkpoint,
+                    step_status=step.status if step else None,
+                    workspace_lost=lost,
+                    rollback=reach,
+                )
+            )
+        reach = _reaching_back_over(
+            reach, checkpoint, undone=step is not None and step.status == "undone"
+        )
+    page.reverse()
+    return page
+
+
+def _reaching_back_over(
+    reach: RollbackReach, checkpoint: CheckpointState, *, undone: bool
+) -> RollbackReach:
+    """The reach of a rollback to the checkpoint before `checkpoint`, given the reach of
+    one to `checkpoint`: it goes back over that one too."""
+    undoes, steps, files = reach.undoes, reach.steps, reach.file_changes
+    if not undone:
+        steps += 1
+        if len(undoes) < NAMED:
+            undone_step = UndoneStep(
+                step_id=checkpoint.step_id, compensation=checkpoint.compensation
+            )
+            undoes = [*undoes, undone_step]
+        changes = checkpoint.changes
+        if changes:
+            files += (
+                len(changes.created)
+                + len(changes.modified)
+                + len(changes.deleted)
+                + changes.unlisted
+            )
+    blocking, blocking_steps = reach.blocking, reach.blocking_steps
+    if not checkpoint.reversible:
+        blocking += 1
+        if len(blocking_steps) < NAMED:
+            blocking_steps = [*blocking_steps, checkpoint.step_id]
+    return RollbackReach(
+        later=reach.later + 1,
+        steps=steps,
+        undoes=undoes,
+        file_changes=files,
+        blocking=blocking,
+        blocking_steps=blocking_steps,
     )
 
 
@@ -425,6 +547,22 @@ async def session_calls(
         for index, call_id, step in chosen[part.offset : part.offset + part.limit]
     ]
     return CallPage(total=len(chosen), offset=part.offset, items=items)
+
+
+@router.get("/sessions/{session_id}/rollback-points")
+async def session_rollback_points(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    offset: Offset = 0,
+    limit: Limit = 100,
+) -> CheckpointPage:
+    """The session's checkpoints in the order they were made, from `offset`, each with
+    what a rollback to it would undo now (the steps after it, the latest named): a page of
+    `GET /sessions/{id}/checkpoints`, for a view of a long session."""
+    state = (await _latest(request).load(principal.tenant, session_id)).state
+    items = checkpoints_from(state, offset, limit)
+    return CheckpointPage(total=len(state.checkpoints), offset=offset, items=items)
 
 
 @router.get("/sessions/{session_id}/log")
