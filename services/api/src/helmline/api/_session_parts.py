@@ -360,69 +360,66 @@ def checkpoints_from(state: SessionState, offset: int, limit: int) -> list[Check
     checkpoints after it, never the whole state."""
     checkpoints = state.checkpoints
     end = min(len(checkpoints), offset + limit)
-    reach = RollbackReach(
-        later=0, steps=0, undoes=[], file_changes=0, blocking=0, blocking_steps=[]
-    )
+    reach = _Reach()
     page: list[CheckpointAt] = []
     for index in range(len(checkpoints) - 1, offset - 1, -1):
         checkpoint = checkpoints[index]
         step = state.steps.get(checkpoint.step_id)
         if index < end:
-            lost = (
-                state.unrestorable_snapshots.get(checkpoint.snapshot_id)
-                if checkpoint.snapshot_id
-                else None
-            )
+            snapshot = checkpoint.snapshot_id
             page.append(
                 CheckpointAt(
                     index=index,
                     checkpoint=checkpoint,
                     step_status=step.status if step else None,
-                    workspace_lost=lost,
-                    rollback=reach,
+                    workspace_lost=state.unrestorable_snapshots.get(snapshot) if snapshot else None,
+                    rollback=reach.model(),
                 )
             )
-        reach = _reaching_back_over(
-            reach, checkpoint, undone=step is not None and step.status == "undone"
-        )
+        reach.back_over(checkpoint, undone=step is not None and step.status == "undone")
     page.reverse()
     return page
 
 
-def _reaching_back_over(
-    reach: RollbackReach, checkpoint: CheckpointState, *, undone: bool
-) -> RollbackReach:
-    """The reach of a rollback to the checkpoint before `checkpoint`, given the reach of
-    one to `checkpoint`: it goes back over that one too."""
-    undoes, steps, files = reach.undoes, reach.steps, reach.file_changes
-    if not undone:
-        steps += 1
-        if len(undoes) < NAMED:
-            undone_step = UndoneStep(
-                step_id=checkpoint.step_id, compensation=checkpoint.compensation
-            )
-            undoes = [*undoes, undone_step]
-        changes = checkpoint.changes
-        if changes:
-            files += (
-                len(changes.created)
-                + len(changes.modified)
-                + len(changes.deleted)
-                + changes.unlisted
-            )
-    blocking, blocking_steps = reach.blocking, reach.blocking_steps
-    if not checkpoint.reversible:
-        blocking += 1
-        if len(blocking_steps) < NAMED:
-            blocking_steps = [*blocking_steps, checkpoint.step_id]
-    return RollbackReach(
-        later=reach.later + 1,
-        steps=steps,
-        undoes=undoes,
-        file_changes=files,
-        blocking=blocking,
-        blocking_steps=blocking_steps,
-    )
+@dataclasses.dataclass
+class _Reach:
+    """A rollback's reach, added to as it goes back over one checkpoint after another."""
+
+    later: int = 0
+    steps: int = 0
+    undoes: list[UndoneStep] = dataclasses.field(default_factory=list[UndoneStep])
+    file_changes: int = 0
+    blocking: int = 0
+    blocking_steps: list[str] = dataclasses.field(default_factory=list[str])
+
+    def back_over(self, checkpoint: CheckpointState, *, undone: bool) -> None:
+        self.later += 1
+        if not undone:
+            self.steps += 1
+            if len(self.undoes) < NAMED:
+                step = UndoneStep(step_id=checkpoint.step_id, compensation=checkpoint.compensation)
+                self.undoes.append(step)
+            if changes := checkpoint.changes:
+                self.file_changes += (
+                    len(changes.created)
+                    + len(changes.modified)
+                    + len(changes.deleted)
+                    + changes.unlisted
+                )
+        if not checkpoint.reversible:
+            self.blocking += 1
+            if len(self.blocking_steps) < NAMED:
+                self.blocking_steps.append(checkpoint.step_id)
+
+    def model(self) -> RollbackReach:
+        return RollbackReach(
+            later=self.later,
+            steps=self.steps,
+            undoes=list(self.undoes),
+            file_changes=self.file_changes,
+            blocking=self.blocking,
+            blocking_steps=list(self.blocking_steps),
+        )
 
 
 AtSeq = Annotated[
