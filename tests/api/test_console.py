@@ -1179,12 +1179,15 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
     await screenshot(page, "long-plan")
 
     # A rollback button a keyboard user reached keeps the focus while the session changes.
-    rollback = page.locator("#checkpoints").get_by_role("button", name="Roll back to here")
-    await rollback.first.focus()
+    # (Named by its checkpoint: the list draws other rows first as it scrolls to it.)
+    any_rollback = page.locator("#checkpoints").get_by_role("button", name="Roll back to here")
+    checkpoint_id = await any_rollback.first.get_attribute("data-checkpoint")
+    rollback = page.locator(f'#checkpoints button[data-checkpoint="{checkpoint_id}"]')
+    await rollback.focus()
     thought = ThoughtRecorded(kind="reasoning", text="the last step waits for a person")
     await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
     await expect(page.locator("#thoughts")).to_contain_text("the last step waits for a person")
-    await expect(rollback.first).to_be_focused()
+    await expect(rollback).to_be_focused()
     # Read to its end, the log grows from the events heard live.
     await expect(page.locator(f'#events > li[aria-posinset="{logged + 1}"]')).to_contain_text(
         "thought.recorded"

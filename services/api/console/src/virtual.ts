@@ -143,7 +143,11 @@ export class VirtualList<T> {
   /** Makes `row` the list's tab stop, or not. */
   private rove(row: HTMLElement, active: boolean): void {
     this.handle(row).tabIndex = active ? 0 : -1;
-    if (this.options.roveControls) for (const control of row.querySelectorAll<HTMLElement>(CONTROLS)) control.tabIndex = active ? 0 : -1;
+    for (const control of this.controls(row)) control.tabIndex = active ? 0 : -1;
+  }
+
+  private controls(row: Element): HTMLElement[] {
+    return this.options.roveControls ? [...row.querySelectorAll<HTMLElement>(CONTROLS)] : [];
   }
 
   private handle(row: HTMLElement): HTMLElement {
@@ -217,6 +221,8 @@ export class VirtualList<T> {
       } else html.push(this.options.render(item));
     }
     const hadFocus = list.contains(document.activeElement);
+    // Which of its row's controls had the focus (-1: none), to give it back once drawn.
+    const focusedControl = hadFocus ? this.controls(document.activeElement!.closest("li") ?? list).indexOf(document.activeElement as HTMLElement) : -1;
     list.style.paddingTop = `${offsets[first]}px`;
     list.style.paddingBottom = `${offsets[this.total] - offsets[last + 1]}px`;
     if (this.drawn.first === first && this.drawn.html.length === html.length) {
@@ -245,13 +251,14 @@ export class VirtualList<T> {
     if (reveal === null || (!moved && revealed && !revealed.classList.contains("placeholder"))) this.revealWanted = null;
     const wanted = this.focusWanted ?? (hadFocus ? this.active : null);
     const row = wanted === null ? null : list.querySelector<HTMLElement>(`li[data-index="${wanted}"]:not(.placeholder)`);
-    // A control in the row keeps the focus a keyboard user gave it, if the row was not
-    // drawn again under it.
-    if (row && (this.focusWanted !== null || !row.contains(document.activeElement))) {
+    if (row && this.focusWanted !== null) {
       // A row asked for is brought into view (its height may have differed from the guess
-      // the scroll was set by); one that merely kept the focus is not.
-      this.handle(row).focus({ preventScroll: this.focusWanted === null });
+      // the scroll was set by).
+      this.handle(row).focus();
       this.focusWanted = null;
+    } else if (row && !row.contains(document.activeElement)) {
+      // The row that had the focus was drawn again: the focus goes back where it was in it.
+      (this.controls(row)[focusedControl] ?? this.handle(row)).focus({ preventScroll: true });
     }
     for (const page of missing) void this.load(page);
     if (moved) this.schedule();
