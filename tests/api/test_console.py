@@ -913,7 +913,7 @@ async def test_a_long_checkpoint_timeline_is_drawn_as_far_as_it_shows_and_walked
     newest = page.locator(f'#checkpoints > li[aria-posinset="{steps}"]')
     await expect(newest).to_contain_text(f"after s{steps - 1}")
     await expect(latest.locator(".would-undo")).to_have_text(f"a rollback here undoes s{steps - 1}")
-    await latest.screenshot(path=ARTIFACTS / "checkpoint-row.png")
+    await page.locator("#checkpoints-part").screenshot(path=ARTIFACTS / "checkpoints-long.png")
 
 
 async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floods_events(
