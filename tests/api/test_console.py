@@ -1410,6 +1410,7 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     # The thoughts follow the newest while the reader is at the end, and not once they
     # scrolled up to read.
     thoughts = page.locator("#thoughts")
+    thoughts_box = page.locator("#thoughts-box")
 
     async def think(text: str) -> None:
         thought = ThoughtRecorded(kind="reasoning", text=text)
@@ -1419,11 +1420,15 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
         await think(f"thought {i}")
     await expect(thoughts).to_contain_text("thought 29")
     at_end = "e => e.scrollHeight - e.scrollTop - e.clientHeight < 8"
-    assert await thoughts.evaluate(at_end)
-    await thoughts.evaluate("e => { e.scrollTop = 0; }")
+    assert await thoughts_box.evaluate(at_end)
+    await thoughts_box.evaluate("e => { e.scrollTop = 0; }")
+    await expect(thoughts).not_to_contain_text("thought 29")  # Drawn as far as it shows.
     await think("one more")
+    await expect(thoughts).to_contain_text("thought 0")
+    await page.wait_for_function("() => !document.querySelector('#thoughts .placeholder')")
+    assert await thoughts_box.evaluate("e => e.scrollTop") == 0
+    await thoughts_box.evaluate("e => { e.scrollTop = e.scrollHeight; }")
     await expect(thoughts).to_contain_text("one more")
-    assert await thoughts.evaluate("e => e.scrollTop") == 0
 
     # Steps and calls searched by tool, in any case.
     await page.get_by_label("Search").fill("WRITE")

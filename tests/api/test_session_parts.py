@@ -12,7 +12,16 @@ import httpx
 
 from helmline.api._plan_graph import layers_of
 from helmline.api._session_parts import NAMED, checkpoints_from
-from helmline.contracts import CheckpointState, FileChanges, SessionState, StepState, Table, Vector
+from helmline.contracts import (
+    CheckpointState,
+    FileChanges,
+    SessionState,
+    StepState,
+    Table,
+    ThoughtRecorded,
+    Vector,
+    new_event,
+)
 from helmline.runtime import EventStore
 from helmline.runtime.testing import checkpointed, eventually
 from tests.api.conftest import KeyMaker
@@ -151,6 +160,8 @@ async def test_a_range_out_of_bounds_is_refused_with_a_problem(
         ("rollback-points?limit=501", "limit"),
         ("rollback-points?offset=-1", "offset"),
         ("rollback-points?offset=many", "offset"),
+        ("thoughts?limit=0", "limit"),
+        ("thoughts?offset=-3", "offset"),
         ("steps?limit=501", "limit"),
         ("calls?offset=-1", "offset"),
         ("steps?status=sleeping", "status"),
@@ -163,7 +174,8 @@ async def test_a_range_out_of_bounds_is_refused_with_a_problem(
     assert_problem(beyond, 422, "query.since", "past the session's last event")
     beyond = await client.get(f"{base}/log?after_seq={last_seq + 10}", headers=viewer)
     assert_problem(beyond, 422, "query.after_seq")
-    for part in ("overview", "steps", "calls", "rollback-points", "log", "changes?since=0"):
+    parts = ("overview", "steps", "calls", "rollback-points", "thoughts", "log", "changes?since=0")
+    for part in parts:
         missing = await client.get(f"/sessions/nope/{part}", headers=viewer)
         assert_problem(missing, 404, "nope")
 
@@ -191,6 +203,24 @@ async def test_checkpoints_are_read_by_range_with_what_a_rollback_to_each_undoes
     assert newest["items"][0]["rollback"]["later"] == 0
     past = (await client.get(f"{base}/rollback-points?offset=99", headers=viewer)).json()
     assert (past["total"], past["items"]) == (6, [])
+
+
+async def test_thoughts_are_read_by_range(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    session_id = await start(client, operator, chain(1))
+    await until(client, operator, session_id, "completed")
+    for i in range(5):
+        thought = ThoughtRecorded(kind="reasoning", text=f"thought {i}")
+        await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
+    base = f"/sessions/{session_id}"
+
+    page = (await client.get(f"{base}/thoughts?offset=1&limit=2", headers=operator)).json()
+    assert (page["total"], page["offset"]) == (5, 1)
+    assert [t["text"] for t in page["items"]] == ["thought 1", "thought 2"]
+    past = (await client.get(f"{base}/thoughts?offset=9", headers=operator)).json()
+    assert (past["total"], past["items"]) == (5, [])
 
 
 def test_a_rollback_reach_names_the_latest_steps_and_counts_the_rest() -> None:

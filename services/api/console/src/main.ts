@@ -6,6 +6,7 @@ import { setHtml, VirtualList } from "./virtual";
 import { compareWithOrigin } from "./compare";
 import { EventLog } from "./events";
 import { CheckpointTimeline } from "./checkpoints";
+import { ThoughtList } from "./thoughts";
 import { fleetView } from "./fleet";
 import { mcpView } from "./mcp";
 import { linesFromLogs, newestFirst, startedAt } from "./lines";
@@ -207,7 +208,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <nav class="page-nav" aria-label="Parts of the session">
         <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#graph-part" data-skip="graph-part">Graph</a>
         <a href="#calls-box" data-skip="calls-box">Tool calls</a> <a href="#timeline-part" data-skip="timeline-part">Timeline</a> <a href="#travel-part" data-skip="travel-part">Time travel</a>
-        <a href="#thoughts" data-skip="thoughts">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a> <a href="#events-box" data-skip="events-box">Events</a>
+        <a href="#thoughts-box" data-skip="thoughts-box">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a> <a href="#events-box" data-skip="events-box">Events</a>
       </nav>
       <form id="list-tools" class="list-tools" role="search" aria-label="Steps and calls">
         <label>Status <select id="step-status" name="status"><option value="">any</option></select></label>
@@ -222,7 +223,9 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
           <div id="steps-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="plan-title" aria-describedby="list-keys">
             <ol id="steps" class="timeline virtual"></ol></div>
           <p id="list-keys" class="hint">In a list: <kbd>↑</kbd>/<kbd>↓</kbd>, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>, <kbd>Home</kbd>/<kbd>End</kbd> move; <kbd>Enter</kbd> opens.</p></section>
-        <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts" tabindex="-1"></ol><p id="thoughts-more" class="hint"></p></section>
+        <section><h2 id="thoughts-title">Thoughts <span id="thinking"></span></h2>
+          <div id="thoughts-box" class="virtual-box thoughts" tabindex="-1" role="group" aria-labelledby="thoughts-title" aria-describedby="list-keys">
+            <ol id="thoughts" class="virtual"></ol></div></section>
       </div>
       <section id="graph-part" aria-labelledby="graph-title" tabindex="-1"><h2 id="graph-title">Plan graph</h2>
         <p class="hint">Arrow keys move between steps; <kbd>Enter</kbd> shows the step in the plan.</p>
@@ -297,6 +300,12 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     onError: fail,
   });
 
+  const thoughts = new ThoughtList({
+    box: document.getElementById("thoughts-box")!,
+    list: document.getElementById("thoughts")!,
+    sessionId,
+    onError: fail,
+  });
   const checkpoints = new CheckpointTimeline({
     box: document.getElementById("checkpoints-box")!,
     list: document.getElementById("checkpoints")!,
@@ -429,20 +438,6 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     offerChoices(statusField, STEP_STATUSES.filter((x) => o.steps_by_status[x]));
     offerChoices(toolField, Object.keys(o.tools).sort());
     document.getElementById("thinking")!.textContent = !o.steps_underway && thinking(s) ? "thinking…" : "";
-    const thoughts = document.getElementById("thoughts")!;
-    const thoughtsWere = thoughts.innerHTML;
-    // Follows the newest only while the reader is at the end: one who scrolled up to read
-    // stays where they are.
-    const atEnd = thoughts.scrollHeight - thoughts.scrollTop - thoughts.clientHeight < 8;
-    setHtml(
-      thoughts,
-      s.thoughts
-        .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
-        .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>',
-    );
-    if (thoughts.innerHTML !== thoughtsWere && atEnd) thoughts.scrollTop = thoughts.scrollHeight;
-    const earlierThoughts = o.thoughts_total - s.thoughts.length;
-    document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
     renderCheckpoints(s, o);
     document.getElementById("events-count")!.textContent = `${s.event_count.toLocaleString("en")} event${s.event_count === 1 ? "" : "s"} in the session's log, oldest first.`;
   };
@@ -471,6 +466,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     overview = fresh;
     state = fresh.state;
     checkpoints.follow(fresh);
+    thoughts.follow(fresh);
     applied = fresh.last_seq;
     render();
     travel.span(fresh.last_seq).catch(fail);

@@ -1,7 +1,7 @@
 """A session in parts, for views of long sessions: its overview, its line of the session list,
 its steps (runs of succeeded ones folded when asked) and calls by range (filtered by status,
 tool, or a search of ids and tools), its checkpoints by range with what a rollback to each
-would undo, its log by sequence, and what changed since a sequence.
+would undo, its thoughts by range, its log by sequence, and what changed since a sequence.
 
 Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
 10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
@@ -38,6 +38,7 @@ from helmline.contracts import (
     StepState,
     StepStatus,
     Table,
+    ThoughtState,
     touched,
 )
 from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
@@ -286,6 +287,14 @@ class CheckpointPage(BaseModel):
     total: int
     offset: int
     items: list[CheckpointAt]
+
+
+class ThoughtPage(BaseModel):
+    """Thoughts from `offset` on, in the order they were recorded."""
+
+    total: int
+    offset: int
+    items: list[ThoughtState]
 
 
 class _Indexed:
@@ -560,6 +569,21 @@ async def session_rollback_points(
     state = (await _latest(request).load(principal.tenant, session_id)).state
     items = checkpoints_from(state, offset, limit)
     return CheckpointPage(total=len(state.checkpoints), offset=offset, items=items)
+
+
+@router.get("/sessions/{session_id}/thoughts")
+async def session_thoughts(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    offset: Offset = 0,
+    limit: Limit = 100,
+) -> ThoughtPage:
+    """The planner's thoughts in the order they were recorded, from `offset` (the overview
+    carries only the latest)."""
+    thoughts = (await _latest(request).load(principal.tenant, session_id)).state.thoughts
+    items = list(thoughts[offset : offset + limit])
+    return ThoughtPage(total=len(thoughts), offset=offset, items=items)
 
 
 @router.get("/sessions/{session_id}/log")
