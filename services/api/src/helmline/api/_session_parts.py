@@ -371,8 +371,8 @@ def checkpoints_from(state: SessionState, offset: int, limit: int) -> list[Check
     end = min(len(checkpoints), offset + limit)
     reach = _Reach()
     page: list[CheckpointAt] = []
-    for index in range(len(checkpoints) - 1, offset - 1, -1):
-        checkpoint = checkpoints[index]
+    indexes = range(len(checkpoints) - 1, offset - 1, -1)
+    for index, checkpoint in zip(indexes, reversed(checkpoints[offset:]), strict=True):
         step = state.steps.get(checkpoint.step_id)
         if index < end:
             snapshot = checkpoint.snapshot_id
