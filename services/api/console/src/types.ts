@@ -231,8 +231,6 @@ export interface SessionOverview {
   steps_underway: boolean;
   checkpoints_total: number;
   thoughts_total: number;
-  /** The status of each step a carried checkpoint was made after. */
-  checkpoint_steps: Record<string, string>;
 }
 
 /** A step with where it is in the plan and in the call list. */

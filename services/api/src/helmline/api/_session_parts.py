@@ -140,7 +140,8 @@ class SessionOverview(BaseModel):
     """A session without its steps: what a view shows above and around them."""
 
     state: SessionState
-    """The folded state with no steps, and only its latest checkpoints and thoughts."""
+    """The folded state with no steps, and only its latest checkpoints and thoughts (the
+    others by range: `rollback-points`, `thoughts`)."""
     last_seq: int
     """Stream sequence of the last event it reflects: ask for changes since this one."""
     steps_total: int
@@ -154,8 +155,6 @@ class SessionOverview(BaseModel):
     """Some step is pending, scheduled, authorized, running or waits to be tried again."""
     checkpoints_total: int
     thoughts_total: int
-    checkpoint_steps: dict[str, StepStatus]
-    """The status of each step a carried checkpoint was made after (undone, say)."""
 
 
 class StepAt(BaseModel):
@@ -334,12 +333,11 @@ def server_of(tool: str) -> str:
 def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
     state = snapshot.state
     steps = state.steps.values()
-    checkpoints = state.checkpoints[-LATEST:]
     light = dataclasses.replace(
         state,
         steps=Table(),
         calls=Table(),
-        checkpoints=checkpoints,
+        checkpoints=state.checkpoints[-LATEST:],
         thoughts=state.thoughts[-LATEST:],
     )
     return SessionOverview(
@@ -355,11 +353,6 @@ def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
         ),
         checkpoints_total=len(state.checkpoints),
         thoughts_total=len(state.thoughts),
-        checkpoint_steps={
-            c.step_id: state.steps[c.step_id].status
-            for c in checkpoints
-            if c.step_id in state.steps
-        },
     )
 
 
