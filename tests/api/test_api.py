@@ -108,6 +108,8 @@ async def test_openapi_lists_every_route(client: httpx.AsyncClient) -> None:
         "/sessions/{session_id}/steps",
         "/sessions/{session_id}/steps/{step_id}",
         "/sessions/{session_id}/calls",
+        "/sessions/{session_id}/rollback-points",
+        "/sessions/{session_id}/thoughts",
         "/sessions/{session_id}/log",
         "/sessions/{session_id}/changes",
         "/events",
@@ -305,6 +307,8 @@ async def test_another_tenants_session_is_not_found(
     for response in (
         await client.get(base, headers=stranger),
         await client.get(f"{base}/checkpoints", headers=stranger),
+        await client.get(f"{base}/rollback-points", headers=stranger),
+        await client.get(f"{base}/thoughts", headers=stranger),
         await client.get(f"{base}/events", headers=stranger),
         await client.post(f"{base}/pause", json={}, headers=stranger),
         await client.post(f"{base}/fork", json={"checkpoint_id": "c"}, headers=stranger),

@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,6 +38,7 @@ from helmline.runtime.testing import (
     CHROMIUM,
     CHROMIUM_FLAGS,
     SHOWN_STEP_COUNTS,
+    checkpointed,
     display_lags,
     eventually,
 )
@@ -855,14 +857,63 @@ async def test_a_long_session_s_page_keeps_up_with_its_log_while_it_runs(
     assert figures["lag_p95_ms"] <= 1_000, figures
     assert figures["dom_elements"] <= 1_500, figures
 
-    # The latest checkpoints are drawn; the earlier ones once asked for.
-    checkpoints = page.locator("#checkpoints li.checkpoint")
-    await expect(checkpoints).to_have_count(10)
-    earlier = page.locator("#checkpoints-earlier")
-    await expect(earlier.locator("summary")).to_have_text("90 earlier checkpoints")
-    await expect(earlier.locator("li.checkpoint")).to_have_count(0)
-    await earlier.locator("summary").click()
-    await expect(earlier.locator("li.checkpoint")).to_have_count(90)
+
+async def test_a_long_checkpoint_timeline_is_drawn_as_far_as_it_shows_and_walked_by_keys(
+    page: Page,
+    api_url: str,
+    client: httpx.AsyncClient,
+    make_key: KeyMaker,
+    store: EventStore,
+    tenant: str,
+) -> None:
+    admin = await make_key(tenant, "admin")
+    steps = 300
+    playbook: dict[str, Any] = echo_chain(steps)
+    playbook["steps"][-1]["requires_approval"] = True
+    session_id = await start(client, admin, playbook)
+    request_id = await waiting_request(client, admin, session_id)
+    await checkpointed(store, tenant, session_id)
+    await open_session(page, api_url, admin, session_id)
+
+    count = page.locator("#checkpoints-count")
+    await expect(count).to_have_text(
+        f"{steps - 1} checkpoints, oldest first: a rollback goes back to one of them."
+    )
+    # It opens at the latest, and draws what shows, not the session.
+    latest = page.locator(f'#checkpoints > li[aria-posinset="{steps - 1}"]')
+    await expect(latest).to_contain_text(f"after s{steps - 2}")
+    await expect(latest.locator(".would-undo")).to_have_text("nothing to undo after it")
+    assert await page.locator("#checkpoints > li").count() <= 40
+
+    # One tab stop from the skip link, Home to the oldest, then its buttons.
+    await page.locator('a[data-skip="checkpoints-part"]').click()
+    await page.keyboard.press("Tab")
+    await expect(latest).to_be_focused()
+    await page.keyboard.press("Home")
+    oldest = page.locator('#checkpoints > li[aria-posinset="1"]')
+    await expect(oldest).to_be_focused()
+    newest_ten = ", ".join(f"s{i}" for i in range(steps - 2, steps - 12, -1))
+    await expect(oldest.locator(".would-undo")).to_have_text(
+        f"a rollback here undoes {newest_ten} and {steps - 12} more"
+    )
+    await page.keyboard.press("Tab")
+    await expect(oldest.get_by_role("button", name="Show the session here")).to_be_focused()
+    assert await page.locator("#checkpoints > li").count() <= 40
+    assert await serious_violations(page) == []
+
+    # A new checkpoint shows live, and the rows on screen say they would undo it too.
+    await page.keyboard.press("End")
+    granted = await client.post(
+        f"/sessions/{session_id}/approvals/{request_id}", json={"decision": "grant"}, headers=admin
+    )
+    assert granted.status_code == 202, granted.text
+    await expect(count).to_have_text(
+        f"{steps} checkpoints, oldest first: a rollback goes back to one of them."
+    )
+    newest = page.locator(f'#checkpoints > li[aria-posinset="{steps}"]')
+    await expect(newest).to_contain_text(f"after s{steps - 1}")
+    await expect(latest.locator(".would-undo")).to_have_text(f"a rollback here undoes s{steps - 1}")
+    await page.locator("#checkpoints-part").screenshot(path=ARTIFACTS / "checkpoints-long.png")
 
 
 async def test_a_session_that_comes_to_wait_shows_on_the_list_while_another_floods_events(
@@ -1128,12 +1179,15 @@ async def test_a_long_plan_is_drawn_as_far_as_it_shows_filtered_jumped_and_walke
     await screenshot(page, "long-plan")
 
     # A rollback button a keyboard user reached keeps the focus while the session changes.
-    rollback = page.locator("#checkpoints").get_by_role("button", name="Roll back to here")
-    await rollback.first.focus()
+    # (Named by its checkpoint: the list draws other rows first as it scrolls to it.)
+    any_rollback = page.locator("#checkpoints").get_by_role("button", name="Roll back to here")
+    checkpoint_id = await any_rollback.first.get_attribute("data-checkpoint")
+    rollback = page.locator(f'#checkpoints button[data-checkpoint="{checkpoint_id}"]')
+    await rollback.focus()
     thought = ThoughtRecorded(kind="reasoning", text="the last step waits for a person")
     await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
     await expect(page.locator("#thoughts")).to_contain_text("the last step waits for a person")
-    await expect(rollback.first).to_be_focused()
+    await expect(rollback).to_be_focused()
     # Read to its end, the log grows from the events heard live.
     await expect(page.locator(f'#events > li[aria-posinset="{logged + 1}"]')).to_contain_text(
         "thought.recorded"
@@ -1356,6 +1410,7 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
     # The thoughts follow the newest while the reader is at the end, and not once they
     # scrolled up to read.
     thoughts = page.locator("#thoughts")
+    thoughts_box = page.locator("#thoughts-box")
 
     async def think(text: str) -> None:
         thought = ThoughtRecorded(kind="reasoning", text=text)
@@ -1365,11 +1420,15 @@ async def test_the_call_timeline_checkpoints_and_time_travel_show_the_session_ov
         await think(f"thought {i}")
     await expect(thoughts).to_contain_text("thought 29")
     at_end = "e => e.scrollHeight - e.scrollTop - e.clientHeight < 8"
-    assert await thoughts.evaluate(at_end)
-    await thoughts.evaluate("e => { e.scrollTop = 0; }")
+    assert await thoughts_box.evaluate(at_end)
+    await thoughts_box.evaluate("e => { e.scrollTop = 0; }")
+    await expect(thoughts).not_to_contain_text("thought 29")  # Drawn as far as it shows.
     await think("one more")
+    await expect(thoughts).to_contain_text("thought 0")
+    await page.wait_for_function("() => !document.querySelector('#thoughts .placeholder')")
+    assert await thoughts_box.evaluate("e => e.scrollTop") == 0
+    await thoughts_box.evaluate("e => { e.scrollTop = e.scrollHeight; }")
     await expect(thoughts).to_contain_text("one more")
-    assert await thoughts.evaluate("e => e.scrollTop") == 0
 
     # Steps and calls searched by tool, in any case.
     await page.get_by_label("Search").fill("WRITE")

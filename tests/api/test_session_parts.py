@@ -1,5 +1,6 @@
-"""A session in parts: its overview, its list line, steps and calls by range and filter, its log by
-sequence, and what changed since a sequence, as the console reads a long session."""
+"""A session in parts: its overview, its list line, steps and calls by range and filter, its
+checkpoints by range with what a rollback to each would undo, its log by sequence, and what
+changed since a sequence, as the console reads a long session."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from typing import Any
 import httpx
 
 from helmline.api._plan_graph import layers_of
-from helmline.contracts import StepState
-from helmline.runtime.testing import eventually
+from helmline.api._session_parts import NAMED, checkpoints_from
+from helmline.contracts import (
+    CheckpointState,
+    FileChanges,
+    SessionState,
+    StepState,
+    Table,
+    ThoughtRecorded,
+    Vector,
+    new_event,
+)
+from helmline.runtime import EventStore
+from helmline.runtime.testing import checkpointed, eventually
 from tests.api.conftest import KeyMaker
 from tests.api.test_api import assert_problem, start, until
 
@@ -145,6 +157,11 @@ async def test_a_range_out_of_bounds_is_refused_with_a_problem(
     last_seq = (await client.get(f"{base}/overview", headers=viewer)).json()["last_seq"]
     for query, field in (
         ("steps?limit=0", "limit"),
+        ("rollback-points?limit=501", "limit"),
+        ("rollback-points?offset=-1", "offset"),
+        ("rollback-points?offset=many", "offset"),
+        ("thoughts?limit=0", "limit"),
+        ("thoughts?offset=-3", "offset"),
         ("steps?limit=501", "limit"),
         ("calls?offset=-1", "offset"),
         ("steps?status=sleeping", "status"),
@@ -157,9 +174,90 @@ async def test_a_range_out_of_bounds_is_refused_with_a_problem(
     assert_problem(beyond, 422, "query.since", "past the session's last event")
     beyond = await client.get(f"{base}/log?after_seq={last_seq + 10}", headers=viewer)
     assert_problem(beyond, 422, "query.after_seq")
-    for part in ("overview", "steps", "calls", "log", "changes?since=0"):
+    parts = ("overview", "steps", "calls", "rollback-points", "thoughts", "log", "changes?since=0")
+    for part in parts:
         missing = await client.get(f"/sessions/nope/{part}", headers=viewer)
         assert_problem(missing, 404, "nope")
+
+
+async def test_checkpoints_are_read_by_range_with_what_a_rollback_to_each_undoes(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    viewer = await make_key(tenant, "viewer")
+    session_id = await start(client, operator, chain(6))
+    await until(client, viewer, session_id, "completed")
+    await checkpointed(store, tenant, session_id)
+    base = f"/sessions/{session_id}"
+    whole = (await client.get(f"{base}/checkpoints", headers=viewer)).json()
+    assert [c["step_id"] for c in whole] == [f"s{i}" for i in range(6)]
+
+    page = (await client.get(f"{base}/rollback-points?offset=2&limit=2", headers=viewer)).json()
+    assert (page["total"], page["offset"]) == (6, 2)
+    assert [(i["index"], i["checkpoint"]) for i in page["items"]] == [(2, whole[2]), (3, whole[3])]
+    reach = page["items"][0]["rollback"]
+    assert (reach["later"], reach["steps"], reach["blocking"]) == (3, 3, 0)
+    assert [u["step_id"] for u in reach["undoes"]] == ["s5", "s4", "s3"]  # Newest first.
+    assert page["items"][0]["step_status"] == "succeeded"
+    newest = (await client.get(f"{base}/rollback-points?offset=5", headers=viewer)).json()
+    assert newest["items"][0]["rollback"]["later"] == 0
+    past = (await client.get(f"{base}/rollback-points?offset=99", headers=viewer)).json()
+    assert (past["total"], past["items"]) == (6, [])
+
+
+async def test_thoughts_are_read_by_range(
+    client: httpx.AsyncClient, make_key: KeyMaker, tenant: str, store: EventStore
+) -> None:
+    operator = await make_key(tenant, "operator")
+    session_id = await start(client, operator, chain(1))
+    await until(client, operator, session_id, "completed")
+    for i in range(5):
+        thought = ThoughtRecorded(kind="reasoning", text=f"thought {i}")
+        await store.append(new_event(thought, tenant=tenant, session_id=session_id, source="test"))
+    base = f"/sessions/{session_id}"
+
+    page = (await client.get(f"{base}/thoughts?offset=1&limit=2", headers=operator)).json()
+    assert (page["total"], page["offset"]) == (5, 1)
+    assert [t["text"] for t in page["items"]] == ["thought 1", "thought 2"]
+    past = (await client.get(f"{base}/thoughts?offset=9", headers=operator)).json()
+    assert (past["total"], past["items"]) == (5, [])
+
+
+def test_a_rollback_reach_names_the_latest_steps_and_counts_the_rest() -> None:
+    made = datetime(2026, 1, 1)
+    changed = FileChanges(created=("a",), modified=("b",), unlisted=2)
+    checkpoints = [
+        CheckpointState(
+            checkpoint_id=f"c{i}",
+            step_id=f"s{i}",
+            at_seq=i + 1,
+            created_at=made,
+            reversible=i != 20,
+            changes=changed if i % 2 else None,
+            snapshot_id=f"w{i}",
+        )
+        for i in range(30)
+    ]
+    steps = Table(
+        (f"s{i}", StepState(id=f"s{i}", status="undone" if i >= 28 else "succeeded"))
+        for i in range(30)
+    )
+    state = SessionState(
+        steps=steps,
+        checkpoints=Vector(checkpoints),
+        unrestorable_snapshots=Table([("w1", "pruned")]),
+    )
+    first, second = checkpoints_from(state, 1, 2)
+    assert (first.index, second.index) == (1, 2)
+    assert (first.workspace_lost, second.workspace_lost) == ("pruned", None)
+    reach = first.rollback
+    # Steps s2..s27 are undone by it; s28 and s29 were undone already.
+    assert (reach.later, reach.steps) == (28, 26)
+    assert [u.step_id for u in reach.undoes] == [f"s{i}" for i in range(27, 27 - NAMED, -1)]
+    assert reach.file_changes == 4 * 13  # The odd ones of s3..s27.
+    assert (reach.blocking, reach.blocking_steps) == (1, ["s20"])
+    assert checkpoints_from(state, 29, 5)[0].rollback.later == 0
+    assert checkpoints_from(state, 30, 5) == []
 
 
 def diamond_with_a_tail(tail: int) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 // The Helmline console: the session list and one session's view, kept live by SSE.
 
 import { type Accepted, api, ApiError, type Connection, EventFeed, keepKey, type RollbackAccepted, storedKey, type StreamEvent, Unauthorized } from "./api";
-import type { Approval, CallAt, Checkpoint, FileChanges, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt, StepRun } from "./types";
-import { patchRows, setHtml, VirtualList } from "./virtual";
+import type { Approval, CallAt, CheckpointAt, Me, PermissionNeed, RangePage, SessionChanges, SessionOverview, SessionState, SessionSummary, Step, StepAt, StepRun } from "./types";
+import { setHtml, VirtualList } from "./virtual";
 import { compareWithOrigin } from "./compare";
 import { EventLog } from "./events";
+import { CheckpointTimeline } from "./checkpoints";
+import { ThoughtList } from "./thoughts";
 import { fleetView } from "./fleet";
 import { mcpView } from "./mcp";
 import { linesFromLogs, newestFirst, startedAt } from "./lines";
@@ -51,8 +53,6 @@ function showConnection(state: Connection): void {
 
 /** The shortest run of succeeded steps the plan folds into one row, when asked. */
 const FOLD_RUNS_OF = 3;
-/** Checkpoints drawn at first, the latest: the earlier ones are drawn when asked for. */
-const CHECKPOINTS_SHOWN = 10;
 /** As many sessions as the API lists by default. */
 const LIST_LIMIT = 100;
 /** At most how many lines behind an event heard are read from their sessions' logs at once. */
@@ -208,7 +208,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <nav class="page-nav" aria-label="Parts of the session">
         <a href="#steps-box" data-skip="steps-box">Plan</a> <a href="#graph-part" data-skip="graph-part">Graph</a>
         <a href="#calls-box" data-skip="calls-box">Tool calls</a> <a href="#timeline-part" data-skip="timeline-part">Timeline</a> <a href="#travel-part" data-skip="travel-part">Time travel</a>
-        <a href="#thoughts" data-skip="thoughts">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a> <a href="#events-box" data-skip="events-box">Events</a>
+        <a href="#thoughts-box" data-skip="thoughts-box">Thoughts</a> <a href="#checkpoints-part" data-skip="checkpoints-part">Checkpoints</a> <a href="#events-box" data-skip="events-box">Events</a>
       </nav>
       <form id="list-tools" class="list-tools" role="search" aria-label="Steps and calls">
         <label>Status <select id="step-status" name="status"><option value="">any</option></select></label>
@@ -223,7 +223,9 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
           <div id="steps-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="plan-title" aria-describedby="list-keys">
             <ol id="steps" class="timeline virtual"></ol></div>
           <p id="list-keys" class="hint">In a list: <kbd>↑</kbd>/<kbd>↓</kbd>, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>, <kbd>Home</kbd>/<kbd>End</kbd> move; <kbd>Enter</kbd> opens.</p></section>
-        <section><h2>Thoughts <span id="thinking"></span></h2><ol id="thoughts" class="thoughts" tabindex="-1"></ol><p id="thoughts-more" class="hint"></p></section>
+        <section><h2 id="thoughts-title">Thoughts <span id="thinking"></span></h2>
+          <div id="thoughts-box" class="virtual-box thoughts" tabindex="-1" role="group" aria-labelledby="thoughts-title" aria-describedby="list-keys">
+            <ol id="thoughts" class="virtual"></ol></div></section>
       </div>
       <section id="graph-part" aria-labelledby="graph-title" tabindex="-1"><h2 id="graph-title">Plan graph</h2>
         <p class="hint">Arrow keys move between steps; <kbd>Enter</kbd> shows the step in the plan.</p>
@@ -236,9 +238,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
       <section id="travel-part" aria-labelledby="travel-title" tabindex="-1"><h2 id="travel-title">Time travel</h2>
         <p class="hint">The session as it was after any point of its log: move the slider (arrow keys, <kbd>Page Up</kbd>/<kbd>Page Down</kbd>), or pick a checkpoint below.</p>
         <div id="travel"></div></section>
-      <section id="checkpoints-part" tabindex="-1"><h2>Checkpoints</h2><p id="checkpoints-more" class="hint"></p>
-        <details id="checkpoints-earlier" hidden><summary></summary><ol id="checkpoints-earlier-list" class="timeline"></ol></details>
-        <ol id="checkpoints" class="timeline"></ol><div id="rollbacks"></div></section>
+      <section id="checkpoints-part" aria-labelledby="checkpoints-title" tabindex="-1"><h2 id="checkpoints-title">Checkpoints</h2>
+        <p id="checkpoints-count" class="hint"></p>
+        <div id="checkpoints-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="checkpoints-title" aria-describedby="list-keys">
+          <ol id="checkpoints" class="timeline virtual"></ol></div><div id="rollbacks"></div></section>
       <section id="events-part" aria-labelledby="events-title"><h2 id="events-title">Events</h2>
         <p id="events-count" class="hint"></p>
         <div id="events-box" class="virtual-box" tabindex="-1" role="group" aria-labelledby="events-title" aria-describedby="list-keys">
@@ -297,6 +300,18 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     onError: fail,
   });
 
+  const thoughts = new ThoughtList({
+    box: document.getElementById("thoughts-box")!,
+    list: document.getElementById("thoughts")!,
+    sessionId,
+    onError: fail,
+  });
+  const checkpoints = new CheckpointTimeline({
+    box: document.getElementById("checkpoints-box")!,
+    list: document.getElementById("checkpoints")!,
+    sessionId,
+    onError: fail,
+  });
   const events = new EventLog({
     box: document.getElementById("events-box")!,
     list: document.getElementById("events")!,
@@ -423,21 +438,7 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     offerChoices(statusField, STEP_STATUSES.filter((x) => o.steps_by_status[x]));
     offerChoices(toolField, Object.keys(o.tools).sort());
     document.getElementById("thinking")!.textContent = !o.steps_underway && thinking(s) ? "thinking…" : "";
-    const thoughts = document.getElementById("thoughts")!;
-    const thoughtsWere = thoughts.innerHTML;
-    // Follows the newest only while the reader is at the end: one who scrolled up to read
-    // stays where they are.
-    const atEnd = thoughts.scrollHeight - thoughts.scrollTop - thoughts.clientHeight < 8;
-    setHtml(
-      thoughts,
-      s.thoughts
-        .map((t) => `<li>${badge("thought", t.kind)} ${esc(t.text)}${t.confidence !== null ? ` <small>(${Math.round(t.confidence * 100)} %)</small>` : ""}</li>`)
-        .join("") || '<li class="empty"><small>No thoughts recorded.</small></li>',
-    );
-    if (thoughts.innerHTML !== thoughtsWere && atEnd) thoughts.scrollTop = thoughts.scrollHeight;
-    const earlierThoughts = o.thoughts_total - s.thoughts.length;
-    document.getElementById("thoughts-more")!.textContent = earlierThoughts > 0 ? `The latest ${s.thoughts.length} of ${o.thoughts_total} thoughts.` : "";
-    renderCheckpoints(s);
+    renderCheckpoints(s, o);
     document.getElementById("events-count")!.textContent = `${s.event_count.toLocaleString("en")} event${s.event_count === 1 ? "" : "s"} in the session's log, oldest first.`;
   };
 
@@ -449,45 +450,10 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     document.getElementById("approvals")!.innerHTML = pending.map(approvalForm).join("");
   };
 
-  const earlierCheckpoints = document.getElementById("checkpoints-earlier") as HTMLDetailsElement;
-  earlierCheckpoints.addEventListener("toggle", () => state && renderCheckpoints(state));
-  const renderCheckpoints = (s: SessionState): void => {
-    const list = s.checkpoints;
-    const total = overview?.checkpoints_total ?? list.length;
-    document.getElementById("checkpoints-more")!.textContent =
-      total > list.length ? `The latest ${list.length} of ${total} checkpoints: a rollback goes back to one of them.` : "";
-    const rows = list.map((c, index) => {
-      const later = list.slice(index + 1);
-      const blocking = later.filter((x) => !x.reversible);
-      const locked = blocking.length > 0;
-      const undone = overview?.checkpoint_steps[c.step_id] === "undone";
-      const lost = c.snapshot_id ? s.unrestorable_snapshots[c.snapshot_id] : undefined;
-      const undoes = later.filter((x) => overview?.checkpoint_steps[x.step_id] !== "undone").reverse();
-      const files = undoes.reduce((n, x) => n + (x.changes ? x.changes.created.length + x.changes.modified.length + x.changes.deleted.length + x.changes.unlisted : 0), 0);
-      const would = locked
-        ? `a rollback here cannot pass ${blocking.map((b) => b.step_id).join(", ")} (irreversible)`
-        : undoes.length
-          ? `a rollback here undoes ${undoes.map((x) => x.step_id).join(", ")}${files ? ` (${files} file change${files > 1 ? "s" : ""})` : ""}`
-          : "nothing to undo after it";
-      return `<li class="checkpoint ${c.reversible ? "" : "irreversible"}" data-checkpoint="${esc(c.checkpoint_id)}">
-        <span>${c.reversible ? "" : badge("irreversible", "irreversible")} after <strong>${esc(c.step_id)}</strong>
-          <small>#${c.at_seq} · ${esc(when(c.created_at))}${c.compensation ? ` · ${esc(c.compensation)}` : ""}</small>
-          ${c.changes ? filesChanged(c.changes) : ""}<small class="would-undo">${esc(would)}</small></span>
-        ${undone ? badge("undone", "undone") : ""}${lost ? `<span title="${esc(lost)}">${badge("irreversible", "workspace not kept")}</span>` : ""}
-        <button type="button" data-action="travel" data-seq="${c.at_seq}">Show the session here</button>
-        <button data-action="rollback" data-checkpoint="${esc(c.checkpoint_id)}" ${locked || later.length === 0 ? "disabled" : ""}
-          title="${locked ? `locked: ${esc(blocking.map((b) => b.step_id).join(", "))} cannot be undone` : later.length === 0 ? "nothing after this point" : "roll back to here"}">
-          ${locked ? "Locked" : "Roll back to here"}</button>
-      </li>`;
-    });
-    // The latest few, where rollbacks mostly go; the earlier ones drawn only when asked for.
-    const split = Math.max(0, list.length - CHECKPOINTS_SHOWN);
-    const keys = list.map((c) => c.checkpoint_id);
-    earlierCheckpoints.hidden = split === 0;
-    earlierCheckpoints.querySelector("summary")!.textContent = `${split} earlier checkpoint${split === 1 ? "" : "s"}`;
-    const earlier = earlierCheckpoints.open ? split : 0;
-    patchRows(document.getElementById("checkpoints-earlier-list")!, keys.slice(0, earlier), rows.slice(0, earlier));
-    patchRows(document.getElementById("checkpoints")!, keys.slice(split), rows.slice(split), '<li class="empty"><small>No checkpoints yet.</small></li>');
+  const renderCheckpoints = (s: SessionState, o: SessionOverview): void => {
+    const total = o.checkpoints_total;
+    document.getElementById("checkpoints-count")!.textContent =
+      total ? `${total.toLocaleString("en")} checkpoint${total === 1 ? "" : "s"}, oldest first: a rollback goes back to one of them.` : "";
     setHtml(document.getElementById("rollbacks")!, Object.values(s.rollbacks)
       .map((r) => `<p class="rollback">${badge(r.status, `rollback ${r.status}`)} to ${esc(r.checkpoint_id)}
         ${r.undone_steps.length ? ` · undone: ${esc(r.undone_steps.join(", "))}` : ""}
@@ -499,6 +465,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
   const adopt = (fresh: SessionOverview): void => {
     overview = fresh;
     state = fresh.state;
+    checkpoints.follow(fresh);
+    thoughts.follow(fresh);
     applied = fresh.last_seq;
     render();
     travel.span(fresh.last_seq).catch(fail);
@@ -609,7 +577,8 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     if (action === "pause" || action === "resume") void act(action, {}, `${action} requested`);
     if (action === "cancel" && window.confirm("Cancel this session for good?")) void act("cancel", {}, "cancel requested");
     if (action === "grant" || action === "deny") void decide(button, action);
-    if (action === "rollback") void rollback(button.dataset.checkpoint!);
+    const point = action === "rollback" ? checkpoints.itemOf(button) : undefined;
+    if (point) rollback(point);
     if (action === "retry") void retry(button.dataset.session!, button.dataset.checkpoint!);
     if (action === "travel") {
       travel.go(Number(button.dataset.seq));
@@ -688,14 +657,15 @@ async function sessionView(sessionId: string, current: Current): Promise<void> {
     if (state) tellRollback(state); // It may have ended before the API answered.
   };
 
-  const rollback = async (checkpointId: string): Promise<void> => {
-    const list = state!.checkpoints;
-    const index = list.findIndex((c) => c.checkpoint_id === checkpointId);
-    const undo: Checkpoint[] = list.slice(index + 1).reverse();
-    (document.getElementById("confirm-title") as HTMLElement).textContent = `Roll back to after “${list[index].step_id}”?`;
+  const rollback = (point: CheckpointAt): void => {
+    const { checkpoint, rollback: reach } = point;
+    const checkpointId = checkpoint.checkpoint_id;
+    const more = reach.steps - reach.undoes.length;
+    (document.getElementById("confirm-title") as HTMLElement).textContent = `Roll back to after “${checkpoint.step_id}”?`;
     (document.getElementById("confirm-body") as HTMLElement).innerHTML = `
       <p>These steps will be undone, newest first:</p>
-      <ol>${undo.map((c) => `<li>${esc(c.step_id)} <small>${esc(c.compensation ?? "")}</small></li>`).join("")}</ol>`;
+      <ol>${reach.undoes.map((u) => `<li>${esc(u.step_id)} <small>${esc(u.compensation ?? "")}</small></li>`).join("")}</ol>
+      ${more > 0 ? `<p>and ${more.toLocaleString("en")} earlier step${more === 1 ? "" : "s"}.</p>` : ""}`;
     confirmDialog.returnValue = "";
     confirmDialog.showModal();
     (document.getElementById("confirm-ok") as HTMLButtonElement).focus();
@@ -851,18 +821,6 @@ function offerChoices(select: HTMLSelectElement, values: string[]): void {
   if (have.join("\n") === wanted.join("\n")) return;
   select.innerHTML = wanted.map((v) => `<option value="${esc(v)}">${v ? esc(v) : "any"}</option>`).join("");
   select.value = chosen;
-}
-
-/** What a step changed in the workspace: counts, and the paths on hover. */
-function filesChanged(changes: FileChanges): string {
-  const paths = [
-    ...changes.created.map((p) => `+ ${p}`),
-    ...changes.modified.map((p) => `~ ${p}`),
-    ...changes.deleted.map((p) => `- ${p}`),
-  ];
-  const more = changes.unlisted ? ` and ${changes.unlisted} more` : "";
-  const counts = `${changes.created.length} created, ${changes.modified.length} modified, ${changes.deleted.length} deleted${more}`;
-  return `<small class="files" title="${esc(paths.join("\n"))}">files: ${paths.length || changes.unlisted ? counts : "none changed"}</small>`;
 }
 
 function standingGrant(a: Approval): string {

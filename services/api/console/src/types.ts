@@ -113,6 +113,32 @@ export interface Checkpoint {
   changes: FileChanges | null;
 }
 
+/** A step a rollback would undo, as its checkpoint says. */
+export interface UndoneStep {
+  step_id: string;
+  compensation: string | null;
+}
+
+/** What a rollback to a checkpoint would undo: its `undoes` and `blocking_steps` name the
+ * latest ten, newest first; the counts say how many there are. */
+export interface RollbackReach {
+  later: number;
+  steps: number;
+  undoes: UndoneStep[];
+  file_changes: number;
+  blocking: number;
+  blocking_steps: string[];
+}
+
+/** `GET /sessions/{id}/rollback-points`: a checkpoint with what a rollback to it undoes. */
+export interface CheckpointAt {
+  index: number;
+  checkpoint: Checkpoint;
+  step_status: string | null;
+  workspace_lost: string | null;
+  rollback: RollbackReach;
+}
+
 export interface FileChanges {
   created: string[];
   modified: string[];
@@ -205,8 +231,6 @@ export interface SessionOverview {
   steps_underway: boolean;
   checkpoints_total: number;
   thoughts_total: number;
-  /** The status of each step a carried checkpoint was made after. */
-  checkpoint_steps: Record<string, string>;
 }
 
 /** A step with where it is in the plan and in the call list. */

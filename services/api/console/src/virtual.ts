@@ -24,12 +24,17 @@ export interface VirtualOptions<T> {
   empty: string;
   estimate?: number;
   pageSize?: number;
+  /** The buttons and links in a row are tab stops only in the focused row: a row of
+   * actions stays one tab stop away from the next part of the page. */
+  roveControls?: boolean;
   onError?: (error: unknown) => void;
 }
 
 const OVERSCAN = 6;
 /** What takes the focus in a row: its summary, else the row itself. */
 const HANDLE = "summary";
+/** What a row's controls are, when they rove with the focus. */
+const CONTROLS = "button, a[href], input, select, textarea";
 
 export class VirtualList<T> {
   private total = 0;
@@ -94,6 +99,31 @@ export class VirtualList<T> {
     this.schedule();
   }
 
+  /** The items changed, not which are in the list (each tells of those after it, say):
+   * the pages on screen are read again, their rows left as they are until the
+   * answers come, so nothing flickers; the rest are forgotten, to be read when shown. */
+  refresh(total: number): void {
+    if (this.drawn.first < 0) {
+      this.reload(total);
+      return;
+    }
+    this.generation++;
+    this.loading.clear();
+    this.total = total;
+    this.active = Math.min(this.active, Math.max(0, total - 1));
+    const shown = new Set<number>();
+    for (let i = this.drawn.first; i < this.drawn.first + this.drawn.html.length; i++) shown.add(Math.floor(i / this.pageSize));
+    for (const index of this.items.keys()) if (index >= total || !shown.has(Math.floor(index / this.pageSize))) this.items.delete(index);
+    for (const page of shown) if (page * this.pageSize < total) void this.load(page);
+    this.schedule();
+  }
+
+  /** The row at `index`'s item, for a control in it. */
+  itemOf(element: Element): T | undefined {
+    const row = element.closest<HTMLElement>("li[data-index]");
+    return row ? this.items.get(Number(row.dataset.index)) : undefined;
+  }
+
   /** Show the row at `index` (and give it the focus). */
   scrollTo(index: number, focus = false): void {
     if (index < 0 || index >= this.total) return;
@@ -107,9 +137,17 @@ export class VirtualList<T> {
 
   private setActive(index: number): void {
     this.active = index;
-    for (const row of this.options.list.querySelectorAll<HTMLElement>("li[data-index]")) {
-      this.handle(row).tabIndex = Number(row.dataset.index) === index ? 0 : -1;
-    }
+    for (const row of this.options.list.querySelectorAll<HTMLElement>("li[data-index]")) this.rove(row, Number(row.dataset.index) === index);
+  }
+
+  /** Makes `row` the list's tab stop, or not. */
+  private rove(row: HTMLElement, active: boolean): void {
+    this.handle(row).tabIndex = active ? 0 : -1;
+    for (const control of this.controls(row)) control.tabIndex = active ? 0 : -1;
+  }
+
+  private controls(row: Element): HTMLElement[] {
+    return this.options.roveControls ? [...row.querySelectorAll<HTMLElement>(CONTROLS)] : [];
   }
 
   private handle(row: HTMLElement): HTMLElement {
@@ -183,6 +221,8 @@ export class VirtualList<T> {
       } else html.push(this.options.render(item));
     }
     const hadFocus = list.contains(document.activeElement);
+    // Which of its row's controls had the focus (-1: none), to give it back once drawn.
+    const focusedControl = hadFocus ? this.controls(document.activeElement!.closest("li") ?? list).indexOf(document.activeElement as HTMLElement) : -1;
     list.style.paddingTop = `${offsets[first]}px`;
     list.style.paddingBottom = `${offsets[this.total] - offsets[last + 1]}px`;
     if (this.drawn.first === first && this.drawn.html.length === html.length) {
@@ -200,7 +240,7 @@ export class VirtualList<T> {
       row.dataset.index = String(index);
       row.setAttribute("aria-posinset", String(index + 1));
       row.setAttribute("aria-setsize", String(this.total));
-      this.handle(row).tabIndex = index === this.active ? 0 : -1;
+      this.rove(row, index === this.active);
       if (!row.classList.contains("placeholder")) {
         const height = row.offsetHeight + marginOf(row);
         if (Math.abs(height - (this.heights.get(index) ?? this.estimate)) > 0.5) moved = true;
@@ -211,11 +251,14 @@ export class VirtualList<T> {
     if (reveal === null || (!moved && revealed && !revealed.classList.contains("placeholder"))) this.revealWanted = null;
     const wanted = this.focusWanted ?? (hadFocus ? this.active : null);
     const row = wanted === null ? null : list.querySelector<HTMLElement>(`li[data-index="${wanted}"]:not(.placeholder)`);
-    if (row) {
+    if (row && this.focusWanted !== null) {
       // A row asked for is brought into view (its height may have differed from the guess
-      // the scroll was set by); one that merely kept the focus is not.
-      this.handle(row).focus({ preventScroll: this.focusWanted === null });
+      // the scroll was set by).
+      this.handle(row).focus();
       this.focusWanted = null;
+    } else if (row && !row.contains(document.activeElement)) {
+      // The row that had the focus was drawn again: the focus goes back where it was in it.
+      (this.controls(row)[focusedControl] ?? this.handle(row)).focus({ preventScroll: true });
     }
     for (const page of missing) void this.load(page);
     if (moved) this.schedule();
@@ -256,39 +299,11 @@ function marginOf(row: HTMLElement): number {
   return parseFloat(style.marginTop) + parseFloat(style.marginBottom);
 }
 
-const patched = new WeakMap<HTMLElement, { keys: string[]; html: string[] }>();
-
-/** Draws `html` (one element per key) in `list`, touching only what changed since the last
- * draw: rows that left are removed, changed ones replaced, new ones appended. A row that
- * stays keeps its element, and so the focus a keyboard user left on it. */
-export function patchRows(list: HTMLElement, keys: string[], html: string[], empty = ""): void {
-  const before = patched.get(list);
-  patched.set(list, { keys, html });
-  if (!before || list.children.length !== before.keys.length || keys.length === 0) {
-    list.innerHTML = html.join("") || empty;
-    return;
-  }
-  const wanted = new Set(keys);
-  const kept: { key: string; html: string; element: Element }[] = [];
-  before.keys.forEach((key, i) => {
-    const element = list.children[i];
-    if (wanted.has(key)) kept.push({ key, html: before.html[i], element });
-  });
-  // Rows that stay must stay in their order, ahead of the new ones; else draw afresh.
-  if (kept.some((row, i) => row.key !== keys[i])) {
-    list.innerHTML = html.join("");
-    return;
-  }
-  for (const element of [...list.children]) if (!kept.some((row) => row.element === element)) element.remove();
-  kept.forEach((row, i) => {
-    if (row.html !== html[i]) row.element.outerHTML = html[i];
-  });
-  list.insertAdjacentHTML("beforeend", html.slice(kept.length).join(""));
-}
+const drawnHtml = new WeakMap<HTMLElement, string>();
 
 /** Sets an element's markup, unless it is that already (what is focused in it stays). */
 export function setHtml(element: HTMLElement, html: string): void {
-  if (patched.get(element)?.html[0] === html) return;
-  patched.set(element, { keys: [], html: [html] });
+  if (drawnHtml.get(element) === html) return;
+  drawnHtml.set(element, html);
   element.innerHTML = html;
 }

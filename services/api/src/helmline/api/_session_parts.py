@@ -1,6 +1,7 @@
 """A session in parts, for views of long sessions: its overview, its line of the session list,
 its steps (runs of succeeded ones folded when asked) and calls by range (filtered by status,
-tool, or a search of ids and tools), its log by sequence, and what changed since a sequence.
+tool, or a search of ids and tools), its checkpoints by range with what a rollback to each
+would undo, its thoughts by range, its log by sequence, and what changed since a sequence.
 
 Each is cut from the session folded from its log (as `GET /sessions/{id}`), so a page of a
 10,000-step session moves the rows it shows, not megabytes; "changes since N" reads only the
@@ -31,11 +32,13 @@ from helmline.contracts import (
     BUILTIN_SERVER,
     IN_FLIGHT_STEPS,
     MCP_NAME_SEPARATOR,
+    CheckpointState,
     Event,
     SessionState,
     StepState,
     StepStatus,
     Table,
+    ThoughtState,
     touched,
 )
 from helmline.runtime import EventStore, FoldedStates, SessionSnapshot
@@ -46,6 +49,8 @@ LATEST = 100
 """Checkpoints and thoughts an overview carries: the latest ones."""
 MOST_CHANGES = 2_000
 """Events after which "changes since" answers `reset` rather than the steps they touched."""
+NAMED = 10
+"""Steps a checkpoint's rollback reach names, the latest ones; the rest it counts."""
 
 Offset = Annotated[int, Query(ge=0, le=1_000_000, description="The first item's index")]
 Limit = Annotated[int, Query(ge=1, le=500, description="How many items at most")]
@@ -135,7 +140,8 @@ class SessionOverview(BaseModel):
     """A session without its steps: what a view shows above and around them."""
 
     state: SessionState
-    """The folded state with no steps, and only its latest checkpoints and thoughts."""
+    """The folded state with no steps, and only its latest checkpoints and thoughts (the
+    others by range: `rollback-points`, `thoughts`)."""
     last_seq: int
     """Stream sequence of the last event it reflects: ask for changes since this one."""
     steps_total: int
@@ -149,8 +155,6 @@ class SessionOverview(BaseModel):
     """Some step is pending, scheduled, authorized, running or waits to be tried again."""
     checkpoints_total: int
     thoughts_total: int
-    checkpoint_steps: dict[str, StepStatus]
-    """The status of each step a carried checkpoint was made after (undone, say)."""
 
 
 class StepAt(BaseModel):
@@ -237,6 +241,61 @@ class SessionChanges(BaseModel):
     """The steps the events touched, as they are now (empty with `reset`)."""
 
 
+class UndoneStep(BaseModel):
+    """A step a rollback would undo, as its checkpoint says."""
+
+    step_id: str
+    compensation: str | None
+    """How it is undone, or why it cannot be."""
+
+
+class RollbackReach(BaseModel):
+    """What a rollback to a checkpoint would undo: the steps of the checkpoints after it,
+    those not undone already; its `undoes` and `blocking` name the latest ones only."""
+
+    later: int
+    """Checkpoints after it: with none, a rollback here has nothing to go back over."""
+    steps: int
+    """Steps a rollback here would undo."""
+    undoes: list[UndoneStep]
+    """The latest of them, newest first (the order they are undone in), at most ten."""
+    file_changes: int
+    """Files those steps created, modified or deleted (counted per step)."""
+    blocking: int
+    """Irreversible steps after it: a rollback here cannot pass them."""
+    blocking_steps: list[str]
+    """The latest of them, newest first, at most ten."""
+
+
+class CheckpointAt(BaseModel):
+    """A checkpoint with where it is in the session's list and what a rollback to it does."""
+
+    index: int
+    """Its index in the order checkpoints were made."""
+    checkpoint: CheckpointState
+    step_status: StepStatus | None
+    """The status of the step it was made after, now (undone, say); None: no such step."""
+    workspace_lost: str | None
+    """Why its workspace snapshot cannot be restored; None: it can be, or it has none."""
+    rollback: RollbackReach
+
+
+class CheckpointPage(BaseModel):
+    """Checkpoints from `offset` on, oldest first."""
+
+    total: int
+    offset: int
+    items: list[CheckpointAt]
+
+
+class ThoughtPage(BaseModel):
+    """Thoughts from `offset` on, in the order they were recorded."""
+
+    total: int
+    offset: int
+    items: list[ThoughtState]
+
+
 class _Indexed:
     """A state's steps and calls with their indexes, worked out once per request."""
 
@@ -274,12 +333,11 @@ def server_of(tool: str) -> str:
 def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
     state = snapshot.state
     steps = state.steps.values()
-    checkpoints = state.checkpoints[-LATEST:]
     light = dataclasses.replace(
         state,
         steps=Table(),
         calls=Table(),
-        checkpoints=checkpoints,
+        checkpoints=state.checkpoints[-LATEST:],
         thoughts=state.thoughts[-LATEST:],
     )
     return SessionOverview(
@@ -295,12 +353,75 @@ def overview_of(snapshot: SessionSnapshot) -> SessionOverview:
         ),
         checkpoints_total=len(state.checkpoints),
         thoughts_total=len(state.thoughts),
-        checkpoint_steps={
-            c.step_id: state.steps[c.step_id].status
-            for c in checkpoints
-            if c.step_id in state.steps
-        },
     )
+
+
+def checkpoints_from(state: SessionState, offset: int, limit: int) -> list[CheckpointAt]:
+    """Checkpoints `offset` to `offset + limit`, each with what a rollback to it would undo:
+    worked out from the newest checkpoint back to `offset` in one pass, so a page costs the
+    checkpoints after it, never the whole state."""
+    checkpoints = state.checkpoints
+    end = min(len(checkpoints), offset + limit)
+    reach = _Reach()
+    page: list[CheckpointAt] = []
+    indexes = range(len(checkpoints) - 1, offset - 1, -1)
+    for index, checkpoint in zip(indexes, reversed(checkpoints[offset:]), strict=True):
+        step = state.steps.get(checkpoint.step_id)
+        if index < end:
+            snapshot = checkpoint.snapshot_id
+            page.append(
+                CheckpointAt(
+                    index=index,
+                    checkpoint=checkpoint,
+                    step_status=step.status if step else None,
+                    workspace_lost=state.unrestorable_snapshots.get(snapshot) if snapshot else None,
+                    rollback=reach.model(),
+                )
+            )
+        reach.back_over(checkpoint, undone=step is not None and step.status == "undone")
+    page.reverse()
+    return page
+
+
+@dataclasses.dataclass
+class _Reach:
+    """A rollback's reach, added to as it goes back over one checkpoint after another."""
+
+    later: int = 0
+    steps: int = 0
+    undoes: list[UndoneStep] = dataclasses.field(default_factory=list[UndoneStep])
+    file_changes: int = 0
+    blocking: int = 0
+    blocking_steps: list[str] = dataclasses.field(default_factory=list[str])
+
+    def back_over(self, checkpoint: CheckpointState, *, undone: bool) -> None:
+        self.later += 1
+        if not undone:
+            self.steps += 1
+            if len(self.undoes) < NAMED:
+                step = UndoneStep(step_id=checkpoint.step_id, compensation=checkpoint.compensation)
+                self.undoes.append(step)
+            if changes := checkpoint.changes:
+                self.file_changes += (
+                    len(changes.created)
+                    + len(changes.modified)
+                    + len(changes.deleted)
+                    + changes.unlisted
+                )
+        if not checkpoint.reversible:
+            self.blocking += 1
+            if len(self.blocking_steps) < NAMED:
+                self.blocking_steps.append(checkpoint.step_id)
+
+    def model(self) -> RollbackReach:
+        return RollbackReach(
+            later=self.later,
+            steps=self.steps,
+            undoes=list(self.undoes),
+            file_changes=self.file_changes,
+            blocking=self.blocking,
+            blocking_steps=list(self.blocking_steps),
+        )
 
 
 AtSeq = Annotated[
@@ -425,6 +546,37 @@ async def session_calls(
         for index, call_id, step in chosen[part.offset : part.offset + part.limit]
     ]
     return CallPage(total=len(chosen), offset=part.offset, items=items)
+
+
+@router.get("/sessions/{session_id}/rollback-points")
+async def session_rollback_points(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    offset: Offset = 0,
+    limit: Limit = 100,
+) -> CheckpointPage:
+    """The session's checkpoints in the order they were made, from `offset`, each with
+    what a rollback to it would undo now (the steps after it, the latest named): a page of
+    `GET /sessions/{id}/checkpoints`, for a view of a long session."""
+    state = (await _latest(request).load(principal.tenant, session_id)).state
+    items = checkpoints_from(state, offset, limit)
+    return CheckpointPage(total=len(state.checkpoints), offset=offset, items=items)
+
+
+@router.get("/sessions/{session_id}/thoughts")
+async def session_thoughts(
+    session_id: SessionPath,
+    principal: Viewer,
+    request: Request,
+    offset: Offset = 0,
+    limit: Limit = 100,
+) -> ThoughtPage:
+    """The planner's thoughts in the order they were recorded, from `offset` (the overview
+    carries only the latest)."""
+    thoughts = (await _latest(request).load(principal.tenant, session_id)).state.thoughts
+    items = list(thoughts[offset : offset + limit])
+    return ThoughtPage(total=len(thoughts), offset=offset, items=items)
 
 
 @router.get("/sessions/{session_id}/log")
