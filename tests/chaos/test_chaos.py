@@ -783,7 +783,13 @@ def _judge(session_id: str, kind: Kind, state: SessionState, tally: Tally) -> li
             )
             for step in failed
         )
-        return [] if failed and interrupted else [f"{session_id} ({kind}) failed: {state.outcome}"]
+        if failed and interrupted:
+            return []
+        # Each step with its status and error: what made this end unexpected.
+        steps = [
+            (s.id, s.status, s.call_id, s.error and s.error.message) for s in state.steps.values()
+        ]
+        return [f"{session_id} ({kind}) failed: {state.outcome}; steps: {steps}"]
     if kind == "rollback" and state.status != "failed":
         rollbacks = list(state.rollbacks.values())
         if [r.status for r in rollbacks] != ["completed"]:
