@@ -86,7 +86,12 @@ async def run() -> list[dict[str, Any]]:
                 }
             ),
             ServerConfig.model_validate(
-                {"id": "node", "stdio": {"command": NODE, "args": [str(script), "stdio"]}}
+                {
+                    "id": "node",
+                    "stdio": {"command": NODE, "args": [str(script), "stdio"]},
+                    # In its sandbox, as every stdio server: it reads its packages.
+                    "sandbox": {"read": [str(ROOT / "tests/mcp-servers")]},
+                }
                 | isolated
             ),
             ServerConfig.model_validate({"id": "http", "http": {"url": url}} | isolated),
