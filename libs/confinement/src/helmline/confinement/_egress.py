@@ -80,6 +80,15 @@ class Destination:
         return cls(str(address), int(port))
 
 
+def checked_destinations(texts: Iterable[str], field: str) -> tuple[str, ...]:
+    """`texts` as `Destination`s write them, for a configuration's `field`; raises
+    `ValueError` (as pydantic validators do) naming the field and what was wrong."""
+    try:
+        return tuple(str(Destination.parse(text)) for text in texts)
+    except EgressError as error:
+        raise ValueError(f"{field}: {error}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """Where, inside the sandbox, the forwarder listens for one destination."""
@@ -114,10 +123,14 @@ class EgressPlan:
         lines = [f"{address} {name}" for name, address in addresses.items()]
         return cls(tuple(routes), "\n".join(lines) + "\n")
 
-    def forwarder_argv(self, interpreter: str, script: str, socket_path: str) -> list[str]:
-        """The argv that starts the forwarder inside the sandbox; the command follows it."""
+    def forwarder_argv(
+        self, interpreter: str, script: str, socket_path: str, uid: int | None = None
+    ) -> list[str]:
+        """The argv that starts the forwarder inside the sandbox; the command follows it,
+        run as `uid` if given (the forwarder itself keeps the sandbox's)."""
         routes = (f"{route.listen}={route.destination}" for route in self.routes)
-        return [interpreter, "-I", "-S", script, socket_path, *routes, "--"]
+        as_uid = [f"--uid={uid}"] if uid is not None else []
+        return [interpreter, "-I", "-S", script, socket_path, *as_uid, *routes, "--"]
 
 
 def _is_address(host: str) -> bool:
