@@ -86,6 +86,7 @@ _SETPRIV = "/usr/bin/setpriv"  # As `SETPRIV` in _egress: this file imports noth
 
 
 _TOLD_TIMEOUT_S = 2.0
+_WATCHING = b"watching\n"  # As `WATCHING` in _egress.
 _LOOK_S = 0.05
 
 
@@ -106,23 +107,47 @@ def _watch(
     ended: threading.Event,
 ) -> None:
     """Tell the proxy of every connection attempted to a place nothing listens on, until
-    the command has `ended` and every packet it sent has been looked at."""
+    the command has `ended` and every packet it sent has been looked at. Asked `sync` on
+    the control connection, tell of every attempt made so far first, then say `synced`:
+    the proxy learns of all before a call's result is recorded."""
+    control: socket.socket | None = None
+    with contextlib.suppress(OSError):
+        control = socket.socket(socket.AF_UNIX)
+        control.connect(proxy_path)
+        control.sendall(_WATCHING)
     while True:
-        ready, _, _ = select.select([watcher], [], [], _LOOK_S)
+        waited = [watcher] if control is None else [watcher, control]
+        ready, _, _ = select.select(waited, [], [], _LOOK_S)
         if not ready:
             if ended.is_set():
                 return
             continue
-        packet = watcher.recv(65535)
-        header = (packet[0] & 0x0F) * 4
-        if len(packet) < header + 14:
-            continue
-        flags = packet[header + 13]
-        if flags & _SYN and not flags & _ACK:
-            address = socket.inet_ntoa(packet[16:20])
-            port = int.from_bytes(packet[header + 2 : header + 4], "big")
-            if (address, port) not in listening:
-                _tell(proxy_path, f"unrouted {address}:{port}")
+        if watcher in ready:
+            _look(watcher.recv(65535), proxy_path, listening)
+        if control is not None and control in ready:
+            try:
+                asked = control.recv(64)
+                # Every packet of an attempt made before the question is queued already.
+                while select.select([watcher], [], [], 0)[0]:
+                    _look(watcher.recv(65535), proxy_path, listening)
+                control.sendall(b"synced\n" * asked.count(b"\n") if asked else b"")
+            except OSError:
+                asked = b""
+            if not asked:
+                control.close()
+                control = None
+
+
+def _look(packet: bytes, proxy_path: str, listening: set[tuple[str, int]]) -> None:
+    header = (packet[0] & 0x0F) * 4
+    if len(packet) < header + 14:
+        return
+    flags = packet[header + 13]
+    if flags & _SYN and not flags & _ACK:
+        address = socket.inet_ntoa(packet[16:20])
+        port = int.from_bytes(packet[header + 2 : header + 4], "big")
+        if (address, port) not in listening:
+            _tell(proxy_path, f"unrouted {address}:{port}")
 
 
 def _watcher() -> socket.socket | None:

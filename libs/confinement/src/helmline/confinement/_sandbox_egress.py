@@ -57,6 +57,8 @@ class Egress:
     watched: bool
     """Whether the forwarder may watch for connections refused inside (as root, with setpriv
     to start the command without the capabilities that takes)."""
+    proxy: EgressProxy
+    """The proxy outside, running until the stack given to `open_egress` closes."""
 
     def binds(self) -> list[str]:
         """bubblewrap's arguments that put the forwarder, its interpreter, the proxy's socket
@@ -105,6 +107,7 @@ async def open_egress(
         interpreter=interpreter,
         interpreter_folders=tuple(install_folders(interpreter, interpreter)),
         watched=os.geteuid() == 0 and await asyncio.to_thread(os.path.exists, SETPRIV),
+        proxy=proxy,
     )
 
 

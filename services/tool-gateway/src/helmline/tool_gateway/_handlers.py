@@ -313,7 +313,9 @@ class GatewayHandler:
                         # When to try again means nothing for a call not to be retried.
                         retry_in_s=failure.retry_in_s if reported.retryable else None,
                     )
-                    await self._record(cause, self._with_refusals(ending, instance, since, tool))
+                    await self._record(
+                        cause, await self._with_refusals(ending, instance, since, tool)
+                    )
                     return
                 pause = max(backoff_s(attempt), failure.retry_in_s or 0.0)
                 await self._record(
@@ -333,12 +335,12 @@ class GatewayHandler:
                 attempt += 1
         duration_ms = (time.perf_counter() - began) * 1000
         outcome = await self._outcome(cause, call, tool, result, attempt, duration_ms)
-        outcome = self._with_refusals(outcome, instance, since, tool)
+        outcome = await self._with_refusals(outcome, instance, since, tool)
         appended = await self._record(cause, outcome)
         if reusable and isinstance(outcome, ToolCallCompleted) and self._results is not None:
             await self._results.remember(cause, call, appended.seq)
 
-    def _with_refusals(
+    async def _with_refusals(
         self,
         ending: ToolCallCompleted | ToolCallFailed,
         instance: CallsTools,
@@ -348,6 +350,7 @@ class GatewayHandler:
         """The call's result naming the connections its instance's sandbox was refused
         while the call was in flight (see `EgressRefusals` for what that means on an
         instance serving calls at once)."""
+        await instance.egress_refused.caught_up()
         refused = instance.egress_refused.since(since)
         if not refused:
             return ending

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from mcp import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 
-from helmline.confinement import Egress, find_bubblewrap, install_folders, open_egress
+from helmline.confinement import (
+    Egress,
+    EgressProxy,
+    find_bubblewrap,
+    install_folders,
+    open_egress,
+)
 from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
 from helmline.runtime import SecretsKeyError
 from helmline.tool_gateway._config import ServerConfig
@@ -116,20 +122,30 @@ class ServerLauncher:
                 ", ".join(config.sandbox.network),
             )
 
-        return await open_egress(config.sandbox.destinations, refused, stack)
+        egress = await open_egress(config.sandbox.destinations, refused, stack)
+        refusals.proxy = egress.proxy
+        return egress
 
 
 class EgressRefusals:
     """The destinations one server instance's sandbox was refused, numbered in order, the
     latest kept: a call takes a `mark()` when sent and, when answered, the refusals `since`
     it. The sandbox is the instance's, not the call's: on an instance serving several calls
-    at once, each of them is given every refusal made while it was in flight; and a refusal
-    the forwarder tells of only after the answer (it watches on a thread of its own) is
-    missed by that call (it is still logged and counted)."""
+    at once, each of them is given every refusal made while it was in flight. The forwarder
+    watches on a thread of its own, so a refusal may be told after the call's answer: the
+    gateway awaits `caught_up` (which asks the forwarder) before taking a call's refusals."""
 
     def __init__(self) -> None:
         self._count = 0
         self._recent: deque[tuple[int, str]] = deque(maxlen=MAX_EGRESS_REFUSED)
+        self.proxy: EgressProxy | None = None
+        """The egress proxy of the instance's sandbox, while it runs."""
+
+    async def caught_up(self) -> None:
+        """Return once every connection refused inside the sandbox until now is added (the
+        forwarder watches on a thread of its own, and is asked; see `EgressProxy`)."""
+        if self.proxy is not None:
+            await self.proxy.caught_up()
 
     def add(self, destination: str) -> None:
         self._count += 1
