@@ -4,11 +4,20 @@ listens for each, and what the proxy admits (against a real TCP server on 127.0.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from helmline.confinement import Destination, EgressError, EgressPlan, EgressProxy
+from helmline.confinement import (
+    FORWARDER_SCRIPT,
+    Destination,
+    EgressError,
+    EgressPlan,
+    EgressProxy,
+)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +104,52 @@ async def test_the_proxy_admits_the_allowed_destinations_only_and_tells_of_each_
     finally:
         await proxy.close()
         server.close()
+
+
+WHILE_RUNNING = """
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", 5999), timeout=5)
+except OSError as error:
+    print(type(error).__name__, flush=True)
+sys.stdin.readline()
+"""
+"""Tries a port nothing in its namespace listens on, says how it ended, and runs on."""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="the forwarder watches only as root; the test makes a network namespace",
+)
+async def test_the_proxy_catches_up_with_what_the_forwarder_saw_refused(tmp_path: Path) -> None:
+    refused: list[str] = []
+    proxy = EgressProxy([], lambda asked, _reason: refused.append(asked))
+    await proxy.start(tmp_path / "egress.sock")
+    # A network namespace of its own, loopback up: as a sandbox's, with nothing allowed
+    # (and a pid namespace, so that killing unshare ends everything in it).
+    socket_path = str(tmp_path / "egress.sock")
+    forwarder = EgressPlan.of([]).forwarder_argv(sys.executable, str(FORWARDER_SCRIPT), socket_path)
+    process = await asyncio.create_subprocess_exec(
+        "unshare", "--net", "--pid", "--fork", "--kill-child", "--",
+        "sh", "-c", 'ip link set lo up 2>/dev/null; exec "$@"', "-",
+        *forwarder,
+        sys.executable, "-c", WHILE_RUNNING,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdin is not None
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(10):
+            assert await process.stdout.readline() == b"ConnectionRefusedError\n"
+            # Refused a moment ago, inside; the command runs on. Once caught up, the proxy
+            # knows of it, with no waiting beyond that.
+            await proxy.caught_up()
+            assert refused == ["127.0.0.1:5999"]
+            process.stdin.write(b"\n")
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await proxy.close()

@@ -151,6 +151,17 @@ async def test_a_sandboxed_server_reaches_only_the_destinations_named(
             caplog.set_level(logging.WARNING)
             assert await connect("127.0.0.1", not_allowed) == refused
             assert await connect("127.0.0.1", named) == refused
+            # Recorded on the call it was refused during: the forwarder tells the proxy of an
+            # attempt as the kernel refuses it, well before the server's answer has made its
+            # way back through the MCP session (a refusal told later would be missed: see
+            # `EgressRefusals`).
+            outcome = await calls.outcome(
+                await calls.authorise(
+                    f"{server_id}__connect", host="127.0.0.1", port=not_allowed, message="hi"
+                )
+            )
+            assert isinstance(outcome, ToolCallCompleted), outcome
+            assert outcome.egress_refused == (f"127.0.0.1:{not_allowed}",)
             # Refused in the sandbox, and recorded in the gateway's log all the same.
             for unrouted in (not_allowed, named):
                 message = f"connection to 127.0.0.1:{unrouted} refused (not an allowed"

@@ -44,6 +44,12 @@ UNROUTED = "unrouted "
 in the sandbox leads to (the kernel refused it there)."""
 
 
+WATCHING = "watching"
+"""What the forwarder says to open its control connection, on which the proxy asks `sync`
+and the forwarder answers `synced` once it has told of every attempt refused so far."""
+_SYNC_TIMEOUT_S = 1.0
+
+
 class EgressError(ValueError):
     """A destination that cannot be allowed, and why."""
 
@@ -80,6 +86,15 @@ class Destination:
         return cls(str(address), int(port))
 
 
+def checked_destinations(texts: Iterable[str], field: str) -> tuple[str, ...]:
+    """`texts` as `Destination`s write them, for a configuration's `field`; raises
+    `ValueError` (as pydantic validators do) naming the field and what was wrong."""
+    try:
+        return tuple(str(Destination.parse(text)) for text in texts)
+    except EgressError as error:
+        raise ValueError(f"{field}: {error}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """Where, inside the sandbox, the forwarder listens for one destination."""
@@ -114,10 +129,14 @@ class EgressPlan:
         lines = [f"{address} {name}" for name, address in addresses.items()]
         return cls(tuple(routes), "\n".join(lines) + "\n")
 
-    def forwarder_argv(self, interpreter: str, script: str, socket_path: str) -> list[str]:
-        """The argv that starts the forwarder inside the sandbox; the command follows it."""
+    def forwarder_argv(
+        self, interpreter: str, script: str, socket_path: str, uid: int | None = None
+    ) -> list[str]:
+        """The argv that starts the forwarder inside the sandbox; the command follows it,
+        run as `uid` if given (the forwarder itself keeps the sandbox's)."""
         routes = (f"{route.listen}={route.destination}" for route in self.routes)
-        return [interpreter, "-I", "-S", script, socket_path, *routes, "--"]
+        as_uid = [f"--uid={uid}"] if uid is not None else []
+        return [interpreter, "-I", "-S", script, socket_path, *as_uid, *routes, "--"]
 
 
 def _is_address(host: str) -> bool:
@@ -139,6 +158,8 @@ class EgressProxy:
         self._allowed = frozenset(allowed)
         self._refused = refused
         self._server: asyncio.Server | None = None
+        self._control: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._syncing = asyncio.Lock()
         self.refusals = 0
         """Connections refused so far."""
 
@@ -147,11 +168,33 @@ class EgressProxy:
         self._server = await asyncio.start_unix_server(self._handle, path=str(socket_path))
 
     async def close(self) -> None:
+        if self._control is not None:
+            self._control[1].close()
+            self._control = None
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
+
+    async def caught_up(self) -> None:
+        """Return once the forwarder has told of every connection refused inside the
+        sandbox until now (at once if it does not watch; within a second in any case)."""
+        async with self._syncing:
+            if self._control is None:
+                return
+            reader, writer = self._control
+            try:
+                async with asyncio.timeout(_SYNC_TIMEOUT_S):
+                    writer.write(b"sync\n")
+                    await writer.drain()
+                    answer = await reader.readline()
+            except (OSError, TimeoutError):
+                answer = b""
+            if not answer:
+                logger.info("egress: the forwarder's control connection is gone")
+                writer.close()
+                self._control = None
 
     def _refuse(self, asked: str, reason: str) -> None:
         self.refusals += 1
@@ -162,6 +205,10 @@ class EgressProxy:
             async with asyncio.timeout(_ANSWER_TIMEOUT_S):
                 line = await reader.readline()
             asked = line.decode(errors="replace").strip()[:300]
+            if asked == WATCHING:
+                # Kept open for `caught_up`.
+                self._control = (reader, writer)
+                return
             unrouted = asked.removeprefix(UNROUTED)
             if unrouted != asked:
                 # Told by the forwarder, which saw it refused inside the sandbox.
@@ -194,7 +241,8 @@ class EgressProxy:
         except (OSError, TimeoutError, UnicodeError):
             pass
         finally:
-            writer.close()
+            if self._control is None or writer is not self._control[1]:
+                writer.close()
 
 
 async def _relay(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:

@@ -15,7 +15,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -23,12 +23,16 @@ from helmline.confinement import (
     NAMESPACES_ADVICE,
     Bubblewrap,
     BubblewrapUnavailable,
+    Destination,
+    Egress,
     Rlimits,
     find_bubblewrap,
     limited_argv,
     namespaces_refused,
+    open_egress,
 )
 from helmline.contracts import ResourceUsage, ToolError
+from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,
@@ -74,6 +78,9 @@ UNSANDBOXED_WARNING = (
 
 _SANDBOX_PROCESSES = 2
 """bubblewrap and its pid-namespace init, counted by the pids cgroup besides the command."""
+_FORWARDER_TASKS = 16
+"""What the egress forwarder may add to the pids cgroup's count (its threads: one a route,
+one watching, two a connection relayed)."""
 _REMOVAL_ATTEMPTS = 100
 _STALE_AFTER_S = 300.0
 """Age past which an empty call cgroup found at start is taken to be left by a killed
@@ -90,6 +97,9 @@ class CommandJob:
     session_id: str
     limits: Limits
     network: bool
+    egress: tuple[Destination, ...] = ()
+    """With `network`: the only destinations the command may connect to (process backend);
+    none: the host's network."""
     rules: PathRules = NO_RULES
     """Parts of the workspace the command may only read, or not see (process backend)."""
     disk_allowed: int | None = None
@@ -106,6 +116,9 @@ class CommandResult:
     run: CommandRun
     limit: LimitName | None
     usage: ResourceUsage
+    egress_refused: tuple[str, ...] = ()
+    """Connections the command was refused (`host:port`, in order, the first
+    `MAX_EGRESS_REFUSED`), when it ran with egress to named destinations."""
 
 
 class CommandBackend(Protocol):
@@ -286,14 +299,30 @@ class ProcessBackend:
         return session_owner(self._settings, tenant, session_id)
 
     async def run(self, job: CommandJob, control: CommandControl) -> CommandResult:
+        async with contextlib.AsyncExitStack() as stack:
+            refused: list[str] = []
+            egress = None
+            if job.network and job.egress:
+                egress = await open_egress(
+                    job.egress, lambda asked, _reason: refused.append(asked), stack
+                )
+            result = await self._run(job, control, egress)
+        if refused:
+            result = replace(result, egress_refused=tuple(refused[:MAX_EGRESS_REFUSED]))
+        return result
+
+    async def _run(
+        self, job: CommandJob, control: CommandControl, egress: Egress | None
+    ) -> CommandResult:
         limits = job.limits
         uid = self.workspace_owner(job.tenant, job.session_id)
         cgroups = CallCgroups(self._layout, f"{CALL_PREFIX}{control.marker}")
+        helpers = _SANDBOX_PROCESSES + (_FORWARDER_TASKS if egress is not None else 0)
 
         def prepare() -> tuple[Mask, ...]:
             # One trip to a worker thread for all: each trip costs on a loaded host.
             prepare_workspace(job.workspace, uid)
-            cgroups.create(limits.memory_mb, limits.max_processes + _SANDBOX_PROCESSES, limits.cpus)
+            cgroups.create(limits.memory_mb, limits.max_processes + helpers, limits.cpus)
             return open_masks(job.workspace, job.rules)
 
         def finish() -> tuple[Usage, bool]:
@@ -303,7 +332,7 @@ class ProcessBackend:
         masks = await asyncio.to_thread(prepare)
         held = {mask.fd for mask in masks if mask.fd is not None}
         confinement = Confinement(
-            job.workspace, job.network, uid, self._settings.tmp_size_mb, masks
+            job.workspace, job.network, uid, self._settings.tmp_size_mb, masks, egress
         )
         rlimits = _rlimits(
             limits,
@@ -321,7 +350,7 @@ class ProcessBackend:
                     limits,
                     job.command,
                     control.approached,
-                    not_the_commands=_SANDBOX_PROCESSES,
+                    not_the_commands=helpers,
                 )
                 watches.append(counters)
             return await first_limit(*watches)

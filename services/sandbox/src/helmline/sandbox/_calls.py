@@ -22,6 +22,7 @@ from helmline.contracts import (
     encode_event,
     source_of,
 )
+from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
 from helmline.runtime import SafeOutput, make_error_safe, make_safe
 from helmline.sandbox._snapshots import Snapshot
 from helmline.sandbox._tools import Completed, Failed, Outcome
@@ -110,8 +111,10 @@ def failed(
     error: ToolError,
     duration_ms: float = 0.0,
     usage: ResourceUsage | None = None,
+    egress_refused: tuple[str, ...] = (),
 ) -> Event:
-    """`tool.call.failed` with a structured error, its message made safe.
+    """`tool.call.failed` with a structured error, its message made safe; `egress_refused`:
+    the connections its command was refused.
 
     Every failure of a call derives the same id, so at most one is stored.
     """
@@ -126,6 +129,7 @@ def failed(
             neutralised_by=dict(safe.neutralised_by),
             duration_ms=duration_ms,
             usage=usage,
+            egress_refused=egress_refused[:MAX_EGRESS_REFUSED],
         ),
         source=SOURCE,
     )
@@ -150,6 +154,7 @@ def results(
     classifier, if any; made here when not given."""
     match outcome:
         case Completed(truncated=truncated, exit_code=exit_code, usage=usage):
+            refused = outcome.egress_refused
             safe = safe if safe is not None else safe_output(outcome)
             completed = cause.derive(
                 ToolCallCompleted(
@@ -167,12 +172,13 @@ def results(
                     exit_code=exit_code,
                     usage=usage,
                     classifier=safe.classifier,
+                    egress_refused=refused[:MAX_EGRESS_REFUSED],
                 ),
                 source=SOURCE,
             )
             size = len(encode_event(completed))
             if size + _ENVELOPE_ROOM > EVENTS_STREAM.max_msg_size:
-                return [failed(cause, request, _too_large(size), duration_ms)]
+                return [failed(cause, request, _too_large(size), duration_ms, None, refused)]
             return [completed]
         case Failed(error=error, limit=limit, usage=usage):
             events: list[Event] = []
@@ -188,7 +194,7 @@ def results(
                         source=SOURCE,
                     )
                 )
-            events.append(failed(cause, request, error, duration_ms, usage))
+            events.append(failed(cause, request, error, duration_ms, usage, outcome.egress_refused))
             return events
         case _:
             assert_never(outcome)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from helmline.confinement import SYSTEM_BINDS
+from helmline.confinement import SYSTEM_BINDS, Egress
 
 WORKSPACE_MOUNT = "/workspace"
 SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -62,6 +62,14 @@ class Confinement:
     """Size of the private /tmp."""
     masks: tuple[Mask, ...] = ()
     """Parts of the workspace seen otherwise, each after any mask that holds it."""
+    egress: Egress | None = None
+    """With `network`: the network is the sandbox's own, and only the destinations of this
+    egress (whose proxy runs for the call) are reached, through its forwarder."""
+
+    @property
+    def host_network(self) -> bool:
+        """Whether the command keeps the host's network: granted one, with no egress."""
+        return self.network and self.egress is None
 
 
 def bwrap_argv(
@@ -80,9 +88,16 @@ def bwrap_argv(
     argv = [bwrap, *SYSTEM_BINDS]
     if held is not None:
         argv += ["--info-fd", str(held[0]), "--block-fd", str(held[1])]
-    if confinement.network:
+    egress = confinement.egress if confinement.network else None
+    if confinement.host_network:
         for path in _NAME_SERVICE:
             argv += ["--ro-bind-try", path, path]
+    if egress is not None:
+        # Its own hosts file names the allowed hosts; no resolver is reachable anyway.
+        for path in _NAME_SERVICE:
+            if path not in ("/etc/resolv.conf", "/etc/hosts"):
+                argv += ["--ro-bind-try", path, path]
+        argv += egress.binds()
     argv += ["--proc", "/proc", "--dev", "/dev"]
     # Sticky and writable by all, like a host's /tmp: the command's uid is not its owner.
     argv += ["--perms", "1777", "--size", str(confinement.tmp_size_mb * 1024 * 1024)]
@@ -111,17 +126,24 @@ def bwrap_argv(
         # Unprivileged: bubblewrap needs a user namespace, mapping the service's uid to
         # itself; nothing can raise it.
         argv += ["--unshare-all", "--cap-drop", "ALL"]
-        if confinement.network:
+        if confinement.host_network:
             argv.append("--share-net")
-        return [*argv, "--", SHELL, "-c", command]
+        prefix = egress.command_prefix() if egress is not None else []
+        return [*argv, "--", *prefix, SHELL, "-c", command]
     # As root, bubblewrap makes the namespaces without a user namespace (which would map
     # the sandbox to host root), keeping only what setpriv needs to become the session's
     # uid; from then on the command holds no capability, and no-new-privs (set by
     # bubblewrap) stops setuid programs from giving any back.
     argv += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-    if not confinement.network:
+    if not confinement.host_network:
         argv.append("--unshare-net")
     argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    if egress is not None:
+        # The forwarder's, to watch; it starts setpriv without them.
+        argv += egress.capabilities()
+    if egress is not None:
+        # The forwarder starts the command as the session's uid (it runs as root before).
+        return [*argv, "--", *egress.command_prefix(confinement.uid), SHELL, "-c", command]
     uid = str(confinement.uid)
     return [
         *argv,

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from helmline.confinement import Destination, checked_destinations
 from helmline.sandbox._limits import Defaults
 from helmline.sandbox._paths import PathRules, rule_path
 
@@ -26,6 +27,12 @@ class SandboxProfile(BaseModel):
     cpus: float | None = Field(default=None, gt=0)
     """CPUs' worth of time a call may use at once (`0.5`: half of one); None: the service's
     `default_cpus`."""
+    egress: tuple[str, ...] = ()
+    """`host:port`s (host names, or loopback addresses 127.x.x.x) the commands of calls
+    granted a network reach, and nothing else: each runs in a network namespace of its own,
+    through the egress proxy of `helmline.confinement`, every other connection refused and
+    named on the call's result (`egress_refused`). Empty: a call granted a network has the
+    host's (process backend). A call granted none has none either way."""
     granted_network: str = "bridge"
     """The engine network a container joins when its call is granted a network (container
     backend); without a grant it has none."""
@@ -47,6 +54,11 @@ class SandboxProfile(BaseModel):
     file tools refuse them and leave them out of listings, and a command sees an empty,
     read-only folder or file in their place (process backend)."""
 
+    @field_validator("egress")
+    @classmethod
+    def _destinations(cls, egress: tuple[str, ...]) -> tuple[str, ...]:
+        return checked_destinations(egress, "egress")
+
     @field_validator("read_only_paths", "blocked_paths")
     @classmethod
     def _workspace_relative(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
@@ -60,6 +72,8 @@ class SandboxProfile(BaseModel):
             raise ValueError("an image applies to the container backend only")
         if self.backend == "container" and (self.read_only_paths or self.blocked_paths):
             raise ValueError("read_only_paths and blocked_paths apply to the process backend only")
+        if self.backend == "container" and self.egress:
+            raise ValueError("egress applies to the process backend only")
         if both := set(self.read_only_paths) & set(self.blocked_paths):
             raise ValueError(f"{', '.join(sorted(both))}: both read-only and blocked; choose one")
         return self
@@ -71,6 +85,11 @@ class SandboxProfile(BaseModel):
             read_only=tuple(PurePosixPath(path) for path in self.read_only_paths),
             blocked=tuple(PurePosixPath(path) for path in self.blocked_paths),
         )
+
+    @property
+    def destinations(self) -> tuple[Destination, ...]:
+        """Where calls granted a network may connect (none named: anywhere)."""
+        return tuple(Destination.parse(text) for text in self.egress)
 
     def defaults_over(self, service: Defaults) -> Defaults:
         """The limits of a call that sets none: the profile's, else the service's."""

@@ -53,7 +53,9 @@ async def tools_for(settings: SandboxSettings) -> Tools:
             case "container":
                 client = await asyncio.to_thread(connect, settings.docker_host)
                 chosen = await ContainerBackend.start(client, profile, settings)
-        profiles[name] = Sandboxed(chosen, profile.defaults_over(defaults), profile.path_rules)
+        profiles[name] = Sandboxed(
+            chosen, profile.defaults_over(defaults), profile.path_rules, profile.destinations
+        )
     return Tools(backend, defaults, profiles)
 
 

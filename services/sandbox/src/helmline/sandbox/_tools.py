@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
 from pydantic import JsonValue
 
+from helmline.confinement import Destination
 from helmline.contracts import LimitHit, ResourceUsage, SandboxExecutionRequested, ToolError
 from helmline.runtime import has_references
-from helmline.sandbox._backends import CommandBackend, CommandJob, prepare_workspace
+from helmline.sandbox._backends import CommandBackend, CommandJob, CommandResult, prepare_workspace
 from helmline.sandbox._commands import CommandControl, Output
 from helmline.sandbox._errors import LimitReached, ToolRefused
 from helmline.sandbox._files import (
@@ -39,6 +40,8 @@ class Completed:
     """A command's exit status."""
     usage: ResourceUsage | None = None
     """What a command used."""
+    egress_refused: tuple[str, ...] = ()
+    """Connections the command was refused (`host:port`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,8 @@ class Failed:
     """The resource limit that stopped it, if one did."""
     usage: ResourceUsage | None = None
     """What it had used, where measured."""
+    egress_refused: tuple[str, ...] = ()
+    """Connections a command was refused (`host:port`) before it failed."""
 
 
 Outcome = Completed | Failed
@@ -67,6 +72,8 @@ class Sandboxed:
     defaults: Defaults
     rules: PathRules = NO_RULES
     """The parts of the workspace kept from the calls."""
+    egress: tuple[Destination, ...] = ()
+    """Where commands of calls granted a network may connect; none named: anywhere."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +179,22 @@ async def _run_command(
         *session,
         limits=limits,
         network=request.network,
+        # Only a call granted a network is let out at all, and then only to these.
+        egress=sandboxed.egress if request.network else (),
         rules=sandboxed.rules,
         disk_allowed=allowed,
         env=_environment(arguments),
     )
     result = await sandboxed.backend.run(job, control)
+    outcome = await _command_outcome(result, limits, command, workspace, allowed)
+    if result.egress_refused:
+        return replace(outcome, egress_refused=result.egress_refused)
+    return outcome
+
+
+async def _command_outcome(
+    result: CommandResult, limits: Limits, command: str, workspace: Path, allowed: int | None
+) -> Outcome:
     run, usage = result.run, result.usage
     if result.limit is not None:
         return _limit_failure(result.limit, limits, command, usage)

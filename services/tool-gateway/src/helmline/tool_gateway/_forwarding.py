@@ -28,6 +28,7 @@ from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from helmline.contracts import ToolError, mcp_instance_calls_subject
+from helmline.tool_gateway._launcher import EgressRefusals
 from helmline.tool_gateway._mcp import ServerUnavailable
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ PING_TIMEOUT_S = 2.0
 
 class CallsTools(Protocol):
     """What a call is sent to: an instance in this process (`McpServer`), or in another."""
+
+    egress_refused: EgressRefusals
+    """Connections the instance's sandbox was refused (none known of one in another
+    process: that process logs and counts them)."""
 
     async def call(
         self, remote_name: str, arguments: dict[str, Any], *, timeout_s: float, key: str
@@ -87,6 +92,7 @@ class RemoteInstance:
         self._nc = nc
         self._subject = mcp_instance_calls_subject(instance)
         self.instance = instance
+        self.egress_refused = EgressRefusals()
         self.gone = False
         """Whether its process was found gone (nobody answers on its subject)."""
 

@@ -288,6 +288,7 @@ class GatewayHandler:
             ),
         )
         began = time.perf_counter()
+        since = instance.egress_refused.mark()
         attempt = 1
         while True:
             try:
@@ -304,16 +305,16 @@ class GatewayHandler:
                 )
                 if not retry:
                     reported = _as_reported(failure, tool)
+                    ending = failed(
+                        call,
+                        reported,
+                        attempts=attempt,
+                        duration_ms=(time.perf_counter() - began) * 1000,
+                        # When to try again means nothing for a call not to be retried.
+                        retry_in_s=failure.retry_in_s if reported.retryable else None,
+                    )
                     await self._record(
-                        cause,
-                        failed(
-                            call,
-                            reported,
-                            attempts=attempt,
-                            duration_ms=(time.perf_counter() - began) * 1000,
-                            # When to try again means nothing for a call not to be retried.
-                            retry_in_s=failure.retry_in_s if reported.retryable else None,
-                        ),
+                        cause, await self._with_refusals(ending, instance, since, tool)
                     )
                     return
                 pause = max(backoff_s(attempt), failure.retry_in_s or 0.0)
@@ -334,9 +335,27 @@ class GatewayHandler:
                 attempt += 1
         duration_ms = (time.perf_counter() - began) * 1000
         outcome = await self._outcome(cause, call, tool, result, attempt, duration_ms)
+        outcome = await self._with_refusals(outcome, instance, since, tool)
         appended = await self._record(cause, outcome)
         if reusable and isinstance(outcome, ToolCallCompleted) and self._results is not None:
             await self._results.remember(cause, call, appended.seq)
+
+    async def _with_refusals(
+        self,
+        ending: ToolCallCompleted | ToolCallFailed,
+        instance: CallsTools,
+        since: int,
+        tool: ToolSpec,
+    ) -> ToolCallCompleted | ToolCallFailed:
+        """The call's result naming the connections its instance's sandbox was refused
+        while the call was in flight (see `EgressRefusals` for what that means on an
+        instance serving calls at once)."""
+        await instance.egress_refused.caught_up()
+        refused = instance.egress_refused.since(since)
+        if not refused:
+            return ending
+        self._instances.metrics.egress_refused.labels(tool.server, tool.name).inc(len(refused))
+        return ending.model_copy(update={"egress_refused": refused})
 
     async def _attempt(
         self,

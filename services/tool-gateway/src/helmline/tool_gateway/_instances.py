@@ -109,6 +109,14 @@ class PoolMetrics:
             namespace=METRICS_NAMESPACE,
             registry=registry,
         )
+        self.egress_refused = Counter(
+            "mcp_egress_refused",
+            "Connections a sandboxed MCP server's instance was refused while serving a call "
+            "of a tool (its sandbox allows some hosts, not these), as recorded on the calls.",
+            ("server", "tool"),
+            namespace=METRICS_NAMESPACE,
+            registry=registry,
+        )
         self.waited = Histogram(
             "mcp_queue_wait_seconds",
             "Time calls waited for a place in an MCP server's pool.",
@@ -490,6 +498,8 @@ class Instances:
         self._store = store
         self._source = source
         metrics = PoolMetrics(registry)
+        self.metrics = metrics
+        """The pools' figures, and the egress refusals recorded on calls."""
         self.pools = {
             server_id: ServerPool(
                 server,

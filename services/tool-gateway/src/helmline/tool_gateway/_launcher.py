@@ -8,25 +8,24 @@ import contextlib
 import logging
 import os
 import shutil
-import sys
-import tempfile
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from mcp import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 
 from helmline.confinement import (
-    FORWARDER_SCRIPT,
-    SETPRIV,
-    EgressPlan,
+    Egress,
     EgressProxy,
     find_bubblewrap,
+    install_folders,
+    open_egress,
 )
+from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
 from helmline.runtime import SecretsKeyError
 from helmline.tool_gateway._config import ServerConfig
-from helmline.tool_gateway._sandboxing import Egress, install_folders, sandboxed_start
+from helmline.tool_gateway._sandboxing import sandboxed_start
 from helmline.tool_gateway._server_secrets import SecretValue, resolved
 
 logger = logging.getLogger(__name__)
@@ -72,10 +71,14 @@ class ServerLauncher:
         return await resolved(config.http.headers, self._secret_value)
 
     async def stdio(
-        self, config: ServerConfig, stack: contextlib.AsyncExitStack
+        self,
+        config: ServerConfig,
+        stack: contextlib.AsyncExitStack,
+        refusals: EgressRefusals | None = None,
     ) -> StdioServerParameters:
         """What starts a stdio server: in its sandbox (whose egress proxy, if it may reach
-        any host, runs until `stack` closes), its environment's secrets resolved."""
+        any host, runs until `stack` closes, adding each connection it refuses to
+        `refusals`), its environment's secrets resolved."""
         stdio = config.stdio
         assert stdio is not None
         env = await resolved(stdio.env, self._secret_value)
@@ -85,7 +88,9 @@ class ServerLauncher:
             )
         bwrap = await self.bwrap()
         host = await asyncio.to_thread(_HostFacts.of, stdio.command, stdio.args)
-        egress = await self._egress(config, stack) if config.sandbox.network else None
+        egress = None
+        if config.sandbox.network:
+            egress = await self._egress(config, refusals or EgressRefusals(), stack)
         start = sandboxed_start(
             bwrap,
             config.sandbox,
@@ -101,11 +106,14 @@ class ServerLauncher:
         )
         return StdioServerParameters(command=start.argv[0], args=start.argv[1:], env=start.env)
 
-    async def _egress(self, config: ServerConfig, stack: contextlib.AsyncExitStack) -> Egress:
+    async def _egress(
+        self, config: ServerConfig, refusals: EgressRefusals, stack: contextlib.AsyncExitStack
+    ) -> Egress:
         server = config.id
 
         def refused(asked: str, reason: str) -> None:
             self.egress_refusals[server] = self.egress_refusals.get(server, 0) + 1
+            refusals.add(asked)
             logger.warning(
                 "MCP server %s: connection to %s refused (%s); its sandbox allows %s",
                 server,
@@ -114,22 +122,41 @@ class ServerLauncher:
                 ", ".join(config.sandbox.network),
             )
 
-        plan = EgressPlan.of(config.sandbox.destinations)
-        folder = await asyncio.to_thread(_egress_folder, plan)
-        stack.callback(shutil.rmtree, folder, ignore_errors=True)
-        proxy = EgressProxy(config.sandbox.destinations, refused)
-        await proxy.start(folder / "egress.sock")
-        stack.push_async_callback(proxy.close)
-        interpreter = await asyncio.to_thread(os.path.realpath, sys.executable)
-        return Egress(
-            plan=plan,
-            socket=str(folder / "egress.sock"),
-            hosts_file=str(folder / "hosts"),
-            forwarder=str(FORWARDER_SCRIPT),
-            interpreter=interpreter,
-            interpreter_folders=tuple(install_folders(interpreter, interpreter)),
-            watched=os.geteuid() == 0 and await asyncio.to_thread(os.path.exists, SETPRIV),
-        )
+        egress = await open_egress(config.sandbox.destinations, refused, stack)
+        refusals.proxy = egress.proxy
+        return egress
+
+
+class EgressRefusals:
+    """The destinations one server instance's sandbox was refused, numbered in order, the
+    latest kept: a call takes a `mark()` when sent and, when answered, the refusals `since`
+    it. The sandbox is the instance's, not the call's: on an instance serving several calls
+    at once, each of them is given every refusal made while it was in flight. The forwarder
+    watches on a thread of its own, so a refusal may be told after the call's answer: the
+    gateway awaits `caught_up` (which asks the forwarder) before taking a call's refusals."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._recent: deque[tuple[int, str]] = deque(maxlen=MAX_EGRESS_REFUSED)
+        self.proxy: EgressProxy | None = None
+        """The egress proxy of the instance's sandbox, while it runs."""
+
+    async def caught_up(self) -> None:
+        """Return once every connection refused inside the sandbox until now is added (the
+        forwarder watches on a thread of its own, and is asked; see `EgressProxy`)."""
+        if self.proxy is not None:
+            await self.proxy.caught_up()
+
+    def add(self, destination: str) -> None:
+        self._count += 1
+        self._recent.append((self._count, destination))
+
+    def mark(self) -> int:
+        return self._count
+
+    def since(self, mark: int) -> tuple[str, ...]:
+        """The refusals after `mark` still kept (at most `MAX_EGRESS_REFUSED`, the latest)."""
+        return tuple(destination for number, destination in self._recent if number > mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +176,3 @@ class _HostFacts:
         found = os.path.abspath(found)
         existing = [arg for arg in args if arg.startswith("/") and os.path.exists(arg)]
         return cls(found, os.path.realpath(found), existing)
-
-
-def _egress_folder(plan: EgressPlan) -> Path:
-    """A folder of its own for one start's proxy socket and hosts file: a short path, for a
-    unix socket's path holds at most 107 bytes."""
-    folder = Path(tempfile.mkdtemp(prefix="helmline-egress-"))
-    (folder / "hosts").write_text(plan.hosts_file)
-    return folder

@@ -56,7 +56,7 @@ from helmline.contracts import ToolDefinition, ToolSpec
 from helmline.runtime import make_text_safe
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._http import HttpRefusal, HttpStatusAware, http_refusal
-from helmline.tool_gateway._launcher import ServerLauncher
+from helmline.tool_gateway._launcher import EgressRefusals, ServerLauncher
 from helmline.tool_gateway._registry import ServerView, listed_by_name, tool_specs
 from helmline.tool_gateway._resilience import CircuitBreaker
 from helmline.tool_gateway._resources import (
@@ -107,6 +107,8 @@ class McpServer:
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self._dropped_because = "connection lost"
+        self.egress_refused = EgressRefusals()
+        """Connections its sandbox was refused (a stdio server allowed some hosts)."""
         self.credentials_refused: HttpRefusal | None = None
         """The 401 or 403 the server answered the last attempt to connect with, if it did."""
         self._tried = asyncio.Event()
@@ -371,7 +373,8 @@ class McpServer:
         config = self.config
         if config.stdio is not None:
             return stdio_client(
-                await self.launcher.stdio(config, stack), errlog=_logged_safely(config.id, stack)
+                await self.launcher.stdio(config, stack, self.egress_refused),
+                errlog=_logged_safely(config.id, stack),
             )
         assert config.http is not None
         # Our own HTTP client, for the configured headers; the event stream may stay quiet

@@ -35,17 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from helmline.confinement import (
     SYSTEM_BINDS,
-    WATCHING_CAPABILITIES,
     Destination,
-    EgressError,
-    EgressPlan,
+    Egress,
+    checked_destinations,
     limited_argv,
 )
 
 OWN_FOLDER = "/home/mcp"
 """The server's own writable folder, inside its sandbox."""
-RUN_FOLDER = "/run/helmline"
-"""Where the egress forwarder and the proxy's socket are, inside the sandbox."""
 SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 _ETC = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cache",
         "/etc/localtime", "/etc/ssl", "/etc/ca-certificates")  # fmt: skip
@@ -79,10 +76,7 @@ class ServerSandbox(BaseModel):
     @field_validator("network")
     @classmethod
     def _destinations(cls, network: tuple[str, ...]) -> tuple[str, ...]:
-        try:
-            return tuple(str(Destination.parse(text)) for text in network)
-        except EgressError as error:
-            raise ValueError(f"network: {error}") from None
+        return checked_destinations(network, "network")
 
     @field_validator("read")
     @classmethod
@@ -101,36 +95,6 @@ class ServerSandbox(BaseModel):
     @property
     def destinations(self) -> tuple[Destination, ...]:
         return tuple(Destination.parse(text) for text in self.network)
-
-
-def install_folders(command: str, resolved: str) -> list[str]:
-    """The folders a command is installed in: the folder above its `bin` (a virtualenv,
-    Node.js), else its own folder; for the command as named and where its links lead.
-    /usr and / are left out: the sandbox sees /usr anyway, and never the whole root."""
-    found: list[str] = []
-    for path in (PurePosixPath(command), PurePosixPath(resolved)):
-        folder = path.parent.parent if path.parent.name == "bin" else path.parent
-        if folder == PurePosixPath("/") or folder.is_relative_to(_SEEN_ANYWAY):
-            continue
-        if str(folder) not in found:
-            found.append(str(folder))
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class Egress:
-    """The host side of one start's egress: the proxy's socket and the sandbox's hosts file,
-    and the interpreter (with its folders) that runs the forwarder inside."""
-
-    plan: EgressPlan
-    socket: str
-    hosts_file: str
-    forwarder: str
-    interpreter: str
-    interpreter_folders: tuple[str, ...]
-    watched: bool
-    """Whether the forwarder may watch for connections refused inside (as root, with setpriv
-    to start the server without the capabilities that takes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,16 +147,11 @@ def sandboxed_start(
     for path in sandbox.write:
         argv += ["--bind", path, path]
     if egress is not None:
-        for folder in egress.interpreter_folders:
-            argv += ["--ro-bind", folder, folder]
-        argv += ["--ro-bind", egress.hosts_file, "/etc/hosts"]
-        argv += ["--ro-bind", egress.forwarder, f"{RUN_FOLDER}/forwarder.py"]
-        argv += ["--ro-bind", egress.socket, f"{RUN_FOLDER}/egress.sock"]
+        argv += egress.binds()
     argv += ["--remount-ro", "/", "--chdir", cwd or OWN_FOLDER]
     argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    if egress is not None and egress.watched:
-        for capability in WATCHING_CAPABILITIES:
-            argv += ["--cap-add", capability]
+    if egress is not None:
+        argv += egress.capabilities()
     if as_root:
         # bubblewrap runs set up as root without a user namespace (which would map the
         # sandbox to host root with every capability in it); the server keeps uid 0 with no
@@ -207,9 +166,7 @@ def sandboxed_start(
             argv += ["--unsetenv", name]
     argv.append("--")
     if egress is not None:
-        argv += egress.plan.forwarder_argv(
-            egress.interpreter, f"{RUN_FOLDER}/forwarder.py", f"{RUN_FOLDER}/egress.sock"
-        )
+        argv += egress.command_prefix()
     argv += [command, *args]
     if sandbox.memory_mb is not None:
         data = sandbox.memory_mb * 1024 * 1024

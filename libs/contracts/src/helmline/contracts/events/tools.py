@@ -27,6 +27,9 @@ from helmline.contracts._values import (
 from helmline.contracts.events._samples import ANA, AT, CALL
 from helmline.contracts.events.mcp import Isolation
 
+MAX_EGRESS_REFUSED = 32
+"""The most refused destinations one call's result names."""
+
 
 class InverseCall(Contract):
     """A call that undoes an earlier call of a tool with a declared inverse."""
@@ -179,6 +182,12 @@ class ToolCallCompleted(Payload, type="tool.call.completed", published_by=(TOOL_
     `injection` sets `injection_suspected` as a pattern hit does (rule `classifier`); an
     error or a timeout is recorded and changes nothing else. None without a classifier,
     and in logs written before there was one."""
+    egress_refused: tuple[str, ...] = Field(default=(), max_length=MAX_EGRESS_REFUSED)
+    """Connections the call's sandbox tried and was refused (`host:port`, in the order
+    refused, the first 32 only): a sandboxed command's own, or, for an MCP tool, those of
+    its server's sandbox while the call was in flight on its instance (on an instance
+    serving calls at once, each such call names them all). Empty when none, or when the
+    sandbox has no egress by host."""
 
     @classmethod
     def example(cls) -> Self:
@@ -227,6 +236,12 @@ class ToolCallFailed(
     """For a retryable error that knows it (a rate limit refused the call: its window frees
     a slot then, or the server's Retry-After ends then), the earliest time trying again may
     succeed. The planner does not retry before it."""
+    egress_refused: tuple[str, ...] = Field(default=(), max_length=MAX_EGRESS_REFUSED)
+    """Connections the call's sandbox tried and was refused (`host:port`, in the order
+    refused, the first 32 only): a sandboxed command's own, or, for an MCP tool, those of
+    its server's sandbox while the call was in flight on its instance (on an instance
+    serving calls at once, each such call names them all). Empty when none, or when the
+    sandbox has no egress by host."""
 
     @classmethod
     def example(cls) -> Self:
