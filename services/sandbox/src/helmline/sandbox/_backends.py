@@ -31,8 +31,7 @@ from helmline.confinement import (
     namespaces_refused,
     open_egress,
 )
-from helmline.contracts import ResourceUsage, ToolError
-from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
+from helmline.contracts import MAX_EGRESS_REFUSED, ResourceUsage, ToolError
 from helmline.sandbox._cgroups import (
     CALL_PREFIX,
     CallCgroups,

@@ -7,6 +7,7 @@ from typing import assert_never
 
 from helmline.contracts import (
     EVENTS_STREAM,
+    MAX_EGRESS_REFUSED,
     Event,
     FileChanges,
     LimitHit,
@@ -22,7 +23,6 @@ from helmline.contracts import (
     encode_event,
     source_of,
 )
-from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
 from helmline.runtime import SafeOutput, make_error_safe, make_safe
 from helmline.sandbox._snapshots import Snapshot
 from helmline.sandbox._tools import Completed, Failed, Outcome

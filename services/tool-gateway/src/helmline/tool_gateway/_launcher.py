@@ -22,7 +22,7 @@ from helmline.confinement import (
     install_folders,
     open_egress,
 )
-from helmline.contracts.events.tools import MAX_EGRESS_REFUSED
+from helmline.contracts import MAX_EGRESS_REFUSED
 from helmline.runtime import SecretsKeyError
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._sandboxing import sandboxed_start

@@ -27,7 +27,7 @@ from helmline.contracts._values import (
 from helmline.contracts.events._samples import ANA, AT, CALL
 from helmline.contracts.events.mcp import Isolation
 
-MAX_EGRESS_REFUSED = 32
+MAX_EGRESS_REFUSED: int = 32
 """The most refused destinations one call's result names."""
 
 
