@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from helmline.runtime.testing import eventually
 from helmline.tool_gateway._config import ServerConfig
 from helmline.tool_gateway._forwarding import PoolFull
 from helmline.tool_gateway._instances import PoolMetrics, ServerPool
@@ -50,11 +51,17 @@ async def test_a_call_beyond_a_full_queue_is_refused_at_once() -> None:
 
 
 async def test_a_queued_call_takes_the_place_freed_within_its_wait_else_is_refused() -> None:
-    pool = shared_pool(CollectorRegistry(), calls_per_instance=1, max_calls=1, queue_timeout_s=5)
+    registry = CollectorRegistry()
+    pool = shared_pool(registry, calls_per_instance=1, max_calls=1, queue_timeout_s=5)
     held = pool.lease("acme", "s1")
     await held.__aenter__()
     waiting = asyncio.create_task(_leased(pool))
-    await asyncio.sleep(0)  # It queues.
+    queued = {"server": "notes"}
+    await eventually(
+        lambda: registry.get_sample_value("helmline_mcp_calls_queued", queued) == 1,
+        timeout_s=5,
+        what="the second call queued",
+    )
     await held.__aexit__(None, None, None)
     assert await asyncio.wait_for(waiting, 5) == "leased"
 
