@@ -56,8 +56,6 @@ class ServerLauncher:
         self.sandboxed = sandboxed
         self._bwrap = bwrap
         self._secret_value = secret_value
-        self.egress_refusals: dict[str, int] = {}
-        """Connections refused to each server's sandbox so far, by server id."""
 
     async def bwrap(self) -> str:
         """The bubblewrap in use (raises `BubblewrapUnavailable` when none runs here)."""
@@ -112,7 +110,6 @@ class ServerLauncher:
         server = config.id
 
         def refused(asked: str, reason: str) -> None:
-            self.egress_refusals[server] = self.egress_refusals.get(server, 0) + 1
             refusals.add(asked)
             logger.warning(
                 "MCP server %s: connection to %s refused (%s); its sandbox allows %s",
